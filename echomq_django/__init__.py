@@ -1,0 +1,7 @@
+"""echomq-django: a Redis job queue for Django whose protocol lives in Lua scripts.
+
+The queue runtime in `echomq_django.core` imports no Django; this package adds
+the Django app (settings, management commands) around it.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,29 @@
+"""The queue runtime: Redis, the Lua protocol and Python, without Django.
+
+Everything a producer, a worker or a sweeper needs is importable from here;
+the Django app around it only adds settings, commands, models and the admin.
+"""
+
+from .connection import DEFAULT_REDIS_URL, connect
+from .errors import (
+    EchoMQError,
+    InvalidNameError,
+    JobLockedError,
+    JobNotFoundError,
+    LockLostError,
+    PayloadError,
+    QueueStateError,
+)
+from .job import Backoff, Job, JobOptions
+from .keys import QueueKeys, validate_job_id, validate_name
+from .queue import NewJob, Queue
+from .scripts import Scripts
+from .sweeper import SweepReport, Sweeper
+from .worker import Retention, Worker
+
+__all__ = [
+    "DEFAULT_REDIS_URL", "Backoff", "EchoMQError", "InvalidNameError", "Job", "JobLockedError",
+    "JobNotFoundError", "JobOptions", "LockLostError", "NewJob", "PayloadError", "Queue",
+    "QueueKeys", "QueueStateError", "Retention", "Scripts", "SweepReport", "Sweeper", "Worker",
+    "connect", "validate_job_id", "validate_name",
+]

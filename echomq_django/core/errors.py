@@ -1,0 +1,32 @@
+"""Exceptions raised by the queue runtime."""
+
+
+class EchoMQError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class InvalidNameError(EchoMQError, ValueError):
+    """A queue name, job id or key prefix that must not become part of a Redis key."""
+
+
+class PayloadError(EchoMQError, ValueError):
+    """Job data, options or a return value that cannot be stored (not JSON, too large)."""
+
+
+class JobNotFoundError(EchoMQError, LookupError):
+    """The job hash does not exist (never added, removed, or trimmed by retention)."""
+
+
+class LockLostError(EchoMQError):
+    """The worker no longer owns the job: its lock lapsed and the job was recovered.
+
+    The worker's late result is discarded; whoever owns the job now decides its fate.
+    """
+
+
+class JobLockedError(EchoMQError):
+    """The job is held by a live worker, so it cannot be removed."""
+
+
+class QueueStateError(EchoMQError):
+    """A queue key holds a Redis type the protocol does not expect."""

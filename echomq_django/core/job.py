@@ -1,0 +1,153 @@
+"""Jobs as typed Python objects, and the codec to and from the Redis job hash."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import PayloadError
+
+DEFAULT_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """How long to wait before retrying a failed attempt."""
+
+    kind: str = "fixed"  # "fixed" or "exponential"
+    delay_ms: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("fixed", "exponential"):
+            raise PayloadError(f"backoff type must be 'fixed' or 'exponential', not {self.kind!r}")
+        if not isinstance(self.delay_ms, int) or self.delay_ms < 0:
+            raise PayloadError(f"backoff delay must be a whole number of ms >= 0, not {self.delay_ms!r}")
+
+    def delay_before(self, attempts_made: int) -> int:
+        """The wait (ms) before the next attempt, after `attempts_made` attempts."""
+        if self.kind == "exponential":
+            return self.delay_ms * 2 ** max(attempts_made - 1, 0)
+        return self.delay_ms
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": self.kind, "delay": self.delay_ms}
+
+    @classmethod
+    def from_json(cls, value: Any) -> Backoff:
+        if value is None:
+            return cls()
+        if isinstance(value, int):
+            return cls("fixed", value)
+        if isinstance(value, Mapping):
+            return cls(str(value.get("type", "fixed")), value.get("delay", 0))
+        raise PayloadError(f"backoff must be a number of ms or {{type, delay}}, not {value!r}")
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """Per-job options, stored as the job's `opts` JSON."""
+
+    attempts: int = DEFAULT_ATTEMPTS
+    backoff: Backoff = field(default_factory=Backoff)
+    delay_ms: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.attempts, int) or self.attempts < 1:
+            raise PayloadError(f"attempts must be a whole number >= 1, not {self.attempts!r}")
+        if not isinstance(self.delay_ms, int) or self.delay_ms < 0:
+            raise PayloadError(f"delay must be a whole number of ms >= 0, not {self.delay_ms!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"attempts": self.attempts, "backoff": self.backoff.to_json(), "delay": self.delay_ms}
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> JobOptions:
+        return cls(
+            attempts=int(value.get("attempts", DEFAULT_ATTEMPTS)),
+            backoff=Backoff.from_json(value.get("backoff")),
+            delay_ms=int(value.get("delay", 0)),
+        )
+
+
+def _int(value: str | None) -> int:
+    return int(value) if value not in (None, "") else 0
+
+
+def _optional_int(value: str | None) -> int | None:
+    return int(float(value)) if value not in (None, "") else None
+
+
+def _json(value: str | None, default: Any) -> Any:
+    if value in (None, ""):
+        return default
+    try:
+        return json.loads(value)
+    except ValueError:
+        # A hash written by another client may hold anything; show it as text
+        # rather than refusing to show the job at all.
+        return value
+
+
+@dataclass
+class Job:
+    """One job, as read from its hash. Redis stays the source of truth."""
+
+    queue: str
+    id: str
+    name: str
+    data: Any
+    opts: JobOptions
+    timestamp: int = 0
+    attempts_made: int = 0
+    attempts_started: int = 0
+    stall_count: int = 0
+    processed_on: int | None = None
+    finished_on: int | None = None
+    failed_reason: str | None = None
+    stacktrace: list[str] = field(default_factory=list)
+    returnvalue: Any = None
+    worker_id: str | None = None
+    token: str | None = None
+
+    @classmethod
+    def from_hash(cls, queue: str, job_id: str, fields: Mapping[str, str]) -> Job:
+        """Decode a job hash (as HGETALL returns it, strings) into a Job."""
+        opts_json = _json(fields.get("opts"), {})
+        return cls(
+            queue=queue,
+            id=job_id,
+            name=fields.get("name", ""),
+            data=_json(fields.get("data"), None),
+            opts=JobOptions.from_json(opts_json if isinstance(opts_json, Mapping) else {}),
+            timestamp=_int(fields.get("timestamp")),
+            attempts_made=_int(fields.get("atm")),
+            attempts_started=_int(fields.get("ats")),
+            stall_count=_int(fields.get("stc")),
+            processed_on=_optional_int(fields.get("processedOn")),
+            finished_on=_optional_int(fields.get("finishedOn")),
+            failed_reason=fields.get("failedReason"),
+            stacktrace=_json(fields.get("stacktrace"), []),
+            returnvalue=_json(fields.get("returnvalue"), None),
+            worker_id=fields.get("wid"),
+            token=fields.get("tok"),
+        )
+
+    @classmethod
+    def from_flat(cls, queue: str, job_id: str, flat: list[str]) -> Job:
+        """Decode the flat field/value list a script returns."""
+        return cls.from_hash(queue, job_id, dict(zip(flat[::2], flat[1::2])))
+
+
+def encode_json(value: Any, what: str, max_bytes: int | None = None) -> str:
+    """Serialize `value` as compact JSON, or raise PayloadError saying why not."""
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise PayloadError(f"{what} must be JSON-serializable: {error}") from None
+    if max_bytes is not None and len(text.encode()) > max_bytes:
+        raise PayloadError(
+            f"{what} is {len(text.encode())} bytes of JSON; the limit is {max_bytes}"
+        )
+    return text

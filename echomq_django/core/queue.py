@@ -1,0 +1,169 @@
+"""The producer side: add jobs, look at them, retry, remove, pause."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from .job import Job, JobOptions, encode_json
+from .keys import QueueKeys, validate_job_id, validate_name
+from .scripts import Scripts
+
+# Which structure holds each state, and how to list it newest-first.
+_LISTS = ("wait", "paused", "active")
+_SORTED_SETS = ("delayed", "completed", "failed")
+STATES = _LISTS + _SORTED_SETS
+DEFAULT_MAX_PAYLOAD_BYTES = 512 * 1024
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """One job to add with `Queue.add_bulk`."""
+
+    name: str
+    data: Any = None
+    opts: JobOptions | None = None
+    job_id: str | None = None
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Queue:
+    """A named queue on one Redis: the producer's and the operator's handle."""
+
+    def __init__(
+        self, name: str, client: Any, *, prefix: str = "emq",
+        default_opts: JobOptions | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        scripts: Scripts | None = None,
+    ) -> None:
+        self.name = name
+        self.client = client
+        self.keys = QueueKeys(name, prefix)
+        self.default_opts = default_opts or JobOptions()
+        self.max_payload_bytes = max_payload_bytes
+        self.scripts = scripts or Scripts(client)
+
+    def __repr__(self) -> str:
+        return f"<Queue {self.name!r} prefix={self.keys.prefix!r}>"
+
+    def _encode(self, job: NewJob) -> list[Any]:
+        validate_name(job.name, "job name")
+        job_id = "" if job.job_id is None else validate_job_id(job.job_id)
+        opts = job.opts or self.default_opts
+        data = encode_json(job.data, f"data of job {job.name!r}", self.max_payload_bytes)
+        return [job_id, job.name, data, encode_json(opts.to_json(), "opts"), now_ms(), opts.delay_ms]
+
+    def add(
+        self, name: str, data: Any = None, *, opts: JobOptions | None = None,
+        job_id: str | None = None,
+    ) -> str:
+        """Add one job and return its id (an existing caller-given id is returned as is)."""
+        args = self._encode(NewJob(name, data, opts, job_id))
+        new_id, _added = self.scripts.add_job(self.keys, *args)
+        return str(new_id)
+
+    def add_bulk(self, jobs: Iterable[NewJob]) -> list[str]:
+        """Add many jobs in one pipelined round trip; returns their ids in order.
+
+        Every job is validated before anything is sent, so bad input adds nothing.
+        """
+        encoded = [self._encode(job) for job in jobs]
+        pipe = self.client.pipeline(transaction=False)
+        for args in encoded:
+            self.scripts.add_job(self.keys, *args, client=pipe)
+        return [str(reply[0]) for reply in pipe.execute()]
+
+    def get_job(self, job_id: str) -> Job | None:
+        """The job with this id, or None."""
+        validate_name(job_id, "job id")
+        fields = self.client.hgetall(self.keys.job(job_id))
+        return Job.from_hash(self.name, job_id, fields) if fields else None
+
+    def get_state(self, job_id: str) -> str | None:
+        """Which state holds the job: one of STATES, or None when it is in none."""
+        validate_name(job_id, "job id")
+        pipe = self.client.pipeline(transaction=False)
+        for state in _LISTS:
+            pipe.lpos(getattr(self.keys, state), job_id)
+        for state in _SORTED_SETS:
+            pipe.zscore(getattr(self.keys, state), job_id)
+        for state, found in zip(STATES, pipe.execute()):
+            if found is not None:
+                return state
+        return None
+
+    def get_jobs(self, state: str, start: int = 0, count: int = 50) -> list[Job]:
+        """Jobs in one state, newest first, `count` of them from position `start`."""
+        if state not in STATES:
+            raise ValueError(f"state must be one of {', '.join(STATES)}, not {state!r}")
+        key = getattr(self.keys, state)
+        stop = start + count - 1
+        if state in _LISTS:
+            ids = self.client.lrange(key, start, stop)
+        else:
+            ids = self.client.zrevrange(key, start, stop)
+        pipe = self.client.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hgetall(self.keys.job(job_id))
+        return [
+            Job.from_hash(self.name, job_id, fields)
+            for job_id, fields in zip(ids, pipe.execute())
+            if fields
+        ]
+
+    def counts(self) -> dict[str, int]:
+        """Jobs per state, plus `stalled`: marked jobs (a subset of active)."""
+        return self.scripts.get_counts(self.keys)
+
+    def retry(self, job_id: str) -> bool:
+        """Send a failed job back to wait; False when it is not in `failed` (any more)."""
+        return self.scripts.retry_job(self.keys, validate_name(job_id, "job id"))
+
+    def remove(self, job_id: str) -> bool:
+        """Delete a job wherever it is; raises JobLockedError while a worker holds it."""
+        return self.scripts.remove_job(self.keys, validate_name(job_id, "job id"))
+
+    def pause(self) -> None:
+        """Stop workers from taking jobs of this queue; running jobs finish."""
+        self.scripts.pause(self.keys, True)
+
+    def resume(self) -> None:
+        """Let workers take jobs again."""
+        self.scripts.pause(self.keys, False)
+
+    def is_paused(self) -> bool:
+        return bool(self.client.hexists(self.keys.meta, "paused"))
+
+    def promote_delayed(self) -> int:
+        """Move due delayed jobs to wait now; workers also do this as they fetch."""
+        return self.scripts.promote_delayed(self.keys, now_ms())
+
+    def stalled_ids(self) -> set[str]:
+        """Ids currently marked as stalled (recovered or failed by the next sweep)."""
+        return set(self.client.smembers(self.keys.stalled))
+
+    def obliterate(self) -> int:
+        """Delete every key of this queue (for tests and teardown); returns how many."""
+        deleted = 0
+        pattern = re.sub(r"([*?\[\]\\])", r"\\\1", self.keys.base) + "*"
+        for batch in _batched(self.client.scan_iter(match=pattern, count=1000), 500):
+            deleted += self.client.delete(*batch)
+        return deleted
+
+
+def _batched(items: Iterable[str], size: int) -> Iterable[list[str]]:
+    batch: list[str] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+

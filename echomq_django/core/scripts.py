@@ -1,0 +1,194 @@
+"""The Lua scripts: finding them, assembling their includes, calling them.
+
+Each script is registered once per Redis client with redis-py's
+`register_script`, which sends EVALSHA and falls back to loading the script on
+NOSCRIPT, so a `SCRIPT FLUSH` or a restarted Redis is invisible to callers.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from .errors import JobLockedError, JobNotFoundError, LockLostError, QueueStateError
+from .keys import QueueKeys
+
+_INCLUDE = re.compile(r'^-- @include "([A-Za-z]+)"$', re.MULTILINE)
+
+
+def scripts_dir() -> Path:
+    """Where the scripts are: inside the installed package, or `lua/` of a checkout."""
+    packaged = importlib.resources.files("echomq_django") / "lua"
+    if packaged.is_dir():
+        return Path(str(packaged))
+    checkout = Path(__file__).resolve().parents[2] / "lua"
+    if checkout.is_dir():
+        return checkout
+    raise FileNotFoundError(
+        f"echomq's Lua scripts are neither in {packaged} nor in {checkout}; "
+        "reinstall the package"
+    )
+
+
+def script_names() -> list[str]:
+    """Every script's file name without `.lua`, e.g. `moveToActive-7`."""
+    return sorted(p.stem for p in scripts_dir().glob("*.lua"))
+
+
+@functools.cache
+def script_source(name: str) -> str:
+    """The text of one script with its `-- @include` lines replaced by the includes."""
+    directory = scripts_dir()
+    text = (directory / f"{name}.lua").read_text(encoding="utf-8")
+
+    def include(match: re.Match[str]) -> str:
+        return (directory / "includes" / f"{match.group(1)}.lua").read_text(encoding="utf-8")
+
+    return _INCLUDE.sub(include, text)
+
+
+class Scripts:
+    """The protocol's scripts registered on one client, one typed method each."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._scripts = {name: client.register_script(script_source(name)) for name in script_names()}
+
+    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any], client: Any = None) -> Any:
+        return self._scripts[name](keys=list(keys), args=list(args), client=client or self.client)
+
+    def add_job(
+        self, keys: QueueKeys, job_id: str, name: str, data: str, opts: str,
+        timestamp: int, delay_ms: int, client: Any = None,
+    ) -> Any:
+        """Add a job; returns (id, added). Inside a pipeline returns the pipeline."""
+        return self._run(
+            "addJob-6",
+            [keys.wait, keys.paused, keys.meta, keys.id_counter, keys.delayed, keys.marker],
+            [keys.base, job_id, name, data, opts, timestamp, delay_ms],
+            client,
+        )
+
+    def move_to_active(
+        self, keys: QueueKeys, token: str, lock_ms: int, now: int, count: int, worker_id: str,
+    ) -> tuple[int | None, list[tuple[str, list[str]]]]:
+        """Take up to `count` ready jobs locked with `token`; also the next delayed due time."""
+        reply = self._run(
+            "moveToActive-7",
+            [keys.wait, keys.active, keys.meta, keys.delayed, keys.marker, keys.paused, keys.failed],
+            [keys.base, token, lock_ms, now, count, worker_id],
+        )
+        next_due = int(float(reply[0])) if reply[0] else None
+        return next_due, list(zip(reply[1::2], reply[2::2]))
+
+    def extend_lock(self, keys: QueueKeys, job_id: str, token: str, lock_ms: int) -> bool:
+        """Renew one lock; False when the token no longer owns the job."""
+        return bool(self._run(
+            "extendLock-3", [keys.stalled, keys.job(job_id), keys.lock(job_id)],
+            [token, lock_ms, job_id],
+        ))
+
+    def extend_locks(self, keys: QueueKeys, tokens: dict[str, str], lock_ms: int) -> list[str]:
+        """Renew many locks in one call; returns the ids whose ownership was lost."""
+        args: list[Any] = [keys.base, lock_ms]
+        for job_id, token in tokens.items():
+            args += [job_id, token]
+        return list(self._run("extendLocks-1", [keys.stalled], args))
+
+    def move_to_finished(
+        self, keys: QueueKeys, job_id: str, token: str, now: int, *, completed: bool,
+        value: str, stacktrace: str = "", default_attempts: int, backoff_ms: int = 0,
+        keep_count: int = -1, keep_age_ms: int = 0, keep_traces: int = 10,
+    ) -> int:
+        """End the attempt; returns the script's status code (1..5, see the script).
+
+        Raises JobNotFoundError or LockLostError for the error codes.
+        """
+        code = self._run(
+            "moveToFinished-9",
+            [keys.active, keys.completed, keys.failed, keys.delayed, keys.wait, keys.paused,
+             keys.meta, keys.marker, keys.stalled],
+            [keys.base, job_id, token, now, "completed" if completed else "failed", value,
+             stacktrace, default_attempts, backoff_ms, keep_count, keep_age_ms, keep_traces],
+        )
+        if code == -1:
+            raise JobNotFoundError(f"job {job_id!r} of queue {keys.queue!r} does not exist")
+        if code == -2:
+            raise LockLostError(
+                f"job {job_id!r} of queue {keys.queue!r} is no longer owned by this worker "
+                "(its lock lapsed and the sweeper recovered it); the result was discarded"
+            )
+        return int(code)
+
+    def move_stalled_jobs_to_wait(
+        self, keys: QueueKeys, *, max_stalled_count: int, now: int, interval_ms: int,
+        phase: str, cursor: int, budget: int, default_attempts: int, force: bool,
+    ) -> tuple[str, int, int, int, int, int]:
+        """One call of the sweep: (phase, cursor, marked, recovered, failed, unmarked)."""
+        try:
+            reply = self._run(
+                "moveStalledJobsToWait-8",
+                [keys.stalled, keys.wait, keys.active, keys.failed, keys.stalled_check,
+                 keys.meta, keys.paused, keys.marker],
+                [keys.base, max_stalled_count, now, interval_ms, phase, cursor, budget,
+                 default_attempts, "1" if force else "0"],
+            )
+        except ResponseError as error:
+            if "echomq wrong type" in str(error):
+                raise QueueStateError(str(error).removeprefix("echomq ")) from error
+            raise
+        return (reply[0], int(reply[1]), int(reply[2]), int(reply[3]), int(reply[4]), int(reply[5]))
+
+    def retry_job(self, keys: QueueKeys, job_id: str) -> bool:
+        """Move a job that is still in `failed` back to wait; False if it was not there."""
+        return bool(self._run(
+            "retryJob-5", [keys.failed, keys.wait, keys.paused, keys.meta, keys.marker],
+            [keys.base, job_id],
+        ))
+
+    def remove_job(self, keys: QueueKeys, job_id: str) -> bool:
+        """Delete a job from every state; False if there was no such job."""
+        code = self._run(
+            "removeJob-7",
+            [keys.wait, keys.paused, keys.active, keys.delayed, keys.completed, keys.failed,
+             keys.stalled],
+            [keys.base, job_id],
+        )
+        if code == -3:
+            raise JobLockedError(
+                f"job {job_id!r} of queue {keys.queue!r} is held by a live worker; "
+                "remove it after it finishes"
+            )
+        return code == 1
+
+    def pause(self, keys: QueueKeys, paused: bool) -> int:
+        """Pause or resume the queue; returns how many ready jobs were moved."""
+        return int(self._run(
+            "pauseQueue-4", [keys.meta, keys.wait, keys.paused, keys.marker],
+            ["1" if paused else "0"],
+        ))
+
+    def promote_delayed(self, keys: QueueKeys, now: int, limit: int = 1000) -> int:
+        """Move due delayed jobs to wait; returns how many."""
+        return int(self._run(
+            "promoteDelayed-5", [keys.delayed, keys.wait, keys.paused, keys.meta, keys.marker],
+            [keys.base, now, limit],
+        ))
+
+    def get_counts(self, keys: QueueKeys) -> dict[str, int]:
+        """Jobs per state, read atomically; `stalled` counts marked jobs (also in active)."""
+        states = ("wait", "paused", "active", "delayed", "completed", "failed", "stalled")
+        values = self._run(
+            "getCounts-7",
+            [keys.wait, keys.paused, keys.active, keys.delayed, keys.completed, keys.failed,
+             keys.stalled],
+            [],
+        )
+        return dict(zip(states, (int(v) for v in values)))
+

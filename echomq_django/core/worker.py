@@ -1,0 +1,245 @@
+"""The consumer side: fetch jobs, run them on threads, keep their locks, finish them."""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue as threadqueue
+import socket
+import threading
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import ConnectionError, TimeoutError
+
+from .errors import JobNotFoundError, LockLostError, PayloadError
+from .job import DEFAULT_ATTEMPTS, Job, encode_json
+from .keys import QueueKeys
+from .queue import now_ms
+from .scripts import Scripts
+
+logger = logging.getLogger("echomq.worker")
+
+Handler = Callable[[Job], Any]
+DEFAULT_LOCK_DURATION_MS = 30_000
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How many finished jobs a set keeps: `count` newest (-1 = all), none older than `age_ms` (0 = any)."""
+
+    count: int = -1
+    age_ms: int = 0
+
+
+class Worker:
+    """Runs the jobs of one queue with `concurrency` threads until stopped.
+
+    One fetch loop takes jobs (several per round trip when threads are free)
+    and blocks on the queue's marker when there is nothing to do, instead of
+    polling. A renewal thread extends all held locks in one call every
+    `renew_interval_ms` (half the lock duration by default). A job's result is
+    written with the token it was fetched with, so a worker whose lock lapsed
+    and whose job was recovered gets LockLostError and overwrites nothing.
+
+    Shutdown has two stages: the first `stop()` stops fetching and lets
+    running jobs finish; a second `stop()` makes `run()` return at once, and
+    the jobs still running are left to their lapsing locks and the sweeper.
+    """
+
+    def __init__(
+        self, queue: str, handler: Handler, client: Any, *, prefix: str = "emq",
+        concurrency: int = 1, lock_duration_ms: int = DEFAULT_LOCK_DURATION_MS,
+        renew_interval_ms: int | None = None, block_timeout_s: float = 1.0,
+        default_attempts: int = DEFAULT_ATTEMPTS,
+        keep_completed: Retention = Retention(count=1000), keep_failed: Retention = Retention(),
+        worker_id: str | None = None, scripts: Scripts | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+        renew_interval_ms = renew_interval_ms or lock_duration_ms // 2
+        if not 0 < renew_interval_ms < lock_duration_ms:
+            raise ValueError(
+                f"lock renewal every {renew_interval_ms} ms must be shorter than the "
+                f"lock duration of {lock_duration_ms} ms"
+            )
+        self.keys = QueueKeys(queue, prefix)
+        self.handler = handler
+        self.client = client
+        self.scripts = scripts or Scripts(client)
+        self.concurrency = concurrency
+        self.lock_duration_ms = lock_duration_ms
+        self.renew_interval_ms = renew_interval_ms
+        self.block_timeout_s = block_timeout_s
+        self.default_attempts = default_attempts
+        self.keep_completed = keep_completed
+        self.keep_failed = keep_failed
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.processed = 0
+        self._held: dict[str, str] = {}  # job id -> token, for the jobs running now
+        self._running = 0
+        self._slots = threading.Condition()
+        self._jobs: threadqueue.SimpleQueue[Job | None] = threadqueue.SimpleQueue()
+        self._stopping = threading.Event()
+        self._aborted = threading.Event()
+        self._renewal_done = threading.Event()
+
+    # -- control ---------------------------------------------------------
+
+    def stop(self) -> None:
+        """First call: finish running jobs, fetch no more. Second call: return at once."""
+        if self._stopping.is_set():
+            logger.warning("worker %s: second stop, leaving %d running job(s) to the sweeper",
+                           self.worker_id, self._running)
+            self._aborted.set()
+            self._renewal_done.set()
+        else:
+            logger.info("worker %s: stopping after %d running job(s)", self.worker_id, self._running)
+            self._stopping.set()
+        with self._slots:
+            self._slots.notify_all()
+
+    def run(self, *, burst: bool = False, max_jobs: int | None = None) -> int:
+        """Process jobs until stopped (or, in burst mode, until none is ready); returns the count."""
+        threads = [threading.Thread(target=self._job_thread, name=f"echomq-job-{i}", daemon=True)
+                   for i in range(self.concurrency)]
+        threads.append(threading.Thread(target=self._renew_locks, name="echomq-renew", daemon=True))
+        for thread in threads:
+            thread.start()
+        fetched = 0
+        try:
+            while not self._stopping.is_set():
+                if max_jobs is not None and fetched >= max_jobs:
+                    break
+                free = self._wait_for_free_slots()
+                if free == 0:
+                    continue
+                if max_jobs is not None:
+                    free = min(free, max_jobs - fetched)
+                next_due, count = self._fetch(free)
+                fetched += count
+                if count:
+                    continue
+                if burst:
+                    if self._running == 0:
+                        break
+                    self._wait_for_free_slots(change=True)
+                    continue
+                self._block(next_due)
+            self._wait_until_idle()
+        finally:
+            self._stopping.set()
+            self._renewal_done.set()
+            for _ in range(self.concurrency):
+                self._jobs.put(None)
+        return self.processed
+
+    # -- fetch loop ------------------------------------------------------
+
+    def _wait_for_free_slots(self, change: bool = False) -> int:
+        with self._slots:
+            if change or self._running >= self.concurrency:
+                self._slots.wait(timeout=self.block_timeout_s)
+            return self.concurrency - self._running
+
+    def _wait_until_idle(self) -> None:
+        with self._slots:
+            while self._running and not self._aborted.is_set():
+                self._slots.wait(timeout=0.5)
+
+    def _fetch(self, count: int) -> tuple[int | None, int]:
+        token = f"{self.worker_id}:{uuid.uuid4().hex}"
+        try:
+            next_due, jobs = self.scripts.move_to_active(
+                self.keys, token, self.lock_duration_ms, now_ms(), count, self.worker_id)
+        except (ConnectionError, TimeoutError) as error:
+            logger.error("worker %s: Redis unreachable while fetching (%s); retrying",
+                         self.worker_id, error)
+            self._stopping.wait(1.0)
+            return None, 0
+        for job_id, flat in jobs:
+            with self._slots:
+                self._running += 1
+                self._held[job_id] = token
+            self._jobs.put(Job.from_flat(self.keys.queue, job_id, flat))
+        return next_due, len(jobs)
+
+    def _block(self, next_due: int | None) -> None:
+        """Sleep until a producer signals work, a delayed job is due, or the timeout ends."""
+        timeout = self.block_timeout_s
+        if next_due is not None:
+            timeout = min(timeout, max((next_due - now_ms()) / 1000, 0.001))
+        try:
+            self.client.bzpopmin(self.keys.marker, timeout=timeout)
+        except (ConnectionError, TimeoutError) as error:
+            logger.error("worker %s: Redis unreachable while waiting (%s); retrying",
+                         self.worker_id, error)
+            self._stopping.wait(1.0)
+
+    # -- job threads -----------------------------------------------------
+
+    def _job_thread(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                self._process(job)
+            finally:
+                with self._slots:
+                    self._held.pop(job.id, None)
+                    self._running -= 1
+                    self._slots.notify_all()
+
+    def _process(self, job: Job) -> None:
+        token = self._held[job.id]
+        try:
+            result = self.handler(job)
+            value = encode_json(result, f"return value of job {job.id}")
+        except Exception as error:  # the job's own failure: recorded on the job, not raised
+            self._finish(job, token, error=error)
+        else:
+            self._finish(job, token, value=value)
+
+    def _finish(self, job: Job, token: str, *, value: str = "", error: Exception | None = None) -> None:
+        keys, retention = self.keys, self.keep_completed if error is None else self.keep_failed
+        stacktrace = ""
+        if error is not None:
+            value = f"{type(error).__name__}: {error}"
+            if not isinstance(error, PayloadError):
+                stacktrace = "".join(traceback.format_exception(error))
+        try:
+            status = self.scripts.move_to_finished(
+                keys, job.id, token, now_ms(), completed=error is None, value=value,
+                stacktrace=stacktrace, default_attempts=self.default_attempts,
+                backoff_ms=job.opts.backoff.delay_before(job.attempts_made + 1),
+                keep_count=retention.count, keep_age_ms=retention.age_ms,
+            )
+        except LockLostError as lost:
+            logger.warning("worker %s: %s", self.worker_id, lost)
+            return
+        except JobNotFoundError as gone:
+            logger.warning("worker %s: %s; it was removed while running", self.worker_id, gone)
+            return
+        with self._slots:
+            self.processed += 1
+        if error is not None:
+            logger.info("job %s of %s failed (status %d): %s", job.id, keys.queue, status, value)
+
+    # -- lock renewal ----------------------------------------------------
+
+    def _renew_locks(self) -> None:
+        while not self._renewal_done.wait(self.renew_interval_ms / 1000):
+            with self._slots:
+                tokens = dict(self._held)
+            if not tokens:
+                continue
+            try:
+                lost = self.scripts.extend_locks(self.keys, tokens, self.lock_duration_ms)
+            except (ConnectionError, TimeoutError) as error:
+                logger.error("worker %s: could not renew locks (%s)", self.worker_id, error)
+                continue
+            for job_id in lost:
+                logger.warning("worker %s: lost the lock of job %s; its result will be discarded",
+                               self.worker_id, job_id)
+

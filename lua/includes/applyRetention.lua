@@ -1,0 +1,22 @@
+-- Trim a finished set (completed or failed) to keepCount newest jobs and drop
+-- jobs older than keepAgeMs, deleting their hashes. keepCount < 0 keeps any
+-- number; keepAgeMs <= 0 keeps any age. Each call removes at most 1000 jobs so
+-- one finish can never block Redis for long; later finishes remove the rest.
+local function applyRetention(prefix, setKey, keepCount, keepAgeMs, now)
+  local doomed = {}
+  if keepAgeMs > 0 then
+    doomed = redis.call("ZRANGEBYSCORE", setKey, "-inf", now - keepAgeMs, "LIMIT", 0, 1000)
+  end
+  if keepCount >= 0 and #doomed < 1000 then
+    local excess = redis.call("ZCARD", setKey) - #doomed - keepCount
+    if excess > 0 then
+      local oldest = redis.call("ZRANGE", setKey, #doomed, #doomed + math.min(excess, 1000 - #doomed) - 1)
+      for _, id in ipairs(oldest) do doomed[#doomed + 1] = id end
+    end
+  end
+  for _, id in ipairs(doomed) do
+    redis.call("DEL", prefix .. id)
+    redis.call("ZREM", setKey, id)
+  end
+  return #doomed
+end

@@ -1,0 +1,37 @@
+-- Readers for the job hash fields that scripts decide on. They never raise: a
+-- malformed field comes back as nil plus a reason, so the caller can fail that
+-- one job with a clear failedReason instead of aborting the whole script
+-- (Redis keeps the writes a script made before an error).
+
+-- An integer counter field (atm, ats, stc); a missing field counts as 0.
+local function readCounter(jobKey, field)
+  local raw = redis.call("HGET", jobKey, field)
+  if not raw then return 0 end
+  local n = tonumber(raw)
+  if n == nil or n ~= math.floor(n) then
+    return nil, "job field " .. field .. " is not an integer: " .. string.sub(raw, 1, 40)
+  end
+  return n
+end
+
+-- The job's attempt ceiling: opts.attempts, else the caller's default.
+local function readMaxAttempts(jobKey, defaultAttempts)
+  local raw = redis.call("HGET", jobKey, "opts")
+  if not raw or raw == "" then return defaultAttempts end
+  local ok, opts = pcall(cjson.decode, raw)
+  if not ok or type(opts) ~= "table" then
+    return nil, "job field opts is not a JSON object"
+  end
+  local attempts = tonumber(opts["attempts"])
+  if attempts == nil then return defaultAttempts end
+  return attempts
+end
+
+-- Put a job in `failed` for good, saying why. The caller has already taken
+-- it out of the state it was in.
+local function moveToFailed(prefix, failedKey, id, reason, now)
+  redis.call("HSET", prefix .. id, "failedReason", reason, "finishedOn", now)
+  redis.call("HDEL", prefix .. id, "tok")
+  redis.call("ZADD", failedKey, now, id)
+  emitEvent(prefix, "failed", id, "reason", reason)
+end

@@ -1,0 +1,174 @@
+--[[
+  moveStalledJobsToWait: the two-phase stalled-job sweep of one queue.
+
+  A job in `active` whose lock key is gone is MARKED (added to `stalled`) by
+  one sweep and RECOVERED only by a later sweep, if it is still marked, still
+  active and still without a lock. Recovery increments `atm` and `stc` here,
+  on the values this script read, takes the id out of `active` and `stalled`,
+  and sends the job to wait/paused, or to failed when it reached its attempt
+  ceiling (opts.attempts) or stalled more than max_stalled_count times. A
+  marked job whose lock is back (its worker renewed) is unmarked and left
+  alone.
+
+  One sweep may span several calls of this script so that no single call
+  blocks Redis for long: each call examines at most ARGV[7] ids of `active`
+  and handles every job it examines completely. The caller starts with phase
+  "start" and passes back the phase and cursor each call returns until the
+  phase is "done". The walk goes from the tail of `active` (its oldest jobs)
+  towards the head, where new jobs arrive, so arrivals never shift it. The
+  recover walk runs to the end before the mark walk begins, so a job marked
+  in this sweep is never recovered in this sweep. An id the walk misses
+  because a worker finished a job meanwhile is simply handled next sweep.
+
+  KEYS[1] stalled        SET   the marks
+  KEYS[2] wait           LIST
+  KEYS[3] active         LIST
+  KEYS[4] failed         ZSET
+  KEYS[5] stalled-check  STRING with PX: the gate
+  KEYS[6] meta           HASH
+  KEYS[7] paused         LIST
+  KEYS[8] marker         ZSET
+
+  ARGV[1] key prefix of the queue
+  ARGV[2] max_stalled_count: stalls a job may survive before it is failed
+  ARGV[3] now, ms
+  ARGV[4] sweep interval, ms: the gate's PX
+  ARGV[5] phase: "start", or the phase the previous call returned
+  ARGV[6] cursor the previous call returned (0 with "start")
+  ARGV[7] how many ids of `active` this call may examine
+  ARGV[8] default attempts (for jobs whose opts has no `attempts`)
+  ARGV[9] "1" = forced sweep: ignore the gate and leave it as it is
+
+  Returns {phase, cursor, marked, recovered, failed, unmarked}: phase is
+  "skipped" (the gate was closed: another sweep ran within the interval),
+  "recover" or "mark" (call again with this phase and cursor), or "done".
+  The counts are for this call only.
+  Errors: "ERR echomq wrong type ..." (before any write) when a queue key
+  holds the wrong Redis type.
+]]
+-- @include "emitEvent"
+-- @include "pushReady"
+-- @include "jobFields"
+
+local stalledKey, waitKey, activeKey, failedKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local gateKey, metaKey, pausedKey, markerKey = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local prefix, maxStalled, now = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local phase, cursor, budget = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
+local defaultAttempts = tonumber(ARGV[8])
+
+-- Written over an id in `active` that this call recovers, then all removed in
+-- one LREM, instead of one full-list LREM per job. No job id contains "{".
+local TOMBSTONE = "{recovered}"
+local marked, recovered, failed, unmarked = 0, 0, 0, 0
+
+if phase == "start" then
+  local expected = {{activeKey, "list"}, {waitKey, "list"}, {pausedKey, "list"},
+    {stalledKey, "set"}, {failedKey, "zset"}, {metaKey, "hash"}, {markerKey, "zset"}}
+  for _, pair in ipairs(expected) do
+    local actual = redis.call("TYPE", pair[1])["ok"]
+    if actual ~= "none" and actual ~= pair[2] then
+      return redis.error_reply("ERR echomq wrong type: " .. pair[1] .. " holds a " .. actual ..
+        ", expected a " .. pair[2] .. "; the sweep of this queue did nothing")
+    end
+  end
+  if ARGV[9] ~= "1" and not redis.call("SET", gateKey, now, "NX", "PX", ARGV[4]) then
+    return {"skipped", 0, 0, 0, 0, 0}
+  end
+  phase, cursor = "recover", 0
+end
+
+-- Recover one marked, lockless job found at `index` of `active`.
+local function recover(id, index)
+  local jobKey = prefix .. id
+  redis.call("LSET", activeKey, index, TOMBSTONE)
+  redis.call("SREM", stalledKey, id)
+  if redis.call("EXISTS", jobKey) == 0 then
+    moveToFailed(prefix, failedKey, id, "job hash was missing when the sweeper recovered the id", now)
+    failed = failed + 1
+    return
+  end
+  local attemptsMade, badAtm = readCounter(jobKey, "atm")
+  local stalls, badStc = readCounter(jobKey, "stc")
+  local maxAttempts, badOpts = readMaxAttempts(jobKey, defaultAttempts)
+  local bad = badAtm or badStc or badOpts
+  if bad then
+    moveToFailed(prefix, failedKey, id, "stalled, and cannot be retried: " .. bad, now)
+    failed = failed + 1
+    return
+  end
+  attemptsMade = redis.call("HINCRBY", jobKey, "atm", 1)
+  stalls = redis.call("HINCRBY", jobKey, "stc", 1)
+  redis.call("HDEL", jobKey, "tok")
+  if attemptsMade >= maxAttempts then
+    moveToFailed(prefix, failedKey, id, "job stalled and reached its attempt ceiling (" ..
+      attemptsMade .. " of " .. maxAttempts .. " attempts made)", now)
+    failed = failed + 1
+  elseif stalls > maxStalled then
+    moveToFailed(prefix, failedKey, id, "job stalled more than max_stalled_count (" ..
+      stalls .. " stalls, max_stalled_count " .. maxStalled .. ")", now)
+    failed = failed + 1
+  else
+    pushReady(waitKey, pausedKey, metaKey, markerKey, id)
+    emitEvent(prefix, "recovered", id, "atm", attemptsMade)
+    recovered = recovered + 1
+  end
+end
+
+-- Marks left after a whole recover walk belong to ids that are not in
+-- `active` (some other client moved them without unmarking). Drop a few per
+-- sweep; each check is a scan of `active`, so the number is kept small.
+local function dropStaleMarks()
+  for _, id in ipairs(redis.call("SRANDMEMBER", stalledKey, 10)) do
+    if redis.call("LPOS", activeKey, id) == false then
+      redis.call("SREM", stalledKey, id)
+    end
+  end
+end
+
+while budget > 0 and phase ~= "done" do
+  if phase == "recover" and redis.call("SCARD", stalledKey) == 0 then
+    phase, cursor = "mark", 0
+  end
+  local length = redis.call("LLEN", activeKey)
+  if cursor >= length then
+    if phase == "recover" then
+      dropStaleMarks()
+      phase, cursor = "mark", 0
+    else
+      phase = "done"
+    end
+  else
+    local count = math.min(budget, length - cursor)
+    local first = length - cursor - count
+    local ids = redis.call("LRANGE", activeKey, first, first + count - 1)
+    budget = budget - #ids
+    if phase == "recover" then
+      local removed = 0
+      for i, id in ipairs(ids) do
+        if redis.call("SISMEMBER", stalledKey, id) == 1 then
+          if redis.call("EXISTS", prefix .. id .. ":lock") == 1 then
+            redis.call("SREM", stalledKey, id)
+            unmarked = unmarked + 1
+          else
+            recover(id, first + i - 1)
+            removed = removed + 1
+          end
+        end
+      end
+      if removed > 0 then
+        redis.call("LREM", activeKey, -removed, TOMBSTONE)
+      end
+      cursor = cursor + #ids - removed
+    else
+      for _, id in ipairs(ids) do
+        if redis.call("EXISTS", prefix .. id .. ":lock") == 0
+            and redis.call("SADD", stalledKey, id) == 1 then
+          marked = marked + 1
+        end
+      end
+      cursor = cursor + #ids
+    end
+  end
+end
+
+return {phase, cursor, marked, recovered, failed, unmarked}

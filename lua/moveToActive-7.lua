@@ -1,0 +1,72 @@
+--[[
+  moveToActive: take up to N ready jobs and lock each one with the worker's
+  token in the same step, so no sweep can ever see an active job whose lock
+  was not yet set. Due delayed jobs are promoted first.
+
+  KEYS[1] wait      LIST  (taken from the right: FIFO)
+  KEYS[2] active    LIST  (pushed on the left)
+  KEYS[3] meta      HASH
+  KEYS[4] delayed   ZSET
+  KEYS[5] marker    ZSET
+  KEYS[6] paused    LIST
+  KEYS[7] failed    ZSET  (where an id without a job hash is sent)
+
+  ARGV[1] key prefix of the queue
+  ARGV[2] worker token (also the lock value)
+  ARGV[3] lock duration, ms
+  ARGV[4] now, ms
+  ARGV[5] how many jobs to take at most
+  ARGV[6] worker id, recorded in the job as `wid`
+
+  Returns {nextDue, id1, fields1, id2, fields2, ...}: nextDue is the due time
+  (ms) of the earliest delayed job, or false when none is delayed; each
+  fieldsN is the job hash as a flat field/value list, after the update. A
+  paused queue yields no jobs.
+]]
+-- @include "emitEvent"
+-- @include "pushReady"
+-- @include "promoteDue"
+-- @include "jobFields"
+
+local prefix, token, lockMs = ARGV[1], ARGV[2], ARGV[3]
+local now, limit, workerId = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
+
+promoteDue(prefix, KEYS[4], KEYS[1], KEYS[6], KEYS[3], KEYS[5], now, 1000)
+
+local result = {false}
+local first = redis.call("ZRANGE", KEYS[4], 0, 0, "WITHSCORES")
+if first[2] then result[1] = first[2] end
+
+if redis.call("HEXISTS", KEYS[3], "paused") == 1 then
+  return result
+end
+
+local taken = 0
+while taken < limit do
+  local id = redis.call("LMOVE", KEYS[1], KEYS[2], "RIGHT", "LEFT")
+  if not id then break end
+  local jobKey = prefix .. id
+  if redis.call("EXISTS", jobKey) == 0 then
+    -- An id with no job hash behind it (written by some other client):
+    -- nothing can run it, so it is failed with a reason rather than dropped.
+    redis.call("LREM", KEYS[2], 1, id)
+    moveToFailed(prefix, KEYS[7], id, "job hash was missing when a worker fetched the id", now)
+  else
+    redis.call("SET", jobKey .. ":lock", token, "PX", lockMs)
+    -- Read-and-write rather than HINCRBY: a corrupt `ats` must not abort the
+    -- script halfway through its writes.
+    local started = (readCounter(jobKey, "ats") or 0) + 1
+    redis.call("HSET", jobKey, "ats", started, "processedOn", now, "tok", token, "wid", workerId)
+    emitEvent(prefix, "active", id)
+    result[#result + 1] = id
+    result[#result + 1] = redis.call("HGETALL", jobKey)
+    taken = taken + 1
+  end
+end
+
+-- The marker was consumed by whoever woke us; leave one behind while work
+-- remains so another blocked worker wakes too.
+if taken > 0 and redis.call("LLEN", KEYS[1]) > 0 then
+  redis.call("ZADD", KEYS[5], 0, "0")
+end
+return result

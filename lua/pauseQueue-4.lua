@@ -1,0 +1,38 @@
+--[[
+  pauseQueue: pause or resume a queue. Pausing moves every ready job from
+  `wait` to `paused` (order kept) and makes new ready jobs go there; workers
+  take nothing while the flag is set. Resuming moves them back and wakes the
+  workers. Active jobs run on either way.
+
+  KEYS[1] meta     HASH (field `paused`)
+  KEYS[2] wait     LIST
+  KEYS[3] paused   LIST
+  KEYS[4] marker   ZSET
+
+  ARGV[1] "1" to pause, "0" to resume
+
+  Returns the number of ready jobs moved.
+]]
+local function moveAll(source, target)
+  if redis.call("EXISTS", target) == 0 then
+    local moved = redis.call("LLEN", source)
+    if moved > 0 then redis.call("RENAME", source, target) end
+    return moved
+  end
+  -- Target not empty (a client pushed there directly): keep FIFO order by
+  -- moving oldest first onto the target's head.
+  local moved = 0
+  while redis.call("RPOPLPUSH", source, target) do moved = moved + 1 end
+  return moved
+end
+
+if ARGV[1] == "1" then
+  redis.call("HSET", KEYS[1], "paused", 1)
+  return moveAll(KEYS[2], KEYS[3])
+end
+redis.call("HDEL", KEYS[1], "paused")
+local moved = moveAll(KEYS[3], KEYS[2])
+if redis.call("LLEN", KEYS[2]) > 0 then
+  redis.call("ZADD", KEYS[4], 0, "0")
+end
+return moved

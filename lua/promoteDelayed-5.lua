@@ -1,0 +1,23 @@
+--[[
+  promoteDelayed: move delayed jobs whose due time has come to wait (or paused).
+  Workers do this as part of moveToActive; this script lets a producer or an
+  operator do it on demand.
+
+  KEYS[1] delayed  ZSET
+  KEYS[2] wait     LIST
+  KEYS[3] paused   LIST
+  KEYS[4] meta     HASH
+  KEYS[5] marker   ZSET
+
+  ARGV[1] key prefix of the queue
+  ARGV[2] now, ms
+  ARGV[3] how many at most
+
+  Returns the number of jobs promoted.
+]]
+-- @include "emitEvent"
+-- @include "pushReady"
+-- @include "promoteDue"
+
+return promoteDue(ARGV[1], KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
+  tonumber(ARGV[2]), tonumber(ARGV[3]))

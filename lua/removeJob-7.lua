@@ -1,0 +1,34 @@
+--[[
+  removeJob: delete a job and take its id out of every state. A job that a
+  live worker holds (active, lock present) is refused: removing it would let
+  that worker's result land nowhere.
+
+  KEYS[1] wait       LIST
+  KEYS[2] paused     LIST
+  KEYS[3] active     LIST
+  KEYS[4] delayed    ZSET
+  KEYS[5] completed  ZSET
+  KEYS[6] failed     ZSET
+  KEYS[7] stalled    SET
+
+  ARGV[1] key prefix of the queue
+  ARGV[2] job id
+
+  Returns 1 removed, 0 no such job, -3 the job is locked by a live worker.
+]]
+-- @include "emitEvent"
+
+local prefix, id = ARGV[1], ARGV[2]
+local jobKey = prefix .. id
+if redis.call("EXISTS", jobKey .. ":lock") == 1 then
+  return -3
+end
+local found = redis.call("DEL", jobKey)
+for i = 1, 3 do found = found + redis.call("LREM", KEYS[i], 0, id) end
+for i = 4, 6 do found = found + redis.call("ZREM", KEYS[i], id) end
+found = found + redis.call("SREM", KEYS[7], id)
+if found == 0 then
+  return 0
+end
+emitEvent(prefix, "removed", id)
+return 1

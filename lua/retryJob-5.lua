@@ -1,0 +1,28 @@
+--[[
+  retryJob: send a failed job back to wait (or paused) for another attempt.
+  Only a job that is still in `failed` moves. `atm` is kept (it never
+  decreases), so a job already at its attempt ceiling gets exactly one more
+  attempt.
+
+  KEYS[1] failed   ZSET
+  KEYS[2] wait     LIST
+  KEYS[3] paused   LIST
+  KEYS[4] meta     HASH
+  KEYS[5] marker   ZSET
+
+  ARGV[1] key prefix of the queue
+  ARGV[2] job id
+
+  Returns 1 when the job was moved, 0 when it is not in `failed`.
+]]
+-- @include "emitEvent"
+-- @include "pushReady"
+
+local prefix, id = ARGV[1], ARGV[2]
+if redis.call("ZREM", KEYS[1], id) == 0 then
+  return 0
+end
+redis.call("HDEL", prefix .. id, "finishedOn", "failedReason", "processedOn")
+pushReady(KEYS[2], KEYS[3], KEYS[4], KEYS[5], id)
+emitEvent(prefix, "retried", id, "by", "retryJob")
+return 1
