@@ -1,0 +1,47 @@
+"""Fixtures: a real Redis, and a key prefix of each test's own that is deleted afterwards."""
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from echomq_django.core import Queue, Scripts, connect
+
+REDIS_URL = os.environ.get("ECHOMQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    return REDIS_URL
+
+
+@pytest.fixture
+def client():
+    redis_client = connect(REDIS_URL)
+    try:
+        redis_client.ping()
+    except Exception as error:  # a clear reason instead of a stack of retries
+        pytest.fail(f"the tests need a Redis at {REDIS_URL} (set ECHOMQ_TEST_REDIS_URL): {error}")
+    yield redis_client
+    redis_client.close()
+
+
+@pytest.fixture
+def prefix(client) -> Iterator[str]:
+    """A key prefix no other test uses; every key under it is deleted afterwards."""
+    name = f"t{uuid.uuid4().hex[:12]}"
+    yield name
+    keys = list(client.scan_iter(match=f"{name}:*", count=1000))
+    if keys:
+        client.delete(*keys)
+
+
+@pytest.fixture
+def scripts(client) -> Scripts:
+    return Scripts(client)
+
+
+@pytest.fixture
+def queue(client, prefix, scripts) -> Queue:
+    return Queue("q", client, prefix=prefix, scripts=scripts)

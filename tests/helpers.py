@@ -1,0 +1,46 @@
+"""Small helpers shared by the tests."""
+
+import time
+from collections.abc import Callable
+
+from echomq_django.core import Queue
+from echomq_django.core.queue import now_ms
+
+
+def wait_until(predicate: Callable[[], object], timeout_s: float, interval_s: float = 0.02) -> bool:
+    """Poll `predicate` until it is truthy or `timeout_s` passes; returns whether it became true."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval_s)
+    return True
+
+
+def fetch(queue: Queue, token: str = "token-1", lock_ms: int = 30_000, count: int = 1):
+    """Take jobs as a worker would, returning [(id, Job-hash dict)]."""
+    _due, jobs = queue.scripts.move_to_active(queue.keys, token, lock_ms, now_ms(), count, "test-worker")
+    return [(job_id, dict(zip(flat[::2], flat[1::2]))) for job_id, flat in jobs]
+
+
+def kill_lock(queue: Queue, job_id: str) -> None:
+    """Make a job look abandoned: its worker died and the lock lapsed."""
+    queue.client.delete(queue.keys.lock(job_id))
+
+
+def sweep(queue: Queue, *, force: bool = True, max_stalled_count: int = 1, budget: int = 1000,
+          interval_ms: int = 30_000, default_attempts: int = 3):
+    """One whole sweep of `queue` (forced by default, so tests need not wait out the gate)."""
+    from echomq_django.core import Sweeper
+
+    sweeper = Sweeper(queue.client, [queue.name], prefix=queue.keys.prefix, interval_ms=interval_ms,
+                      max_stalled_count=max_stalled_count, budget=budget,
+                      default_attempts=default_attempts, scripts=queue.scripts)
+    return sweeper.sweep(queue.keys, force=force)
+
+
+def finish(queue: Queue, job_id: str, token: str, *, completed: bool = True, value: str = "null",
+           backoff_ms: int = 0, **retention):
+    return queue.scripts.move_to_finished(
+        queue.keys, job_id, token, now_ms(), completed=completed, value=value,
+        default_attempts=3, backoff_ms=backoff_ms, **retention)

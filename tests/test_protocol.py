@@ -1,0 +1,235 @@
+"""Each protocol script against a real Redis: states, tokens, attempts, retention."""
+
+import json
+import time
+
+import pytest
+
+from echomq_django.core import (
+    Backoff,
+    JobLockedError,
+    JobNotFoundError,
+    JobOptions,
+    LockLostError,
+    NewJob,
+    PayloadError,
+)
+from echomq_django.core.queue import now_ms
+from tests.helpers import fetch, finish, kill_lock, sweep
+
+
+def test_add_generates_ids_and_queues_fifo(queue):
+    ids = [queue.add("work", {"n": n}) for n in range(3)]
+    assert ids == ["1", "2", "3"]
+    assert [job_id for job_id, _ in fetch(queue, count=3)] == ids
+    job = queue.get_job("1")
+    assert (job.name, job.data, job.attempts_made, job.attempts_started) == ("work", {"n": 0}, 0, 1)
+
+
+def test_add_with_a_callers_id_is_idempotent(queue):
+    assert queue.add("work", {"v": 1}, job_id="order-7") == "order-7"
+    assert queue.add("work", {"v": 2}, job_id="order-7") == "order-7"
+    assert queue.get_job("order-7").data == {"v": 1}
+    assert queue.counts()["wait"] == 1
+
+
+def test_add_bulk_is_one_pipeline_and_validates_everything_first(queue):
+    ids = queue.add_bulk([NewJob("work", {"n": n}) for n in range(100)])
+    assert len(ids) == 100 and queue.counts()["wait"] == 100
+    with pytest.raises(PayloadError):
+        queue.add_bulk([NewJob("work", {"ok": 1}), NewJob("work", {"bad": object()})])
+    assert queue.counts()["wait"] == 100, "a bad job in a batch adds nothing"
+
+
+def test_non_json_and_oversized_payloads_are_refused(client, prefix):
+    from echomq_django.core import Queue
+
+    small = Queue("q", client, prefix=prefix, max_payload_bytes=100)
+    with pytest.raises(PayloadError, match="JSON"):
+        small.add("work", {1, 2})
+    with pytest.raises(PayloadError, match="limit is 100"):
+        small.add("work", "x" * 200)
+    assert small.counts()["wait"] == 0
+
+
+def test_delayed_job_waits_for_its_due_time(queue):
+    job_id = queue.add("later", opts=JobOptions(delay_ms=300))
+    assert queue.get_state(job_id) == "delayed"
+    assert fetch(queue) == []
+    time.sleep(0.35)
+    assert [j for j, _ in fetch(queue)] == [job_id]
+
+
+def test_move_to_active_locks_the_job_in_the_same_step(queue):
+    job_id = queue.add("work")
+    [(fetched, fields)] = fetch(queue, token="tok-A", lock_ms=5000)
+    assert fetched == job_id
+    assert queue.client.get(queue.keys.lock(job_id)) == "tok-A"
+    assert 0 < queue.client.pttl(queue.keys.lock(job_id)) <= 5000
+    assert fields["tok"] == "tok-A" and fields["ats"] == "1"
+
+
+def test_paused_queue_gives_no_jobs_until_resumed(queue):
+    queue.add("a")
+    queue.pause()
+    queue.add("b")
+    assert queue.counts()["paused"] == 2 and fetch(queue) == []
+    queue.resume()
+    assert [j for j, _ in fetch(queue, count=5)] == ["1", "2"]
+
+
+def test_complete_records_the_result_and_releases_the_lock(queue):
+    job_id = queue.add("work")
+    fetch(queue, token="tok-A")
+    assert finish(queue, job_id, "tok-A", value=json.dumps({"ok": True})) == 1
+    job = queue.get_job(job_id)
+    assert queue.get_state(job_id) == "completed"
+    assert job.returnvalue == {"ok": True} and job.attempts_made == 1
+    assert not queue.client.exists(queue.keys.lock(job_id))
+
+
+def test_a_stale_token_cannot_extend_complete_or_fail(queue):
+    job_id = queue.add("work")
+    fetch(queue, token="tok-A")
+    kill_lock(queue, job_id)
+    sweep(queue)
+    sweep(queue)  # recovered: back in wait
+    fetch(queue, token="tok-B")
+
+    assert not queue.scripts.extend_lock(queue.keys, job_id, "tok-A", 30_000)
+    assert queue.scripts.extend_locks(queue.keys, {job_id: "tok-A"}, 30_000) == [job_id]
+    with pytest.raises(LockLostError):
+        finish(queue, job_id, "tok-A", value='"late"')
+    with pytest.raises(LockLostError):
+        finish(queue, job_id, "tok-A", completed=False, value="late failure")
+    assert queue.client.get(queue.keys.lock(job_id)) == "tok-B"
+
+    assert finish(queue, job_id, "tok-B", value='"winner"') == 1
+    with pytest.raises(LockLostError):
+        finish(queue, job_id, "tok-A", value='"late"')
+    assert queue.get_job(job_id).returnvalue == "winner"
+
+
+def test_a_replayed_finish_of_the_same_token_is_harmless(queue):
+    job_id = queue.add("work")
+    fetch(queue, token="tok-A")
+    assert finish(queue, job_id, "tok-A", value="1") == 1
+    assert finish(queue, job_id, "tok-A", value="1") == 5
+    assert queue.get_job(job_id).attempts_made == 1
+
+
+def test_finish_of_a_missing_job_is_job_not_found(queue):
+    with pytest.raises(JobNotFoundError):
+        finish(queue, "nope", "tok")
+
+
+def test_failure_with_attempts_left_is_retried_after_backoff(queue):
+    job_id = queue.add("work", opts=JobOptions(attempts=3, backoff=Backoff("exponential", 1000)))
+    fetch(queue, token="t1")
+    before = now_ms()
+    assert finish(queue, job_id, "t1", completed=False, value="boom", backoff_ms=1000) == 4
+    due = queue.client.zscore(queue.keys.delayed, job_id)
+    assert before + 1000 <= due <= now_ms() + 1000
+    job = queue.get_job(job_id)
+    assert (job.attempts_made, job.failed_reason) == (1, "boom")
+
+    queue.client.zadd(queue.keys.delayed, {job_id: 0})  # skip the wait
+    fetch(queue, token="t2")
+    assert finish(queue, job_id, "t2", completed=False, value="boom", backoff_ms=0) == 3
+    assert queue.get_state(job_id) == "wait"
+    fetch(queue, token="t3")
+    assert finish(queue, job_id, "t3", completed=False, value="boom 3",
+                  **{}) == 2
+    job = queue.get_job(job_id)
+    assert queue.get_state(job_id) == "failed"
+    assert (job.attempts_made, job.failed_reason) == (3, "boom 3")
+
+
+def test_backoff_delays():
+    assert [Backoff("fixed", 500).delay_before(n) for n in (1, 2, 3)] == [500, 500, 500]
+    assert [Backoff("exponential", 500).delay_before(n) for n in (1, 2, 3)] == [500, 1000, 2000]
+    with pytest.raises(PayloadError):
+        Backoff("linear", 5)
+
+
+def test_stack_traces_accumulate_up_to_the_limit(queue):
+    job_id = queue.add("work", opts=JobOptions(attempts=20))
+    for attempt in range(12):
+        fetch(queue, token=f"t{attempt}")
+        queue.scripts.move_to_finished(queue.keys, job_id, f"t{attempt}", now_ms(), completed=False,
+                                       value="boom", stacktrace=f"trace {attempt}",
+                                       default_attempts=3, keep_traces=10)
+    assert queue.get_job(job_id).stacktrace == [f"trace {n}" for n in range(2, 12)]
+
+
+def test_retention_keeps_the_newest_by_count_and_drops_by_age(queue):
+    ids = queue.add_bulk([NewJob("work") for _ in range(5)])
+    for job_id, _ in fetch(queue, count=5):
+        finish(queue, job_id, "token-1", keep_count=2)
+    assert queue.client.zrange(queue.keys.completed, 0, -1) == ids[3:]
+    assert not queue.client.exists(queue.keys.job(ids[0]))
+
+    other = queue.add("work")
+    fetch(queue)
+    queue.client.zadd(queue.keys.completed, {ids[3]: now_ms() - 60_000})
+    finish(queue, other, "token-1", keep_age_ms=30_000)
+    assert queue.client.zrange(queue.keys.completed, 0, -1) == [ids[4], other]
+
+
+def test_retry_moves_only_a_job_that_is_still_failed(queue):
+    job_id = queue.add("work", opts=JobOptions(attempts=1))
+    fetch(queue)
+    finish(queue, job_id, "token-1", completed=False, value="boom")
+    assert queue.retry(job_id) is True
+    job = queue.get_job(job_id)
+    assert queue.get_state(job_id) == "wait"
+    assert job.failed_reason is None and job.attempts_made == 1, "atm never decreases"
+    assert queue.retry(job_id) is False, "no longer in failed"
+    assert queue.counts()["wait"] == 1
+
+
+def test_remove_refuses_a_locked_job_and_deletes_others(queue):
+    job_id = queue.add("work")
+    fetch(queue)
+    with pytest.raises(JobLockedError):
+        queue.remove(job_id)
+    kill_lock(queue, job_id)
+    sweep(queue)
+    assert queue.remove(job_id) is True
+    assert queue.get_job(job_id) is None and queue.get_state(job_id) is None
+    assert queue.stalled_ids() == set()
+    assert queue.remove(job_id) is False
+
+
+def test_counts_and_listing_per_state_with_paging(queue):
+    ids = queue.add_bulk([NewJob("work", {"n": n}) for n in range(7)])
+    fetch(queue, count=2)
+    counts = queue.counts()
+    assert (counts["wait"], counts["active"]) == (5, 2)
+    page_one = [job.id for job in queue.get_jobs("wait", 0, 3)]
+    page_two = [job.id for job in queue.get_jobs("wait", 3, 3)]
+    assert page_one + page_two == list(reversed(ids[2:]))
+    with pytest.raises(ValueError):
+        queue.get_jobs("nowhere")
+
+
+def test_promote_delayed_on_demand(queue):
+    job_id = queue.add("later", opts=JobOptions(delay_ms=60_000))
+    queue.client.zadd(queue.keys.delayed, {job_id: now_ms() - 1})
+    assert queue.promote_delayed() == 1
+    assert queue.get_state(job_id) == "wait"
+
+
+def test_script_flush_is_invisible_to_callers(queue):
+    queue.add("work")
+    queue.client.script_flush()
+    assert queue.add("work") == "2"
+    assert len(fetch(queue, count=2)) == 2
+
+
+def test_events_record_the_lifecycle(queue):
+    job_id = queue.add("work")
+    fetch(queue)
+    finish(queue, job_id, "token-1")
+    events = [fields["event"] for _id, fields in queue.client.xrange(queue.keys.events)]
+    assert events == ["added", "active", "completed"]

@@ -1,0 +1,199 @@
+"""The two-phase sweep, step by step as the seeds describe it, through the real script."""
+
+import time
+
+import pytest
+
+from echomq_django.core import JobOptions, QueueStateError
+from tests.helpers import fetch, kill_lock, sweep
+
+
+def stalled_job(queue, attempts=3, **add):
+    """Add a job, fetch it, and let its worker 'die' (lock gone)."""
+    job_id = queue.add("work", {"x": 1}, opts=JobOptions(attempts=attempts), **add)
+    [(fetched, _)] = fetch(queue)
+    assert fetched == job_id
+    kill_lock(queue, job_id)
+    return job_id
+
+
+def test_first_sweep_marks_and_second_recovers_with_one_attempt(queue):
+    job_id = stalled_job(queue)
+
+    first = sweep(queue)
+    assert (first.marked, first.recovered) == (1, 0)
+    assert queue.stalled_ids() == {job_id}
+    assert queue.get_state(job_id) == "active", "the first sweep must not reclaim"
+    assert queue.get_job(job_id).attempts_made == 0
+
+    second = sweep(queue)
+    assert (second.marked, second.recovered, second.failed) == (0, 1, 0)
+    job = queue.get_job(job_id)
+    assert queue.get_state(job_id) == "wait"
+    assert (job.attempts_made, job.stall_count) == (1, 1)
+    assert job.token is None
+    assert queue.stalled_ids() == set()
+    assert queue.counts()["active"] == 0
+
+
+def test_gate_lets_one_sweep_per_interval(queue):
+    stalled_job(queue)
+    first = sweep(queue, force=False, interval_ms=400)
+    assert not first.skipped and first.marked == 1
+    again = sweep(queue, force=False, interval_ms=400)
+    assert again.skipped, "the gate must hold a second sweep within the interval"
+    assert queue.get_state(queue.get_jobs("active")[0].id) == "active"
+    assert 0 < queue.client.pttl(queue.keys.stalled_check) <= 400
+
+    forced = sweep(queue, force=True, interval_ms=400)
+    assert not forced.skipped and forced.recovered == 1, "a forced sweep skips the gate"
+
+    time.sleep(0.45)
+    assert not sweep(queue, force=False, interval_ms=400).skipped
+
+
+def test_job_whose_worker_renews_before_the_next_sweep_is_left_alone(queue):
+    job_id = stalled_job(queue)
+    assert sweep(queue).marked == 1
+
+    # The paused worker wakes up and renews: it takes its lapsed lock back.
+    assert queue.scripts.extend_lock(queue.keys, job_id, "token-1", 30_000)
+    assert queue.stalled_ids() == set(), "renewing clears the mark"
+
+    report = sweep(queue)
+    assert (report.marked, report.recovered, report.failed) == (0, 0, 0)
+    assert queue.get_state(job_id) == "active"
+    assert queue.get_job(job_id).attempts_made == 0
+
+
+def test_marked_job_whose_lock_is_back_is_unmarked_not_recovered(queue):
+    job_id = stalled_job(queue)
+    sweep(queue)
+    # The lock reappears without the mark being cleared (e.g. set by another client).
+    queue.client.set(queue.keys.lock(job_id), "token-1", px=30_000)
+
+    report = sweep(queue)
+    assert (report.unmarked, report.recovered) == (1, 0)
+    assert queue.stalled_ids() == set()
+    assert queue.get_state(job_id) == "active"
+
+
+def test_recovery_past_the_attempt_ceiling_fails_the_job_with_a_reason(queue):
+    job_id = stalled_job(queue, attempts=1)
+    sweep(queue)
+    report = sweep(queue)
+    assert (report.recovered, report.failed) == (0, 1)
+    job = queue.get_job(job_id)
+    assert queue.get_state(job_id) == "failed"
+    assert job.attempts_made == 1
+    assert "attempt ceiling" in job.failed_reason and "1 of 1" in job.failed_reason
+    assert job.finished_on is not None
+
+
+def test_stalling_more_than_max_stalled_count_fails_the_job(queue):
+    job_id = stalled_job(queue, attempts=10)
+    for round_number in (1, 2):
+        sweep(queue, max_stalled_count=1)
+        report = sweep(queue, max_stalled_count=1)
+        if round_number == 1:
+            assert report.recovered == 1
+            [(again, _)] = fetch(queue, token="token-2")
+            assert again == job_id
+            kill_lock(queue, job_id)
+    assert report.failed == 1
+    job = queue.get_job(job_id)
+    assert queue.get_state(job_id) == "failed"
+    assert (job.attempts_made, job.stall_count) == (2, 2)
+    assert "max_stalled_count" in job.failed_reason
+
+
+def test_recovered_job_goes_to_paused_when_the_queue_is_paused(queue):
+    job_id = stalled_job(queue)
+    sweep(queue)
+    queue.pause()
+    assert sweep(queue).recovered == 1
+    assert queue.get_state(job_id) == "paused"
+    assert queue.client.zcard(queue.keys.marker) == 0 or queue.counts()["wait"] == 0
+    queue.resume()
+    assert queue.get_state(job_id) == "wait"
+
+
+def test_live_jobs_are_never_marked(queue):
+    for n in range(5):
+        queue.add("work", {"n": n})
+    fetch(queue, count=5)
+    for _ in range(3):
+        report = sweep(queue)
+        assert (report.marked, report.recovered) == (0, 0)
+    assert queue.counts()["active"] == 5
+
+
+def test_job_put_in_active_by_another_client_is_swept(queue):
+    """Detection is defined over `active` and the lock keys, not over our own bookkeeping."""
+    keys = queue.keys
+    queue.client.hset(keys.job("foreign-1"), mapping={"name": "x", "data": "{}", "opts": "{}", "atm": "0"})
+    queue.client.lpush(keys.active, "foreign-1")
+
+    assert sweep(queue).marked == 1
+    assert sweep(queue, default_attempts=5).recovered == 1
+    assert queue.get_state("foreign-1") == "wait"
+    assert queue.get_job("foreign-1").attempts_made == 1
+
+
+@pytest.mark.parametrize("budget", [1, 7, 1000])
+def test_a_sweep_split_into_bounded_calls_handles_every_job_once(queue, budget):
+    live, dead = [], []
+    for n in range(60):
+        queue.add("work", {"n": n})
+    for job_id, _ in fetch(queue, count=60):
+        (dead if int(job_id) % 3 == 0 else live).append(job_id)
+    for job_id in dead:
+        kill_lock(queue, job_id)
+
+    first = sweep(queue, budget=budget)
+    assert (first.marked, first.recovered) == (len(dead), 0)
+    assert first.calls >= 60 // budget
+    second = sweep(queue, budget=budget)
+    assert (second.marked, second.recovered) == (0, len(dead))
+
+    waiting = queue.client.lrange(queue.keys.wait, 0, -1)
+    assert sorted(waiting) == sorted(dead), "each dead job back in wait exactly once"
+    assert sorted(queue.client.lrange(queue.keys.active, 0, -1)) == sorted(live)
+    assert all(queue.get_job(j).attempts_made == 1 for j in dead)
+    assert all(queue.get_job(j).attempts_made == 0 for j in live)
+
+
+def test_wrong_type_under_a_queue_key_is_a_clear_error_and_changes_nothing(queue):
+    stalled_job(queue)
+    sweep(queue)
+    queue.client.delete(queue.keys.wait)
+    queue.client.set(queue.keys.wait, "not a list")
+    with pytest.raises(QueueStateError, match="wait holds a string, expected a list"):
+        sweep(queue)
+    assert len(queue.stalled_ids()) == 1
+    assert queue.client.llen(queue.keys.active) == 1
+
+
+def test_bad_job_hashes_fail_with_a_reason_and_the_sweep_goes_on(queue):
+    good = stalled_job(queue)
+    keys = queue.keys
+    queue.client.hset(keys.job("bad-atm"), mapping={"name": "x", "atm": "lots", "opts": "{}"})
+    queue.client.hset(keys.job("bad-opts"), mapping={"name": "x", "atm": "0", "opts": "{nope"})
+    queue.client.lpush(keys.active, "bad-atm", "bad-opts", "no-hash")
+
+    assert sweep(queue).marked == 4
+    report = sweep(queue)
+    assert (report.recovered, report.failed) == (1, 3)
+    assert queue.get_state(good) == "wait"
+    reasons = {j: queue.client.hget(keys.job(j), "failedReason") for j in ("bad-atm", "bad-opts", "no-hash")}
+    assert "atm is not an integer" in reasons["bad-atm"]
+    assert "opts is not a JSON object" in reasons["bad-opts"]
+    assert "job hash was missing" in reasons["no-hash"]
+    assert queue.counts()["active"] == 0
+
+
+def test_stale_mark_of_a_job_not_in_active_is_dropped(queue):
+    queue.client.sadd(queue.keys.stalled, "ghost")
+    report = sweep(queue)
+    assert report.recovered == 0
+    assert queue.stalled_ids() == set()
