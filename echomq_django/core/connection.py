@@ -16,9 +16,12 @@ def connect(url: str = DEFAULT_REDIS_URL, **options: object) -> redis.Redis:
     Commands are retried with exponential backoff (up to about 15 s in all) on
     connection errors, so a restarting Redis is survived without the caller
     noticing; the scripts are written so that a re-sent call is harmless.
+    Workers block on the marker for less than the socket timeout (10 s).
     """
     settings: dict[str, object] = {
         "decode_responses": True,
+        "socket_timeout": 10.0,
+        "socket_connect_timeout": 5.0,
         "health_check_interval": 30,
         "retry": Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=12),
         "retry_on_error": [ConnectionError, TimeoutError],

@@ -170,6 +170,11 @@ class Worker:
     def _block(self, next_due: int | None) -> None:
         """Sleep until a producer signals work, a delayed job is due, or the timeout ends."""
         timeout = self.block_timeout_s
+        # A block longer than the client's socket timeout would end in a
+        # TimeoutError (and retries) instead of an empty reply.
+        # (redis-py's own default socket timeout is 5 s.)
+        socket_timeout = self.client.connection_pool.connection_kwargs.get("socket_timeout") or 5.0
+        timeout = min(timeout, max(socket_timeout - 1, 0.1))
         if next_due is not None:
             timeout = min(timeout, max((next_due - now_ms()) / 1000, 0.001))
         try:

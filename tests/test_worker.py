@@ -1,0 +1,191 @@
+"""The worker: threads, the marker, retries, lock renewal, lost locks, shutdown."""
+
+import logging
+import threading
+import time
+
+import pytest
+
+from echomq_django.core import Backoff, JobOptions, NewJob, Worker
+from tests.helpers import fetch, kill_lock, sweep, wait_until
+
+
+def start(worker: Worker, **run_options) -> threading.Thread:
+    thread = threading.Thread(target=worker.run, kwargs=run_options, daemon=True)
+    thread.start()
+    return thread
+
+
+def make_worker(queue, handler, **options) -> Worker:
+    options.setdefault("block_timeout_s", 0.2)
+    return Worker(queue.name, handler, queue.client, prefix=queue.keys.prefix, **options)
+
+
+def test_burst_runs_every_ready_job_and_returns(queue):
+    queue.add_bulk([NewJob("double", {"n": n}) for n in range(20)])
+    worker = make_worker(queue, lambda job: job.data["n"] * 2, concurrency=3)
+    assert worker.run(burst=True) == 20
+    assert queue.counts()["completed"] == 20
+    assert sorted(j.returnvalue for j in queue.get_jobs("completed", 0, 100)) == list(range(0, 40, 2))
+
+
+def test_jobs_run_concurrently_on_threads(queue):
+    queue.add_bulk([NewJob("sleep") for _ in range(4)])
+    running, peak, guard = 0, 0, threading.Lock()
+
+    def handler(job):
+        nonlocal running, peak
+        with guard:
+            running += 1
+            peak = max(peak, running)
+        time.sleep(0.3)
+        with guard:
+            running -= 1
+
+    make_worker(queue, handler, concurrency=4).run(burst=True)
+    assert peak == 4
+
+
+def test_an_idle_worker_wakes_on_the_marker_not_on_its_timeout(queue):
+    worker = make_worker(queue, lambda job: "done", block_timeout_s=4)
+    thread = start(worker)
+    time.sleep(0.3)  # now blocked on the marker
+    added = time.monotonic()
+    job_id = queue.add("work")
+    assert wait_until(lambda: queue.get_state(job_id) == "completed", 5)
+    assert time.monotonic() - added < 1.5, "woken by the marker, not the 4 s timeout"
+    worker.stop()
+    thread.join(5)
+    assert not thread.is_alive()
+
+
+def test_delayed_job_runs_after_its_delay(queue):
+    worker = make_worker(queue, lambda job: "done", block_timeout_s=2)
+    thread = start(worker)
+    added = time.monotonic()
+    job_id = queue.add("later", opts=JobOptions(delay_ms=500))
+    assert wait_until(lambda: queue.get_state(job_id) == "completed", 5)
+    assert 0.45 <= time.monotonic() - added < 2.5
+    worker.stop()
+    thread.join(6)
+
+
+def test_failures_are_retried_then_failed_with_reason_and_trace(queue):
+    job_id = queue.add("flaky", opts=JobOptions(attempts=3, backoff=Backoff("fixed", 50)))
+    calls = []
+
+    def handler(job):
+        calls.append(job.attempts_made)
+        raise ValueError(f"attempt {job.attempts_made + 1} failed")
+
+    worker = make_worker(queue, handler)
+    thread = start(worker)
+    assert wait_until(lambda: queue.get_state(job_id) == "failed", 5)
+    worker.stop()
+    thread.join(5)
+    job = queue.get_job(job_id)
+    assert calls == [0, 1, 2]
+    assert job.attempts_made == 3
+    assert job.failed_reason == "ValueError: attempt 3 failed"
+    assert len(job.stacktrace) == 3 and "ValueError" in job.stacktrace[-1]
+
+
+def test_a_non_json_return_value_fails_the_job(queue):
+    job_id = queue.add("bad", opts=JobOptions(attempts=1))
+    make_worker(queue, lambda job: object()).run(burst=True)
+    job = queue.get_job(job_id)
+    assert queue.get_state(job_id) == "failed"
+    assert "must be JSON-serializable" in job.failed_reason
+
+
+def test_locks_are_renewed_so_a_long_job_is_never_marked(queue):
+    job_id = queue.add("long")
+    worker = make_worker(queue, lambda job: time.sleep(1.5), lock_duration_ms=400)
+    thread = start(worker)
+    assert wait_until(lambda: queue.get_state(job_id) == "active", 2)
+    marked = 0
+    while queue.get_state(job_id) == "active":
+        marked += sweep(queue).marked
+        time.sleep(0.1)
+    worker.stop()
+    thread.join(5)
+    assert marked == 0
+    assert queue.get_state(job_id) == "completed"
+    assert queue.get_job(job_id).attempts_made == 1
+
+
+def test_a_worker_that_lost_its_lock_overwrites_nothing(queue, caplog):
+    job_id = queue.add("work")
+    release = threading.Event()
+
+    def slow(job):
+        release.wait(10)
+        return "late result"
+
+    worker_a = make_worker(queue, slow, lock_duration_ms=10_000)
+    thread = start(worker_a)
+    assert wait_until(lambda: queue.get_state(job_id) == "active", 2)
+
+    # Worker A's lock lapses and two sweeps recover the job before it renews.
+    kill_lock(queue, job_id)
+    sweep(queue)
+    assert sweep(queue).recovered == 1
+    make_worker(queue, lambda job: "winner").run(burst=True)
+    assert queue.get_job(job_id).returnvalue == "winner"
+
+    with caplog.at_level(logging.WARNING, logger="echomq.worker"):
+        release.set()
+        worker_a.stop()
+        thread.join(5)
+    job = queue.get_job(job_id)
+    assert job.returnvalue == "winner" and job.attempts_made == 2
+    assert any("no longer owned" in message for message in caplog.messages)
+    assert worker_a.processed == 0
+
+
+def test_first_stop_lets_the_running_job_finish(queue):
+    job_id = queue.add("work")
+    queue.add("next")
+    release = threading.Event()
+    worker = make_worker(queue, lambda job: release.wait(10) and "done")
+    thread = start(worker)
+    assert wait_until(lambda: queue.get_state(job_id) == "active", 2)
+    worker.stop()
+    thread.join(0.3)
+    assert thread.is_alive(), "the first stop waits for the running job"
+    release.set()
+    thread.join(5)
+    assert not thread.is_alive()
+    assert queue.get_state(job_id) == "completed"
+    assert queue.counts()["wait"] == 1, "no new job is fetched after a stop"
+
+
+def test_second_stop_returns_at_once_and_the_sweeper_recovers_the_job(queue):
+    job_id = queue.add("work")
+    release = threading.Event()
+    worker = make_worker(queue, lambda job: release.wait(10), lock_duration_ms=300)
+    thread = start(worker)
+    assert wait_until(lambda: queue.get_state(job_id) == "active", 2)
+    worker.stop()
+    worker.stop()
+    thread.join(2)
+    assert not thread.is_alive(), "the second stop does not wait"
+    assert queue.get_state(job_id) == "active"
+    time.sleep(0.4)  # the lock lapses: nobody renews it any more
+    sweep(queue)
+    assert sweep(queue).recovered == 1
+    release.set()
+
+
+def test_max_jobs_stops_after_that_many(queue):
+    queue.add_bulk([NewJob("work") for _ in range(5)])
+    worker = make_worker(queue, lambda job: None, concurrency=2)
+    assert worker.run(max_jobs=3) == 3
+    assert queue.counts()["wait"] == 2
+
+
+def test_bad_configuration_is_refused():
+    with pytest.raises(ValueError, match="shorter than the lock"):
+        Worker("q", print, None, lock_duration_ms=1000, renew_interval_ms=1000)
+    with pytest.raises(ValueError, match="concurrency"):
+        Worker("q", print, None, concurrency=0)
