@@ -60,6 +60,10 @@ class Scripts:
         self.client = client
         self._scripts = {name: client.register_script(script_source(name)) for name in script_names()}
 
+    def preload(self) -> dict[str, str]:
+        """Load every script into Redis now (SCRIPT LOAD); returns name -> SHA1."""
+        return {name: self.client.script_load(script.script) for name, script in self._scripts.items()}
+
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any], client: Any = None) -> Any:
         return self._scripts[name](keys=list(keys), args=list(args), client=client or self.client)
 

@@ -1,0 +1,96 @@
+"""`manage.py echomq_sweep`, through call_command and as a real process."""
+
+import os
+import signal
+import subprocess
+import sys
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from tests.helpers import fetch, kill_lock, wait_until
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def echomq_settings(settings, redis_url, prefix):
+    settings.ECHOMQ = {"REDIS_URL": redis_url, "PREFIX": prefix, "QUEUES": {"q": {}}}
+    return settings
+
+
+def sweep_command(*args: str) -> str:
+    out = StringIO()
+    call_command("echomq_sweep", "--once", *args, stdout=out)
+    return out.getvalue()
+
+
+def stalled(queue) -> str:
+    job_id = queue.add("work")
+    fetch(queue)
+    kill_lock(queue, job_id)
+    return job_id
+
+
+def test_once_marks_then_the_gate_holds_then_force_recovers(echomq_settings, queue):
+    job_id = stalled(queue)
+    assert "queue q: marked 1, recovered 0" in sweep_command()
+    assert "queue q: skipped" in sweep_command()
+    assert "recovered 1 to wait" in sweep_command("--force")
+    assert queue.get_state(job_id) == "wait"
+
+
+def test_fractional_interval_is_the_gates_px(echomq_settings, queue):
+    sweep_command("--interval", "0.25")
+    assert 0 < queue.client.pttl(queue.keys.stalled_check) <= 250
+
+
+def test_queue_option_sweeps_any_named_queue(echomq_settings, client, prefix):
+    from echomq_django.core import Queue
+
+    other = Queue("not-configured", client, prefix=prefix)
+    stalled(other)
+    output = sweep_command("--queue", "not-configured", "--queue", "q")
+    assert [line.split(":")[0] for line in output.splitlines()] == ["queue not-configured", "queue q"]
+    assert "queue not-configured: marked 1" in output and "queue q: marked 0" in output
+
+
+def test_max_stalled_count_zero_fails_a_job_on_its_first_stall(echomq_settings, queue):
+    job_id = stalled(queue)
+    sweep_command("--max-stalled-count", "0")
+    sweep_command("--max-stalled-count", "0", "--force")
+    assert queue.get_state(job_id) == "failed"
+    assert "max_stalled_count" in queue.get_job(job_id).failed_reason
+
+
+def test_invalid_queue_name_is_a_command_error(echomq_settings):
+    with pytest.raises(CommandError, match="may not contain"):
+        sweep_command("--queue", "bad{name}")
+
+
+@pytest.mark.parametrize("args", [["--interval", "0"], ["--interval", "soon"], ["--max-stalled-count", "-1"]])
+def test_bad_option_values_are_refused(args):
+    result = subprocess.run([sys.executable, "manage.py", "echomq_sweep", "--once", *args],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "invalid" in result.stderr
+
+
+@pytest.mark.slow
+def test_the_loop_marks_recovers_and_stops_on_sigterm(queue, redis_url, prefix):
+    job_id = stalled(queue)
+    env = dict(os.environ, ECHOMQ_REDIS_URL=redis_url, ECHOMQ_PREFIX=prefix)
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "echomq_sweep", "--queue", "q", "--interval", "0.2"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert wait_until(lambda: queue.get_state(job_id) == "wait", 10)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=10)
+    assert process.returncode == 0, stderr
+    lines = stdout.splitlines()
+    assert lines[0].startswith("queue q: marked 1, recovered 0")
+    assert any(line.startswith("queue q: marked 0, recovered 1") for line in lines)

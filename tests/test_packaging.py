@@ -1,0 +1,51 @@
+"""The wheel carries the scripts, and the runtime stands without Django."""
+
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_runtime_imports_no_django():
+    code = (
+        "import sys; sys.modules['django'] = None\n"  # any import of django now fails
+        "import echomq_django.core as core\n"
+        "assert not any(name == 'django' or name.startswith('django.') for name in sys.modules if sys.modules[name])\n"
+        "print(len(core.__all__))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.slow
+def test_the_installed_wheel_loads_every_script_outside_the_repository(tmp_path, redis_url):
+    subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path / "dist"), str(ROOT)],
+        check=True, capture_output=True, timeout=300,
+    )
+    [wheel] = (tmp_path / "dist").glob("echomq_django-*.whl")
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    python = env_dir / "bin" / "python"
+    subprocess.run([python, "-m", "pip", "install", "--quiet", str(wheel)], check=True, timeout=600)
+
+    check = (
+        "import sys, echomq_django\n"
+        "from echomq_django.core import connect\n"
+        "from echomq_django.core.scripts import Scripts, script_names, scripts_dir\n"
+        f"assert str(scripts_dir()).startswith({str(env_dir)!r}), scripts_dir()\n"
+        "client = connect(sys.argv[1])\n"
+        "loaded = Scripts(client).preload()\n"
+        "assert sorted(loaded) == script_names() and all(client.script_exists(*loaded.values()))\n"
+        "print(' '.join(loaded))"
+    )
+    result = subprocess.run([python, "-c", check, redis_url], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    shipped = set(result.stdout.split())
+    in_repo = {path.stem for path in (ROOT / "lua").glob("*.lua")}
+    assert shipped == in_repo and "moveStalledJobsToWait-8" in shipped
