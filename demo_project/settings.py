@@ -20,6 +20,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "echomq_django",
+    "demo_project.demo_app",
 ]
 
 MIDDLEWARE = [

@@ -25,6 +25,8 @@ logger = logging.getLogger("echomq.worker")
 
 Handler = Callable[[Job], Any]
 DEFAULT_LOCK_DURATION_MS = 30_000
+# moveToFinished's status codes for a failed attempt, in words.
+_FAILURE_OUTCOMES = {2: "no attempts left", 3: "retrying now", 4: "retrying after its backoff"}
 
 
 @dataclass(frozen=True)
@@ -229,7 +231,8 @@ class Worker:
         with self._slots:
             self.processed += 1
         if error is not None:
-            logger.info("job %s of %s failed (status %d): %s", job.id, keys.queue, status, value)
+            outcome = _FAILURE_OUTCOMES.get(status, "failed")
+            logger.info("job %s of queue %s failed, %s: %s", job.id, keys.queue, outcome, value)
 
     # -- lock renewal ----------------------------------------------------
 
