@@ -47,7 +47,6 @@
   holds the wrong Redis type.
 ]]
 -- @include "emitEvent"
--- @include "pushReady"
 -- @include "jobFields"
 
 local stalledKey, waitKey, activeKey, failedKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -77,24 +76,30 @@ if phase == "start" then
   phase, cursor = "recover", 0
 end
 
--- Recover one marked, lockless job found at `index` of `active`.
+-- Where recovered jobs go: the queue's pause state cannot change during this call.
+local readyKey = waitKey
+if redis.call("HEXISTS", metaKey, "paused") == 1 then readyKey = pausedKey end
+
+-- Recover one marked, lockless job found at `index` of `active`. Returns true
+-- when the job should go back to wait/paused (the caller pushes all of those
+-- with one LPUSH per call); false when it went to failed.
 local function recover(id, index)
   local jobKey = prefix .. id
   redis.call("LSET", activeKey, index, TOMBSTONE)
-  redis.call("SREM", stalledKey, id)
-  if redis.call("EXISTS", jobKey) == 0 then
+  local fields = redis.call("HMGET", jobKey, "atm", "stc", "opts")
+  if not (fields[1] or fields[2] or fields[3]) and redis.call("EXISTS", jobKey) == 0 then
     moveToFailed(prefix, failedKey, id, "job hash was missing when the sweeper recovered the id", now)
     failed = failed + 1
-    return
+    return false
   end
-  local attemptsMade, badAtm = readCounter(jobKey, "atm")
-  local stalls, badStc = readCounter(jobKey, "stc")
-  local maxAttempts, badOpts = readMaxAttempts(jobKey, defaultAttempts)
+  local attemptsMade, badAtm = parseCounter(fields[1], "atm")
+  local stalls, badStc = parseCounter(fields[2], "stc")
+  local maxAttempts, badOpts = parseMaxAttempts(fields[3], defaultAttempts)
   local bad = badAtm or badStc or badOpts
   if bad then
     moveToFailed(prefix, failedKey, id, "stalled, and cannot be retried: " .. bad, now)
     failed = failed + 1
-    return
+    return false
   end
   attemptsMade = redis.call("HINCRBY", jobKey, "atm", 1)
   stalls = redis.call("HINCRBY", jobKey, "stc", 1)
@@ -103,15 +108,16 @@ local function recover(id, index)
     moveToFailed(prefix, failedKey, id, "job stalled and reached its attempt ceiling (" ..
       attemptsMade .. " of " .. maxAttempts .. " attempts made)", now)
     failed = failed + 1
+    return false
   elseif stalls > maxStalled then
     moveToFailed(prefix, failedKey, id, "job stalled more than max_stalled_count (" ..
       stalls .. " stalls, max_stalled_count " .. maxStalled .. ")", now)
     failed = failed + 1
-  else
-    pushReady(waitKey, pausedKey, metaKey, markerKey, id)
-    emitEvent(prefix, "recovered", id, "atm", attemptsMade)
-    recovered = recovered + 1
+    return false
   end
+  emitEvent(prefix, "recovered", id, "atm", attemptsMade)
+  recovered = recovered + 1
+  return true
 end
 
 -- Marks left after a whole recover walk belong to ids that are not in
@@ -143,21 +149,21 @@ while budget > 0 and phase ~= "done" do
     local ids = redis.call("LRANGE", activeKey, first, first + count - 1)
     budget = budget - #ids
     if phase == "recover" then
-      local removed = 0
+      local unmark, ready, removed = {}, {}, 0
       for i, id in ipairs(ids) do
         if redis.call("SISMEMBER", stalledKey, id) == 1 then
+          unmark[#unmark + 1] = id
           if redis.call("EXISTS", prefix .. id .. ":lock") == 1 then
-            redis.call("SREM", stalledKey, id)
             unmarked = unmarked + 1
           else
-            recover(id, first + i - 1)
             removed = removed + 1
+            if recover(id, first + i - 1) then ready[#ready + 1] = id end
           end
         end
       end
-      if removed > 0 then
-        redis.call("LREM", activeKey, -removed, TOMBSTONE)
-      end
+      if #unmark > 0 then redis.call("SREM", stalledKey, unpack(unmark)) end
+      if #ready > 0 then redis.call("LPUSH", readyKey, unpack(ready)) end
+      if removed > 0 then redis.call("LREM", activeKey, -removed, TOMBSTONE) end
       cursor = cursor + #ids - removed
     else
       for _, id in ipairs(ids) do
@@ -171,4 +177,7 @@ while budget > 0 and phase ~= "done" do
   end
 end
 
+if recovered > 0 and readyKey == waitKey then
+  redis.call("ZADD", markerKey, 0, "0")
+end
 return {phase, cursor, marked, recovered, failed, unmarked}

@@ -55,7 +55,7 @@ while taken < limit do
     redis.call("SET", jobKey .. ":lock", token, "PX", lockMs)
     -- Read-and-write rather than HINCRBY: a corrupt `ats` must not abort the
     -- script halfway through its writes.
-    local started = (readCounter(jobKey, "ats") or 0) + 1
+    local started = (parseCounter(redis.call("HGET", jobKey, "ats"), "ats") or 0) + 1
     redis.call("HSET", jobKey, "ats", started, "processedOn", now, "tok", token, "wid", workerId)
     emitEvent(prefix, "active", id)
     result[#result + 1] = id

@@ -53,8 +53,9 @@ end
 
 -- Validate before the first write: a script that errors halfway keeps its
 -- earlier writes.
-local attemptsMade, badAtm = readCounter(jobKey, "atm")
-local maxAttempts, badOpts = readMaxAttempts(jobKey, tonumber(ARGV[8]))
+local fields = redis.call("HMGET", jobKey, "atm", "opts")
+local attemptsMade, badAtm = parseCounter(fields[1], "atm")
+local maxAttempts, badOpts = parseMaxAttempts(fields[2], tonumber(ARGV[8]))
 
 redis.call("LREM", KEYS[1], -1, id)
 redis.call("SREM", KEYS[9], id)

@@ -3,9 +3,9 @@
 -- one job with a clear failedReason instead of aborting the whole script
 -- (Redis keeps the writes a script made before an error).
 
--- An integer counter field (atm, ats, stc); a missing field counts as 0.
-local function readCounter(jobKey, field)
-  local raw = redis.call("HGET", jobKey, field)
+-- An integer counter field (atm, ats, stc) from its raw HGET/HMGET value; a
+-- missing field counts as 0.
+local function parseCounter(raw, field)
   if not raw then return 0 end
   local n = tonumber(raw)
   if n == nil or n ~= math.floor(n) then
@@ -14,9 +14,9 @@ local function readCounter(jobKey, field)
   return n
 end
 
--- The job's attempt ceiling: opts.attempts, else the caller's default.
-local function readMaxAttempts(jobKey, defaultAttempts)
-  local raw = redis.call("HGET", jobKey, "opts")
+-- The job's attempt ceiling from its raw `opts`: opts.attempts, else the
+-- caller's default.
+local function parseMaxAttempts(raw, defaultAttempts)
   if not raw or raw == "" then return defaultAttempts end
   local ok, opts = pcall(cjson.decode, raw)
   if not ok or type(opts) ~= "table" then
