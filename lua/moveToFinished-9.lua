@@ -26,6 +26,7 @@
   ARGV[10] retention: newest jobs to keep in the finished set (-1 = all)
   ARGV[11] retention: max age of finished jobs, ms (0 = any age)
   ARGV[12] stack traces to keep per job
+  ARGV[13] "1" = the failure is final: no retry whatever attempts are left
 
   Returns
      1 completed
@@ -90,7 +91,7 @@ if ARGV[7] ~= "" then
   redis.call("HSET", jobKey, "stacktrace", cjson.encode(traces))
 end
 
-if attemptsMade < maxAttempts then
+if attemptsMade < maxAttempts and ARGV[13] ~= "1" then
   local backoffMs = tonumber(ARGV[9])
   emitEvent(prefix, "retried", id, "reason", ARGV[6])
   if backoffMs > 0 then

@@ -13,13 +13,20 @@
 
   ARGV[1] key prefix of the queue
   ARGV[2] job id
+  ARGV[3] "" to remove the job from whatever state it is in, or the index
+          (4, 5 or 6) of the finished set it must still be in: the admin
+          deletes a failed job only while it is failed
 
-  Returns 1 removed, 0 no such job, -3 the job is locked by a live worker.
+  Returns 1 removed, 0 no such job, -3 the job is locked by a live worker,
+  -4 the job is not in the required set (nothing was changed).
 ]]
 -- @include "emitEvent"
 
 local prefix, id = ARGV[1], ARGV[2]
 local jobKey = prefix .. id
+if ARGV[3] ~= "" and not redis.call("ZSCORE", KEYS[tonumber(ARGV[3])], id) then
+  return -4
+end
 if redis.call("EXISTS", jobKey .. ":lock") == 1 then
   return -3
 end

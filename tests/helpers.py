@@ -36,7 +36,7 @@ def sweep(queue: Queue, *, force: bool = True, max_stalled_count: int = 1, budge
     sweeper = Sweeper(queue.client, [queue.name], prefix=queue.keys.prefix, interval_ms=interval_ms,
                       max_stalled_count=max_stalled_count, budget=budget,
                       default_attempts=default_attempts, scripts=queue.scripts)
-    return sweeper.sweep(queue.keys, force=force)
+    return sweeper.sweep(sweeper.targets[0], force=force)
 
 
 def finish(queue: Queue, job_id: str, token: str, *, completed: bool = True, value: str = "null",

@@ -29,7 +29,7 @@ def atomic_sweeper(url, prefix, queue_name, barrier, results):
     client = connect(url)
     sweeper = Sweeper(client, [queue_name], prefix=prefix, budget=10)
     barrier.wait()
-    report = sweeper.sweep(QueueKeys(queue_name, prefix), force=True)
+    report = sweeper.sweep(sweeper.targets[0], force=True)
     results.put(report.recovered)
 
 

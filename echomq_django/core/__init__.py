@@ -13,17 +13,18 @@ from .errors import (
     LockLostError,
     PayloadError,
     QueueStateError,
+    UnrecoverableError,
 )
 from .job import Backoff, Job, JobOptions
 from .keys import QueueKeys, validate_job_id, validate_name
 from .queue import NewJob, Queue
 from .scripts import Scripts
-from .sweeper import SweepReport, Sweeper
+from .sweeper import SweepReport, Sweeper, SweepTarget
 from .worker import Retention, Worker
 
 __all__ = [
     "DEFAULT_REDIS_URL", "Backoff", "EchoMQError", "InvalidNameError", "Job", "JobLockedError",
     "JobNotFoundError", "JobOptions", "LockLostError", "NewJob", "PayloadError", "Queue",
-    "QueueKeys", "QueueStateError", "Retention", "Scripts", "SweepReport", "Sweeper", "Worker",
+    "QueueKeys", "QueueStateError", "Retention", "Scripts", "SweepReport", "SweepTarget", "Sweeper", "UnrecoverableError", "Worker",
     "connect", "validate_job_id", "validate_name",
 ]

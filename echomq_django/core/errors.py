@@ -30,3 +30,7 @@ class JobLockedError(EchoMQError):
 
 class QueueStateError(EchoMQError):
     """A queue key holds a Redis type the protocol does not expect."""
+
+
+class UnrecoverableError(EchoMQError):
+    """Raised by a job to fail it for good: no retry, whatever attempts are left."""

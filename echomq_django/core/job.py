@@ -71,12 +71,30 @@ class JobOptions:
         )
 
 
+# The readers below never raise: a hash written by another client may hold
+# anything, and a job must stay viewable (and removable) whatever it holds.
+
 def _int(value: str | None) -> int:
-    return int(value) if value not in (None, "") else 0
+    return _optional_int(value) or 0
 
 
 def _optional_int(value: str | None) -> int | None:
-    return int(float(value)) if value not in (None, "") else None
+    try:
+        return int(float(value)) if value not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def options_from_json(value: Any) -> JobOptions:
+    """JobOptions from decoded `opts` JSON; the defaults when it is malformed."""
+    try:
+        return JobOptions.from_json(value if isinstance(value, Mapping) else {})
+    except (TypeError, ValueError):
+        return JobOptions()
 
 
 def _json(value: str | None, default: Any) -> Any:
@@ -85,9 +103,7 @@ def _json(value: str | None, default: Any) -> Any:
     try:
         return json.loads(value)
     except ValueError:
-        # A hash written by another client may hold anything; show it as text
-        # rather than refusing to show the job at all.
-        return value
+        return value  # not JSON: shown as the text it is
 
 
 @dataclass
@@ -114,13 +130,12 @@ class Job:
     @classmethod
     def from_hash(cls, queue: str, job_id: str, fields: Mapping[str, str]) -> Job:
         """Decode a job hash (as HGETALL returns it, strings) into a Job."""
-        opts_json = _json(fields.get("opts"), {})
         return cls(
             queue=queue,
             id=job_id,
             name=fields.get("name", ""),
             data=_json(fields.get("data"), None),
-            opts=JobOptions.from_json(opts_json if isinstance(opts_json, Mapping) else {}),
+            opts=options_from_json(_json(fields.get("opts"), {})),
             timestamp=_int(fields.get("timestamp")),
             attempts_made=_int(fields.get("atm")),
             attempts_started=_int(fields.get("ats")),
@@ -128,7 +143,7 @@ class Job:
             processed_on=_optional_int(fields.get("processedOn")),
             finished_on=_optional_int(fields.get("finishedOn")),
             failed_reason=fields.get("failedReason"),
-            stacktrace=_json(fields.get("stacktrace"), []),
+            stacktrace=_list(_json(fields.get("stacktrace"), [])),
             returnvalue=_json(fields.get("returnvalue"), None),
             worker_id=fields.get("wid"),
             token=fields.get("tok"),

@@ -123,11 +123,34 @@ class Queue:
 
     def retry(self, job_id: str) -> bool:
         """Send a failed job back to wait; False when it is not in `failed` (any more)."""
-        return self.scripts.retry_job(self.keys, validate_name(job_id, "job id"))
+        return bool(self.scripts.retry_job(self.keys, validate_name(job_id, "job id")))
 
-    def remove(self, job_id: str) -> bool:
-        """Delete a job wherever it is; raises JobLockedError while a worker holds it."""
-        return self.scripts.remove_job(self.keys, validate_name(job_id, "job id"))
+    def remove(self, job_id: str, *, only_from: str | None = None) -> bool:
+        """Delete a job wherever it is (or only while in `only_from`: "failed", ...).
+
+        Raises JobLockedError while a worker holds it.
+        """
+        return self.scripts.remove_job(self.keys, validate_name(job_id, "job id"), only_from)
+
+    def retry_all_failed(self, batch: int = 1000) -> int:
+        """Send every failed job back to wait, `batch` per pipelined round trip; returns how many."""
+        retried = 0
+        while ids := self.client.zrange(self.keys.failed, 0, batch - 1):
+            pipe = self.client.pipeline(transaction=False)
+            for job_id in ids:
+                self.scripts.retry_job(self.keys, job_id, client=pipe)
+            moved = sum(1 for result in pipe.execute() if result)
+            retried += moved
+            if not moved:
+                break
+        return retried
+
+    def clean(self, state: str, older_than_ms: int, batch: int = 1000) -> int:
+        """Delete jobs of `state` ("completed"/"failed") finished more than `older_than_ms` ago."""
+        cutoff, cleaned = now_ms() - older_than_ms, 0
+        while removed := self.scripts.clean_jobs(self.keys, state, cutoff, batch):
+            cleaned += removed
+        return cleaned
 
     def pause(self) -> None:
         """Stop workers from taking jobs of this queue; running jobs finish."""

@@ -108,7 +108,7 @@ class Scripts:
     def move_to_finished(
         self, keys: QueueKeys, job_id: str, token: str, now: int, *, completed: bool,
         value: str, stacktrace: str = "", default_attempts: int, backoff_ms: int = 0,
-        keep_count: int = -1, keep_age_ms: int = 0, keep_traces: int = 10,
+        keep_count: int = -1, keep_age_ms: int = 0, keep_traces: int = 10, final: bool = False,
     ) -> int:
         """End the attempt; returns the script's status code (1..5, see the script).
 
@@ -119,7 +119,8 @@ class Scripts:
             [keys.active, keys.completed, keys.failed, keys.delayed, keys.wait, keys.paused,
              keys.meta, keys.marker, keys.stalled],
             [keys.base, job_id, token, now, "completed" if completed else "failed", value,
-             stacktrace, default_attempts, backoff_ms, keep_count, keep_age_ms, keep_traces],
+             stacktrace, default_attempts, backoff_ms, keep_count, keep_age_ms, keep_traces,
+             "1" if final else "0"],
         )
         if code == -1:
             raise JobNotFoundError(f"job {job_id!r} of queue {keys.queue!r} does not exist")
@@ -149,20 +150,30 @@ class Scripts:
             raise
         return (reply[0], int(reply[1]), int(reply[2]), int(reply[3]), int(reply[4]), int(reply[5]))
 
-    def retry_job(self, keys: QueueKeys, job_id: str) -> bool:
-        """Move a job that is still in `failed` back to wait; False if it was not there."""
-        return bool(self._run(
-            "retryJob-5", [keys.failed, keys.wait, keys.paused, keys.meta, keys.marker],
-            [keys.base, job_id],
-        ))
+    def retry_job(self, keys: QueueKeys, job_id: str, client: Any = None) -> Any:
+        """Move a job that is still in `failed` back to wait: 1, or 0 if it was not there.
 
-    def remove_job(self, keys: QueueKeys, job_id: str) -> bool:
-        """Delete a job from every state; False if there was no such job."""
+        Inside a pipeline (`client=pipe`) the answer comes from `pipe.execute()`.
+        """
+        return self._run(
+            "retryJob-5", [keys.failed, keys.wait, keys.paused, keys.meta, keys.marker],
+            [keys.base, job_id], client,
+        )
+
+    def remove_job(self, keys: QueueKeys, job_id: str, only_from: str | None = None) -> bool:
+        """Delete a job from every state; False if there was no such job.
+
+        With `only_from` ("delayed", "completed" or "failed"), only a job still in
+        that set is removed; otherwise nothing changes and the result is False.
+        """
+        sets = {"delayed": 4, "completed": 5, "failed": 6}
+        if only_from is not None and only_from not in sets:
+            raise ValueError(f"only_from must be one of {', '.join(sets)}, not {only_from!r}")
         code = self._run(
             "removeJob-7",
             [keys.wait, keys.paused, keys.active, keys.delayed, keys.completed, keys.failed,
              keys.stalled],
-            [keys.base, job_id],
+            [keys.base, job_id, sets[only_from] if only_from else ""],
         )
         if code == -3:
             raise JobLockedError(
@@ -170,6 +181,12 @@ class Scripts:
                 "remove it after it finishes"
             )
         return code == 1
+
+    def clean_jobs(self, keys: QueueKeys, state: str, cutoff_ms: int, limit: int = 1000) -> int:
+        """Delete up to `limit` jobs of `state` ("completed" or "failed") finished before `cutoff_ms`."""
+        if state not in ("completed", "failed"):
+            raise ValueError(f"only completed or failed jobs are cleaned, not {state!r}")
+        return int(self._run("cleanJobs-1", [getattr(keys, state)], [keys.base, cutoff_ms, limit]))
 
     def pause(self, keys: QueueKeys, paused: bool) -> int:
         """Pause or resume the queue; returns how many ready jobs were moved."""

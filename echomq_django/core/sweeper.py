@@ -1,13 +1,17 @@
-"""The stalled-job sweeper: runs the two-phase sweep of each queue on an interval."""
+"""The stalled-job sweeper: runs the two-phase sweep of each queue on its interval."""
 
 from __future__ import annotations
 
+import json
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
+
+from redis.exceptions import ConnectionError, TimeoutError
 
 from .job import DEFAULT_ATTEMPTS
 from .keys import QueueKeys
@@ -21,6 +25,24 @@ DEFAULT_MAX_STALLED_COUNT = 1
 # Ids of `active` one script call may examine: small enough that no call
 # blocks Redis for more than a few milliseconds, whatever the queue's size.
 DEFAULT_BUDGET = 1000
+# Field of the queue's meta hash where each sweep leaves its report.
+LAST_SWEEP_FIELD = "lastSweep"
+
+
+@dataclass(frozen=True)
+class SweepTarget:
+    """One queue to sweep, with its own interval and ceilings."""
+
+    queue: str
+    interval_ms: int = DEFAULT_INTERVAL_MS
+    max_stalled_count: int = DEFAULT_MAX_STALLED_COUNT
+    default_attempts: int = DEFAULT_ATTEMPTS
+
+    def __post_init__(self) -> None:
+        if self.interval_ms < 1:
+            raise ValueError(f"the sweep interval must be at least 1 ms, not {self.interval_ms}")
+        if self.max_stalled_count < 0:
+            raise ValueError(f"max_stalled_count must be >= 0, not {self.max_stalled_count}")
 
 
 @dataclass(frozen=True)
@@ -36,6 +58,7 @@ class SweepReport:
     duration_ms: float = 0.0
     calls: int = 0
     longest_call_ms: float = 0.0
+    finished_at_ms: int = 0
 
     def summary(self) -> str:
         """One line for a log or a terminal."""
@@ -50,83 +73,110 @@ class SweepReport:
 
 
 class Sweeper:
-    """Sweeps the given queues every `interval_ms` until stopped.
+    """Sweeps each target queue every its interval until stopped.
 
     The sweep's gate (`stalled-check`, PX = the interval) makes extra sweepers
     on other hosts harmless: each queue is swept once per interval however
     many run. `force=True` skips the gate, as an operator's "sweep now" does.
+    Queues given by name use the sweeper's own interval and ceilings.
     """
 
     def __init__(
-        self, client: Any, queues: Iterable[str], *, prefix: str = "emq",
+        self, client: Any, queues: Iterable[str | SweepTarget], *, prefix: str = "emq",
         interval_ms: int = DEFAULT_INTERVAL_MS,
         max_stalled_count: int = DEFAULT_MAX_STALLED_COUNT,
         default_attempts: int = DEFAULT_ATTEMPTS, budget: int = DEFAULT_BUDGET,
         scripts: Scripts | None = None,
     ) -> None:
-        if interval_ms < 1:
-            raise ValueError(f"the sweep interval must be at least 1 ms, not {interval_ms}")
-        if max_stalled_count < 0:
-            raise ValueError(f"max_stalled_count must be >= 0, not {max_stalled_count}")
         self.client = client
-        self.queues = [QueueKeys(name, prefix) for name in queues]
-        if not self.queues:
+        self.prefix = prefix
+        self.targets = [
+            queue if isinstance(queue, SweepTarget)
+            else SweepTarget(queue, interval_ms, max_stalled_count, default_attempts)
+            for queue in queues
+        ]
+        if not self.targets:
             raise ValueError("the sweeper needs at least one queue")
-        self.interval_ms = interval_ms
-        self.max_stalled_count = max_stalled_count
-        self.default_attempts = default_attempts
+        self._keys = {target.queue: QueueKeys(target.queue, prefix) for target in self.targets}
         self.budget = budget
         self.scripts = scripts or Scripts(client)
         self._stopping = threading.Event()
         self._aborted = threading.Event()
 
-    def sweep(self, keys: QueueKeys, *, force: bool = False) -> SweepReport:
+    def sweep(self, target: SweepTarget, *, force: bool = False) -> SweepReport:
         """Run one whole sweep of one queue (one or more atomic script calls)."""
+        keys = self._keys[target.queue]
         phase, cursor = "start", 0
         totals = [0, 0, 0, 0]
         calls, longest, started = 0, 0.0, time.perf_counter()
         while phase != "done" and not self._aborted.is_set():
             call_started = time.perf_counter()
             phase, cursor, *counts = self.scripts.move_stalled_jobs_to_wait(
-                keys, max_stalled_count=self.max_stalled_count, now=now_ms(),
-                interval_ms=self.interval_ms, phase=phase, cursor=cursor, budget=self.budget,
-                default_attempts=self.default_attempts, force=force,
+                keys, max_stalled_count=target.max_stalled_count, now=now_ms(),
+                interval_ms=target.interval_ms, phase=phase, cursor=cursor, budget=self.budget,
+                default_attempts=target.default_attempts, force=force,
             )
             calls += 1
             longest = max(longest, (time.perf_counter() - call_started) * 1000)
             if phase == "skipped":
-                return SweepReport(keys.queue, skipped=True, calls=calls)
+                return SweepReport(target.queue, skipped=True, calls=calls, finished_at_ms=now_ms())
             totals = [total + count for total, count in zip(totals, counts)]
         marked, recovered, failed, unmarked = totals
-        return SweepReport(
-            keys.queue, skipped=False, marked=marked, recovered=recovered, failed=failed,
+        report = SweepReport(
+            target.queue, skipped=False, marked=marked, recovered=recovered, failed=failed,
             unmarked=unmarked, duration_ms=(time.perf_counter() - started) * 1000,
-            calls=calls, longest_call_ms=longest,
+            calls=calls, longest_call_ms=longest, finished_at_ms=now_ms(),
         )
+        record = {**asdict(report), "host": socket.gethostname(), "forced": force}
+        self.client.hset(keys.meta, LAST_SWEEP_FIELD, json.dumps(record))
+        return report
 
     def sweep_all(self, *, force: bool = False) -> list[SweepReport]:
         """Sweep every queue once, in order; stops early once `stop()` was called."""
         reports = []
-        for keys in self.queues:
+        for target in self.targets:
             if self._stopping.is_set():
                 break
-            reports.append(self.sweep(keys, force=force))
+            reports.append(self.sweep(target, force=force))
         return reports
 
     def run(self, on_report: Callable[[SweepReport], None] | None = None, *, force: bool = False) -> None:
-        """Sweep all queues, wait an interval after the sweep ends, repeat until stopped.
+        """Sweep each queue every its interval until stopped, riding out Redis outages.
 
-        Waiting after the sweep (not on a fixed cadence) means this sweeper's
-        own gate has always expired when its next sweep starts.
+        A queue's next sweep is scheduled one interval after its sweep ends (not
+        on a fixed cadence), so this sweeper's own gate has always expired by then.
         """
         report_to = on_report or (lambda report: logger.info("%s", report.summary()))
+        due = {target.queue: 0.0 for target in self.targets}
+        outage_since: float | None = None
         while not self._stopping.is_set():
-            for report in self.sweep_all(force=force):
+            for target in self.targets:
+                if self._stopping.is_set() or time.monotonic() < due[target.queue]:
+                    continue
+                try:
+                    report = self.sweep(target, force=force)
+                except (ConnectionError, TimeoutError) as error:
+                    if outage_since is None:
+                        outage_since = time.monotonic()
+                        logger.error("Redis unreachable (%s); the sweeper keeps retrying", error)
+                    self._stopping.wait(min(30.0, 1.0 + time.monotonic() - outage_since))
+                    break
+                if outage_since is not None:
+                    logger.warning("Redis is back after %.0f s; sweeping again", time.monotonic() - outage_since)
+                    outage_since = None
+                due[target.queue] = time.monotonic() + target.interval_ms / 1000 + 0.005
                 report_to(report)
-            self._stopping.wait(self.interval_ms / 1000 + 0.005)
+            else:
+                self._stopping.wait(max(0.0, min(due.values()) - time.monotonic()))
 
     def stop(self) -> None:
         """First call: finish the sweep in progress, then return. Second call: return now."""
         if self._stopping.is_set():
             self._aborted.set()
         self._stopping.set()
+
+
+def last_sweep(client: Any, keys: QueueKeys) -> dict[str, Any] | None:
+    """The report the most recent sweep of this queue left, by any sweeper, or None."""
+    raw = client.hget(keys.meta, LAST_SWEEP_FIELD)
+    return json.loads(raw) if raw else None

@@ -15,7 +15,7 @@ from typing import Any
 
 from redis.exceptions import ConnectionError, TimeoutError
 
-from .errors import JobNotFoundError, LockLostError, PayloadError
+from .errors import JobNotFoundError, LockLostError, PayloadError, UnrecoverableError
 from .job import DEFAULT_ATTEMPTS, Job, encode_json
 from .keys import QueueKeys
 from .queue import now_ms
@@ -221,6 +221,7 @@ class Worker:
                 stacktrace=stacktrace, default_attempts=self.default_attempts,
                 backoff_ms=job.opts.backoff.delay_before(job.attempts_made + 1),
                 keep_count=retention.count, keep_age_ms=retention.age_ms,
+                final=isinstance(error, (UnrecoverableError, PayloadError)),
             )
         except LockLostError as lost:
             logger.warning("worker %s: %s", self.worker_id, lost)
