@@ -6,3 +6,6 @@ class EchoMQConfig(AppConfig):
     label = "echomq"
     verbose_name = "EchoMQ"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import checks  # noqa: F401  (registers the system checks)

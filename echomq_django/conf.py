@@ -1,18 +1,237 @@
-"""The app's settings: one `ECHOMQ` dict, read when asked (never at import time)."""
+"""The app's settings: one `ECHOMQ` dict, read when first needed, re-read when it changes.
 
+    ECHOMQ = {
+        "REDIS_URL": "redis://127.0.0.1:6379/0",
+        "PREFIX": "emq",
+        "MAX_PAYLOAD_BYTES": 524288,
+        "QUEUES": {"default": {"LOCK_DURATION": 30, "SWEEP_INTERVAL": 30, ...}},
+    }
+
+Durations are in seconds (fractions allowed). Every problem is described once,
+here, as a `Problem`; the system checks report them all, and reading broken
+settings raises ImproperlyConfigured with the first.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
-from .core import DEFAULT_REDIS_URL
+from .core import DEFAULT_REDIS_URL, Backoff, InvalidNameError, Retention, validate_name
+from .core.queue import DEFAULT_MAX_PAYLOAD_BYTES
 
-DEFAULTS: dict[str, Any] = {
+TOP_LEVEL_DEFAULTS: dict[str, Any] = {
     "REDIS_URL": DEFAULT_REDIS_URL,
     "PREFIX": "emq",
+    "MAX_PAYLOAD_BYTES": DEFAULT_MAX_PAYLOAD_BYTES,
     "QUEUES": {"default": {}},
 }
+QUEUE_DEFAULTS: dict[str, Any] = {
+    "LOCK_DURATION": 30,  # seconds a lock lives unless renewed
+    "LOCK_RENEW_INTERVAL": None,  # seconds between renewals; None = half the lock duration
+    "SWEEP_INTERVAL": 30,  # seconds between sweeps; also the gate's lifetime
+    "MAX_STALLED_COUNT": 1,  # stalls a job may survive before it is failed
+    "ATTEMPTS": 3,  # default attempts of a job added without its own
+    "BACKOFF": {"TYPE": "fixed", "DELAY": 0},  # default backoff; DELAY in seconds
+    "CONCURRENCY": 1,  # worker threads per queue
+    "KEEP_COMPLETED": {"COUNT": 1000, "AGE": None},  # None = no limit; AGE in seconds
+    "KEEP_FAILED": {"COUNT": None, "AGE": None},
+}
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
-def echomq_setting(name: str) -> Any:
-    """One key of `settings.ECHOMQ`, or its documented default."""
-    return getattr(settings, "ECHOMQ", {}).get(name, DEFAULTS[name])
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the settings, as a system check reports it."""
+
+    id: str
+    message: str
+    hint: str
+    warning: bool = False
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    """The resolved settings of one queue."""
+
+    name: str
+    lock_duration_ms: int
+    renew_interval_ms: int
+    sweep_interval_ms: int
+    max_stalled_count: int
+    attempts: int
+    backoff: Backoff
+    concurrency: int
+    keep_completed: Retention
+    keep_failed: Retention
+
+
+@dataclass(frozen=True)
+class EchoMQSettings:
+    redis_url: str
+    prefix: str
+    max_payload_bytes: int
+    queues: dict[str, QueueConfig]
+
+    def queue(self, name: str) -> QueueConfig:
+        """The configuration of `name`; a queue that is not configured gets the defaults."""
+        if name in self.queues:
+            return self.queues[name]
+        validate_name(name, "queue name")
+        config, _problems = _queue_config(name, {})
+        return config
+
+
+def _seconds_to_ms(value: Any, where: str, problems: list[Problem], *, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        problems.append(Problem("echomq.E005", f"{where} must be a positive number of seconds, not {value!r}.",
+                                "Use a number such as 30 or 0.5."))
+        return None
+    return max(1, round(value * 1000))
+
+
+def _count(value: Any, where: str, problems: list[Problem], *, minimum: int, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        problems.append(Problem("echomq.E005", f"{where} must be a whole number >= {minimum}, not {value!r}.",
+                                "Use a whole number."))
+        return None
+    return value
+
+
+def _retention(value: Any, where: str, problems: list[Problem]) -> Retention:
+    if not isinstance(value, dict) or set(value) - {"COUNT", "AGE"}:
+        problems.append(Problem("echomq.E006", f"{where} must be a dict with COUNT and/or AGE.",
+                                'For example {"COUNT": 1000, "AGE": 86400}; None means no limit.'))
+        return Retention()
+    count = _count(value.get("COUNT"), f"{where}['COUNT']", problems, minimum=0, allow_none=True)
+    age_ms = _seconds_to_ms(value.get("AGE"), f"{where}['AGE']", problems, allow_none=True)
+    return Retention(count=-1 if count is None else count, age_ms=age_ms or 0)
+
+
+def _backoff(value: Any, where: str, problems: list[Problem]) -> Backoff:
+    hint = 'Use {"TYPE": "fixed" or "exponential", "DELAY": seconds}.'
+    if not isinstance(value, dict) or set(value) - {"TYPE", "DELAY"}:
+        problems.append(Problem("echomq.E006", f"{where} must be a dict with TYPE and DELAY.", hint))
+        return Backoff()
+    delay = value.get("DELAY", 0)
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or delay < 0:
+        problems.append(Problem("echomq.E005", f"{where}['DELAY'] must be seconds >= 0, not {delay!r}.", hint))
+        delay = 0
+    try:
+        return Backoff(str(value.get("TYPE", "fixed")), round(delay * 1000))
+    except ValueError as error:
+        problems.append(Problem("echomq.E006", f"{where}: {error}.", hint))
+        return Backoff()
+
+
+def _queue_config(name: str, raw: Any) -> tuple[QueueConfig, list[Problem]]:
+    problems: list[Problem] = []
+    where = f"ECHOMQ['QUEUES'][{name!r}]"
+    if not isinstance(raw, dict):
+        problems.append(Problem("echomq.E006", f"{where} must be a dict of queue options.",
+                                f"Known options: {', '.join(QUEUE_DEFAULTS)}."))
+        raw = {}
+    for unknown in sorted(set(raw) - set(QUEUE_DEFAULTS)):
+        problems.append(Problem("echomq.W002", f"{where} has an unknown option {unknown!r}; it is ignored.",
+                                f"Known options: {', '.join(QUEUE_DEFAULTS)}.", warning=True))
+    values = {**QUEUE_DEFAULTS, **raw}
+    lock_ms = _seconds_to_ms(values["LOCK_DURATION"], f"{where}['LOCK_DURATION']", problems) or 30_000
+    renew_ms = _seconds_to_ms(values["LOCK_RENEW_INTERVAL"], f"{where}['LOCK_RENEW_INTERVAL']", problems,
+                              allow_none=True) or lock_ms // 2
+    if renew_ms >= lock_ms:
+        problems.append(Problem(
+            "echomq.E004", f"{where}: the lock is renewed every {renew_ms / 1000:g} s, which is not shorter "
+            f"than the lock duration of {lock_ms / 1000:g} s, so live jobs would look stalled.",
+            "Make LOCK_RENEW_INTERVAL at most half of LOCK_DURATION, or leave it None."))
+    backoff = _backoff(values["BACKOFF"], f"{where}['BACKOFF']", problems)
+    config = QueueConfig(
+        name=name,
+        lock_duration_ms=lock_ms,
+        renew_interval_ms=renew_ms,
+        sweep_interval_ms=_seconds_to_ms(values["SWEEP_INTERVAL"], f"{where}['SWEEP_INTERVAL']", problems) or 30_000,
+        max_stalled_count=_count(values["MAX_STALLED_COUNT"], f"{where}['MAX_STALLED_COUNT']", problems, minimum=0) or 0,
+        attempts=_count(values["ATTEMPTS"], f"{where}['ATTEMPTS']", problems, minimum=1) or 1,
+        backoff=backoff,
+        concurrency=_count(values["CONCURRENCY"], f"{where}['CONCURRENCY']", problems, minimum=1) or 1,
+        keep_completed=_retention(values["KEEP_COMPLETED"], f"{where}['KEEP_COMPLETED']", problems),
+        keep_failed=_retention(values["KEEP_FAILED"], f"{where}['KEEP_FAILED']", problems),
+    )
+    return config, problems
+
+
+def parse_settings(raw: Any) -> tuple[EchoMQSettings, list[Problem]]:
+    """Resolve a raw ECHOMQ value into settings, with every problem found."""
+    problems: list[Problem] = []
+    if not isinstance(raw, dict):
+        problems.append(Problem("echomq.E001", f"ECHOMQ must be a dict, not {type(raw).__name__}.",
+                                'For example ECHOMQ = {"REDIS_URL": "redis://127.0.0.1:6379/0"}.'))
+        raw = {}
+    for unknown in sorted(set(raw) - set(TOP_LEVEL_DEFAULTS)):
+        problems.append(Problem("echomq.W001", f"ECHOMQ has an unknown key {unknown!r}; it is ignored.",
+                                f"Known keys: {', '.join(TOP_LEVEL_DEFAULTS)}.", warning=True))
+    values = {**TOP_LEVEL_DEFAULTS, **raw}
+    url = values["REDIS_URL"]
+    if not isinstance(url, str) or not url.startswith(REDIS_SCHEMES):
+        problems.append(Problem("echomq.E002", f"ECHOMQ['REDIS_URL'] must be a Redis URL, not {url!r}.",
+                                "Use redis://host:port/db, rediss:// for TLS, or unix:///path.sock."))
+        url = DEFAULT_REDIS_URL
+    prefix = values["PREFIX"]
+    try:
+        validate_name(prefix, "ECHOMQ['PREFIX']")
+    except InvalidNameError as error:
+        problems.append(Problem("echomq.E003", f"{error}.", "Use letters, digits, '-', '_' or '.'."))
+        prefix = "emq"
+    max_payload = _count(values["MAX_PAYLOAD_BYTES"], "ECHOMQ['MAX_PAYLOAD_BYTES']", problems, minimum=1)
+    queues: dict[str, QueueConfig] = {}
+    raw_queues = values["QUEUES"]
+    if not isinstance(raw_queues, dict) or not raw_queues:
+        problems.append(Problem("echomq.E001", "ECHOMQ['QUEUES'] must be a non-empty dict of queue name -> options.",
+                                'For example {"default": {}}.'))
+        raw_queues = {"default": {}}
+    for name, options in raw_queues.items():
+        try:
+            validate_name(name, "queue name")
+        except InvalidNameError as error:
+            problems.append(Problem("echomq.E003", f"ECHOMQ['QUEUES']: {error}.",
+                                    "Queue names become part of Redis keys; use letters, digits, '-', '_' or '.'."))
+            continue
+        queues[name], queue_problems = _queue_config(name, options)
+        problems += queue_problems
+    resolved = EchoMQSettings(redis_url=url, prefix=prefix,
+                              max_payload_bytes=max_payload or DEFAULT_MAX_PAYLOAD_BYTES, queues=queues)
+    return resolved, problems
+
+
+@functools.cache
+def _cached() -> tuple[EchoMQSettings, list[Problem]]:
+    return parse_settings(getattr(settings, "ECHOMQ", {}))
+
+
+def settings_problems() -> list[Problem]:
+    """Every problem in the current ECHOMQ setting (for the system checks)."""
+    return _cached()[1]
+
+
+def get_settings() -> EchoMQSettings:
+    """The current settings; raises ImproperlyConfigured if ECHOMQ has an error."""
+    resolved, problems = _cached()
+    errors = [problem for problem in problems if not problem.warning]
+    if errors:
+        raise ImproperlyConfigured(f"{errors[0].message} {errors[0].hint}")
+    return resolved
+
+
+@receiver(setting_changed)
+def _reload(*, setting: str, **kwargs: Any) -> None:
+    if setting == "ECHOMQ":
+        _cached.cache_clear()

@@ -1,0 +1,102 @@
+"""The runtime objects the Django layer uses, built from the ECHOMQ setting."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from typing import Any
+
+import redis
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from .conf import get_settings
+from .core import JobOptions, Queue, Sweeper, SweepTarget, connect
+from .core.worker import Handler, Worker
+
+
+@functools.cache
+def _client_for(url: str) -> redis.Redis:
+    return connect(url)
+
+
+def get_client() -> redis.Redis:
+    """The shared Redis client of this process, for the configured REDIS_URL."""
+    return _client_for(get_settings().redis_url)
+
+
+def get_queue(name: str) -> Queue:
+    """A producer handle on `name`, with that queue's default attempts and backoff."""
+    settings = get_settings()
+    config = settings.queue(name)
+    return Queue(name, get_client(), prefix=settings.prefix,
+                 default_opts=JobOptions(attempts=config.attempts, backoff=config.backoff),
+                 max_payload_bytes=settings.max_payload_bytes)
+
+
+def queue_names(requested: Iterable[str] | None = None) -> list[str]:
+    """The queues a command works on: those requested, else every configured one."""
+    return list(requested or get_settings().queues)
+
+
+def make_sweeper(names: Iterable[str], **overrides: Any) -> Sweeper:
+    """A sweeper over `names`, each with its configured interval and ceilings.
+
+    `overrides` (interval_ms, max_stalled_count) replace the configured values
+    for every queue, as the command-line options do.
+    """
+    settings = get_settings()
+    targets = []
+    for name in names:
+        config = settings.queue(name)
+        targets.append(SweepTarget(
+            name,
+            interval_ms=overrides.get("interval_ms") or config.sweep_interval_ms,
+            max_stalled_count=(config.max_stalled_count if overrides.get("max_stalled_count") is None
+                               else overrides["max_stalled_count"]),
+            default_attempts=config.attempts,
+        ))
+    return Sweeper(get_client(), targets, prefix=settings.prefix)
+
+
+def make_worker(name: str, handler: Handler, **overrides: Any) -> Worker:
+    """A worker on `name` with that queue's lock, concurrency and retention settings."""
+    settings = get_settings()
+    config = settings.queue(name)
+    options: dict[str, Any] = {
+        "prefix": settings.prefix,
+        "concurrency": config.concurrency,
+        "lock_duration_ms": config.lock_duration_ms,
+        "renew_interval_ms": config.renew_interval_ms,
+        "default_attempts": config.attempts,
+        "keep_completed": config.keep_completed,
+        "keep_failed": config.keep_failed,
+    }
+    options.update({key: value for key, value in overrides.items() if value is not None})
+    return Worker(name, handler, get_client(), **options)
+
+
+@receiver(setting_changed)
+def _forget_clients(*, setting: str, **kwargs: Any) -> None:
+    if setting == "ECHOMQ":
+        _client_for.cache_clear()
+
+
+def check_redis() -> list[str]:
+    """Ping the configured Redis once, without retries; return warnings about its configuration.
+
+    Raises redis.exceptions.ConnectionError (or TimeoutError) when it does not answer.
+    """
+    client = connect(get_settings().redis_url, retry=None, retry_on_error=[], socket_connect_timeout=3)
+    try:
+        client.ping()
+        try:
+            policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
+        except redis.exceptions.ResponseError:  # CONFIG may be renamed or denied by an ACL
+            return []
+        if policy and policy != "noeviction":
+            return [f"Redis runs with maxmemory-policy {policy!r}, not 'noeviction': under memory pressure "
+                    "it may evict lock keys, and live jobs would then be recovered as stalled and run twice"]
+        return []
+    finally:
+        client.close()
