@@ -52,6 +52,9 @@ TEMPLATES = [
 ]
 
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # A file, not memory, so that processes started by the tests share the test database.
+    DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / "test_db.sqlite3")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 USE_TZ = True
@@ -61,6 +64,11 @@ STATIC_URL = "static/"
 ECHOMQ = {
     "REDIS_URL": env.str("ECHOMQ_REDIS_URL", default="redis://127.0.0.1:6379/0"),
     "PREFIX": env.str("ECHOMQ_PREFIX", default="emq"),
+    "QUEUES": {
+        "default": {},
+        # Short timings so the demo shows a stall and its recovery within seconds.
+        "demo": {"LOCK_DURATION": 3, "SWEEP_INTERVAL": 2, "CONCURRENCY": 2},
+    },
 }
 
 LOGGING = {

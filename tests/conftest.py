@@ -38,6 +38,26 @@ def prefix(client) -> Iterator[str]:
 
 
 @pytest.fixture
+def subprocess_env(transactional_db, redis_url, prefix) -> dict[str, str]:
+    """Environment for a manage.py child process: the test database, Redis and prefix."""
+    from django.db import connection
+
+    db = connection.settings_dict
+    if db["ENGINE"].endswith("sqlite3"):
+        database_url = f"sqlite:///{db['NAME']}"
+    else:
+        database_url = f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}"
+    return {**os.environ, "DATABASE_URL": database_url, "ECHOMQ_REDIS_URL": redis_url, "ECHOMQ_PREFIX": prefix}
+
+
+@pytest.fixture
+def echomq_settings(settings, redis_url, prefix):
+    """ECHOMQ pointing at the test Redis and this test's prefix, with one queue `q`."""
+    settings.ECHOMQ = {"REDIS_URL": redis_url, "PREFIX": prefix, "QUEUES": {"q": {}}}
+    return settings
+
+
+@pytest.fixture
 def scripts(client) -> Scripts:
     return Scripts(client)
 

@@ -1,6 +1,5 @@
 """`manage.py echomq_sweep`, through call_command and as a real process."""
 
-import os
 import signal
 import subprocess
 import sys
@@ -15,10 +14,7 @@ from tests.helpers import fetch, kill_lock, wait_until
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def echomq_settings(settings, redis_url, prefix):
-    settings.ECHOMQ = {"REDIS_URL": redis_url, "PREFIX": prefix, "QUEUES": {"q": {}}}
-    return settings
+pytestmark = pytest.mark.django_db
 
 
 def sweep_command(*args: str) -> str:
@@ -37,7 +33,8 @@ def stalled(queue) -> str:
 def test_once_marks_then_the_gate_holds_then_force_recovers(echomq_settings, queue):
     job_id = stalled(queue)
     assert "queue q: marked 1, recovered 0" in sweep_command()
-    assert "queue q: skipped" in sweep_command()
+    assert sweep_command() == "", "a skipped sweep says nothing at verbosity 1"
+    assert "queue q: skipped" in sweep_command("-v", "2")
     assert "recovered 1 to wait" in sweep_command("--force")
     assert queue.get_state(job_id) == "wait"
 
@@ -78,9 +75,9 @@ def test_bad_option_values_are_refused(args):
 
 
 @pytest.mark.slow
-def test_the_loop_marks_recovers_and_stops_on_sigterm(queue, redis_url, prefix):
+def test_the_loop_marks_recovers_and_stops_on_sigterm(queue, subprocess_env):
     job_id = stalled(queue)
-    env = dict(os.environ, ECHOMQ_REDIS_URL=redis_url, ECHOMQ_PREFIX=prefix)
+    env = subprocess_env
     process = subprocess.Popen(
         [sys.executable, "manage.py", "echomq_sweep", "--queue", "q", "--interval", "0.2"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

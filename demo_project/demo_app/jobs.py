@@ -1,30 +1,60 @@
-"""The demo's job handlers, one per act of the story the demo tells."""
+"""The demo's job functions: each plays one part of the story the demo tells."""
 
 import os
+import time
 
-from echomq_django.core import Backoff, Job, JobOptions
+from django.contrib.auth import get_user_model
+
+from echomq_django.core import Backoff
+from echomq_django.jobs import current_job, job
 
 QUEUE = "demo"
 
-# (name, data, options) of every job the demo enqueues, in order.
-STORY = [
-    ("greet", {"who": "Ada"}, JobOptions(attempts=3)),
-    ("greet", {"who": "Grace"}, JobOptions(attempts=3)),
-    ("flaky", {"what": "fails once, retried after 0.5 s"}, JobOptions(attempts=3, backoff=Backoff("fixed", 500))),
-    ("crash", {"what": "its worker dies mid-job; the sweeper marks, then recovers it"}, JobOptions(attempts=3)),
-    ("doomed", {"what": "fails every attempt, ends in failed"}, JobOptions(attempts=2)),
-    ("greet", {"who": "Linus"}, JobOptions(attempts=3)),
-]
+
+@job(queue=QUEUE, attempts=3)
+def greet(who: str) -> str:
+    return f"hello, {who}"
 
 
-def handle(job: Job) -> object:
-    """Run one demo job; the job's name picks what happens."""
-    if job.name == "greet":
-        return f"hello, {job.data['who']}"
-    if job.name == "flaky" and job.attempts_made == 0:
+@job(queue=QUEUE, attempts=3, backoff=Backoff("fixed", 500))
+def flaky() -> str:
+    """Fails its first attempt, as a call to a briefly unavailable service would."""
+    if current_job().attempts_made == 0:
         raise ConnectionError("simulated outage of a downstream service")
-    if job.name == "crash" and job.attempts_made == 0:
-        os._exit(1)  # the whole worker process dies, holding this job's lock
-    if job.name == "doomed":
-        raise ValueError(f"bad input, attempt {job.attempts_made + 1}")
-    return "done"
+    return "done on the retry"
+
+
+@job(queue=QUEUE, attempts=3)
+def crash() -> str:
+    """Kills its whole worker process on the first attempt; the sweeper recovers it."""
+    if current_job().attempts_made == 0:
+        os._exit(1)
+    return "done after the sweeper recovered it"
+
+
+@job(queue=QUEUE, attempts=2)
+def doomed(reason: str) -> None:
+    """Fails every attempt, so it ends in the failed set for the admin."""
+    raise ValueError(f"{reason} (attempt {current_job().attempts_made + 1})")
+
+
+@job(queue=QUEUE)
+def slow(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+@job(queue=QUEUE)
+def count_users() -> int:
+    """Uses the database inside a job."""
+    return get_user_model().objects.count()
+
+
+STORY = [
+    (greet, ("Ada",)),
+    (greet, ("Grace",)),
+    (flaky, ()),
+    (crash, ()),
+    (doomed, ("the input is malformed",)),
+    (greet, ("Linus",)),
+]

@@ -1,28 +1,19 @@
 """`manage.py echomq_sweep`: run the two-phase stalled-job sweep."""
 
-import signal
+import logging
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from redis.exceptions import ConnectionError as RedisConnectionError
+from django.db import DatabaseError, close_old_connections
 
-from echomq_django.conf import echomq_setting
-from echomq_django.core import InvalidNameError, QueueStateError, Sweeper, connect
-from echomq_django.core.sweeper import DEFAULT_INTERVAL_MS, DEFAULT_MAX_STALLED_COUNT
+from echomq_django.core import InvalidNameError, QueueStateError, SweepReport
+from echomq_django.mirror import sync_queue
+from echomq_django.queues import get_queue, make_sweeper, queue_names
 
-
-def positive_seconds(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise ValueError(text)
-    return value
+from ._options import connect_or_fail, non_negative_int, on_stop_signals, positive_seconds
 
 
-def non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise ValueError(text)
-    return value
+logger = logging.getLogger("echomq.sweeper")
 
 
 class Command(BaseCommand):
@@ -34,45 +25,60 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--queue", action="append", dest="queues", metavar="NAME",
-            help="Queue to sweep; repeat for several (default: the configured queues).",
+            help="Queue to sweep; repeat for several (default: every queue in ECHOMQ['QUEUES']).",
         )
         parser.add_argument("--once", action="store_true", help="Sweep each queue once, then exit.")
         parser.add_argument(
-            "--interval", type=positive_seconds, default=DEFAULT_INTERVAL_MS / 1000,
-            metavar="SECONDS",
-            help="Seconds between sweeps, and how long the gate stays closed (default: %(default)r).",
+            "--interval", type=positive_seconds, default=None, metavar="SECONDS",
+            help="Seconds between sweeps, and how long the gate stays closed "
+                 "(default: each queue's SWEEP_INTERVAL, 30 unless configured).",
         )
         parser.add_argument(
             "--force", action="store_true",
             help="Ignore the gate: sweep even if another sweeper ran within the interval.",
         )
         parser.add_argument(
-            "--max-stalled-count", type=non_negative_int, default=DEFAULT_MAX_STALLED_COUNT,
-            metavar="N", help="Stalls a job may survive before it is failed (default: %(default)r).",
+            "--max-stalled-count", type=non_negative_int, default=None, metavar="N",
+            help="Stalls a job may survive before it is failed (default: each queue's "
+                 "MAX_STALLED_COUNT, 1 unless configured).",
         )
 
     def handle(
-        self, *, queues: list[str] | None, once: bool, interval: float, force: bool,
-        max_stalled_count: int, **options: Any,
+        self, *, queues: list[str] | None, once: bool, interval: float | None, force: bool,
+        max_stalled_count: int | None, verbosity: int, **options: Any,
     ) -> None:
-        names = queues or list(echomq_setting("QUEUES"))
-        client = connect(echomq_setting("REDIS_URL"))
         try:
-            sweeper = Sweeper(
-                client, names, prefix=echomq_setting("PREFIX"),
-                interval_ms=max(1, round(interval * 1000)), max_stalled_count=max_stalled_count,
+            sweeper = make_sweeper(
+                queue_names(queues), max_stalled_count=max_stalled_count,
+                interval_ms=max(1, round(interval * 1000)) if interval else None,
             )
-        except InvalidNameError as error:
+        except (InvalidNameError, ValueError) as error:
             raise CommandError(str(error)) from None
+        connect_or_fail(lambda message: self.stderr.write(self.style.WARNING(message)))
+
+        def report(result: SweepReport) -> None:
+            if verbosity >= 2 or (verbosity >= 1 and not result.skipped):
+                self.stdout.write(result.summary())
+            if not result.skipped:
+                self.mirror(result.queue, verbosity)
+
         try:
             if once:
-                for report in sweeper.sweep_all(force=force):
-                    self.stdout.write(report.summary())
+                for result in sweeper.sweep_all(force=force):
+                    report(result)
                 return
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(signum, lambda *_: sweeper.stop())
-            sweeper.run(lambda report: self.stdout.write(report.summary()), force=force)
-        except RedisConnectionError as error:
-            raise CommandError(f"cannot reach Redis at {echomq_setting('REDIS_URL')}: {error}") from None
+            on_stop_signals(sweeper.stop)
+            sweeper.run(report, force=force)
         except QueueStateError as error:
             raise CommandError(str(error)) from None
+
+    def mirror(self, queue: str, verbosity: int) -> None:
+        """Bring the admin's copy of this queue's failed and stalled sets up to date."""
+        close_old_connections()
+        try:
+            synced = sync_queue(get_queue(queue))
+        except DatabaseError as error:
+            logger.error("could not update the mirror of queue %s: %s", queue, error)
+            return
+        if verbosity >= 2 or (verbosity >= 1 and (synced.written or synced.deleted)):
+            self.stdout.write(synced.summary())

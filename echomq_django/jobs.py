@@ -1,0 +1,115 @@
+"""Job functions: `@job` registers a function that `echomq_worker` can run.
+
+    # myapp/jobs.py  (imported by echomq_worker in every installed app)
+    from echomq_django.jobs import job
+
+    @job(queue="mail", attempts=5)
+    def send_welcome(user_id):
+        ...
+
+    send_welcome.enqueue(42)          # from a view, a signal, anywhere
+
+The job's data is {"args": [...], "kwargs": {...}} as JSON. A worker runs only
+functions registered this way, looked up by the job's name; it never imports
+a module named by data in Redis.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import close_old_connections
+
+from .core import Backoff, Job, JobOptions, UnrecoverableError
+from .queues import get_queue
+
+_current_job: contextvars.ContextVar[Job | None] = contextvars.ContextVar("echomq_current_job", default=None)
+_registry: dict[str, JobFunction] = {}
+
+
+def current_job() -> Job | None:
+    """The job this thread is running, inside a job function; else None."""
+    return _current_job.get()
+
+
+@dataclass
+class JobFunction:
+    """A registered job function; call it directly, or `enqueue` it."""
+
+    func: Callable[..., Any]
+    name: str
+    queue: str = "default"
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.func(*args, **kwargs)
+
+    def job_options(self, queue_defaults: JobOptions, delay_ms: int = 0) -> JobOptions:
+        return JobOptions(
+            attempts=self.options.get("attempts", queue_defaults.attempts),
+            backoff=self.options.get("backoff", queue_defaults.backoff),
+            delay_ms=delay_ms,
+        )
+
+    def enqueue(self, *args: Any, **kwargs: Any) -> str:
+        """Add a job that runs this function with these JSON arguments; returns its id."""
+        return self.enqueue_with(args=args, kwargs=kwargs)
+
+    def enqueue_with(self, *, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None,
+                     delay_ms: int = 0, job_id: str | None = None) -> str:
+        """`enqueue` with a delay or a job id of the caller's choosing."""
+        queue = get_queue(self.queue)
+        return queue.add(self.name, {"args": list(args), "kwargs": kwargs or {}},
+                         opts=self.job_options(queue.default_opts, delay_ms), job_id=job_id)
+
+
+def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queue: str = "default",
+        attempts: int | None = None, backoff: Backoff | None = None) -> Any:
+    """Register `func` as a job function (usable bare, `@job`, or with options, `@job(...)`).
+
+    `attempts` and `backoff` default to the queue's settings.
+    """
+
+    def register(target: Callable[..., Any]) -> JobFunction:
+        job_name = name or f"{target.__module__}.{target.__qualname__}"
+        options = {key: value for key, value in (("attempts", attempts), ("backoff", backoff)) if value is not None}
+        registered = JobFunction(target, job_name, queue, options)
+        if job_name in _registry and _registry[job_name].func is not target:
+            raise ValueError(f"two job functions are registered as {job_name!r}; give one a name=")
+        _registry[job_name] = registered
+        return registered
+
+    return register(func) if func is not None else register
+
+
+def registered_jobs() -> dict[str, JobFunction]:
+    """Every registered job function by name."""
+    return dict(_registry)
+
+
+def run_job(job_record: Job) -> Any:
+    """The worker's handler: run the registered function the job names, with its arguments.
+
+    Database connections are closed before and after, as Django does around a request.
+    """
+    function = _registry.get(job_record.name)
+    if function is None:
+        raise UnrecoverableError(
+            f"no job function named {job_record.name!r} is registered in this worker "
+            "(is the module with its @job imported, e.g. an app's jobs.py?)")
+    payload = job_record.data
+    args = payload.get("args", []) if isinstance(payload, dict) else None
+    kwargs = payload.get("kwargs", {}) if isinstance(payload, dict) else None
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise UnrecoverableError(
+            f"job {job_record.id} has data that is not {{\"args\": [...], \"kwargs\": {{...}}}}")
+    token = _current_job.set(job_record)
+    close_old_connections()
+    try:
+        return function.func(*args, **kwargs)
+    finally:
+        close_old_connections()
+        _current_job.reset(token)

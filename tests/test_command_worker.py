@@ -1,0 +1,125 @@
+"""`manage.py echomq_worker` and `manage.py echomq_status`, in-process and as real processes."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+
+from demo_project.demo_app import jobs as demo
+from tests.helpers import sweep, wait_until
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.django_db
+
+
+def run(command: str, *args: str) -> str:
+    out = StringIO()
+    call_command(command, *args, stdout=out)
+    return out.getvalue()
+
+
+def add(queue, function, *args):
+    return queue.add(function.name, {"args": list(args), "kwargs": {}})
+
+
+def test_burst_runs_registered_job_functions_and_exits(echomq_settings, queue):
+    ids = [add(queue, demo.greet, who) for who in ("Ada", "Grace")]
+    output = run("echomq_worker", "--queue", "q", "--burst")
+    assert "demo_project.demo_app.jobs.greet" in output
+    assert [queue.get_job(i).returnvalue for i in ids] == ["hello, Ada", "hello, Grace"]
+
+
+@pytest.mark.django_db(transaction=True)  # job threads have connections of their own
+def test_jobs_can_use_the_database(echomq_settings, queue):
+    get_user_model().objects.create(username="someone")
+    job_id = add(queue, demo.count_users)
+    run("echomq_worker", "--queue", "q", "--burst")
+    assert queue.get_job(job_id).returnvalue == 1
+
+
+def test_an_unknown_job_name_fails_at_once_with_a_clear_reason(echomq_settings, queue):
+    job_id = queue.add("os.system", {"args": ["echo owned"], "kwargs": {}})
+    run("echomq_worker", "--queue", "q", "--burst")
+    job = queue.get_job(job_id)
+    assert queue.get_state(job_id) == "failed"
+    assert "no job function named 'os.system' is registered" in job.failed_reason
+    assert job.attempts_made == 1, "no retries for a job nobody can run"
+
+
+def test_malformed_arguments_fail_with_a_reason(echomq_settings, queue):
+    job_id = queue.add(demo.greet.name, ["not", "a", "dict"])
+    run("echomq_worker", "--queue", "q", "--burst")
+    assert "is not {\"args\"" in queue.get_job(job_id).failed_reason
+
+
+def test_max_jobs_and_concurrency(echomq_settings, queue):
+    for _ in range(3):
+        add(queue, demo.slow, 0.4)
+    started = time.monotonic()
+    run("echomq_worker", "--queue", "q", "--burst", "--concurrency", "3")
+    assert time.monotonic() - started < 1.1, "three 0.4 s jobs ran side by side"
+    for _ in range(3):
+        add(queue, demo.greet, "x")
+    run("echomq_worker", "--queue", "q", "--max-jobs", "2")
+    assert queue.counts()["wait"] == 1
+
+
+def test_enqueue_through_a_job_function_uses_its_queue_and_options(echomq_settings, client, prefix):
+    from echomq_django.core import Queue
+
+    job_id = demo.flaky.enqueue()
+    job = Queue("demo", client, prefix=prefix).get_job(job_id)
+    assert job.name == demo.flaky.name and job.data == {"args": [], "kwargs": {}}
+    assert (job.opts.attempts, job.opts.backoff.delay_ms) == (3, 500)
+
+
+def test_status_shows_counts_marks_and_the_last_sweep(echomq_settings, queue):
+    add(queue, demo.greet, "x")
+    queue.pause()
+    sweep(queue, force=False)
+    table = run("echomq_status")
+    assert "q (paused)" in table and "s ago on" in table
+    [status] = json.loads(run("echomq_status", "--json"))
+    assert status["queue"] == "q" and status["paused"] is True
+    assert status["counts"]["paused"] == 1 and status["counts"]["stalled"] == 0
+    assert status["last_sweep"]["marked"] == 0 and status["last_sweep"]["skipped"] is False
+
+
+def spawn_worker(env, *args):
+    process = subprocess.Popen([sys.executable, "manage.py", "echomq_worker", "--queue", "q", *args],
+                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline().startswith("worker on q")
+    return process
+
+
+@pytest.mark.slow
+def test_first_sigterm_finishes_the_running_job(queue, subprocess_env):
+    job_id = add(queue, demo.slow, 1.0)
+    waiting = add(queue, demo.greet, "later")
+    worker = spawn_worker(subprocess_env)
+    assert wait_until(lambda: queue.get_state(job_id) == "active", 10)
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(15) == 0
+    assert queue.get_state(job_id) == "completed"
+    assert queue.get_state(waiting) == "wait"
+
+
+@pytest.mark.slow
+def test_second_sigterm_exits_at_once_and_the_sweeper_recovers(queue, subprocess_env):
+    job_id = add(queue, demo.slow, 30)
+    worker = spawn_worker(subprocess_env)
+    assert wait_until(lambda: queue.get_state(job_id) == "active", 10)
+    worker.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(5) == 0
+    queue.client.delete(queue.keys.lock(job_id))  # rather than waiting out the 30 s lock
+    sweep(queue)
+    assert sweep(queue).recovered == 1

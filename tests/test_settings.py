@@ -1,0 +1,87 @@
+"""The ECHOMQ setting: defaults, per-queue options, re-reading, and the system checks."""
+
+import pytest
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import CommandError, call_command
+from django.test import override_settings
+
+from echomq_django.conf import get_settings
+from tests.redis_servers import free_port, redis_server
+
+
+def check_ids(**echomq) -> set[str]:
+    with override_settings(ECHOMQ=echomq):
+        return {message.id for message in checks.run_checks(tags=["echomq"])}
+
+
+def test_defaults_apply_without_any_setting(settings):
+    del settings.ECHOMQ
+    resolved = get_settings()
+    assert resolved.redis_url == "redis://127.0.0.1:6379/0" and resolved.prefix == "emq"
+    default = resolved.queue("default")
+    assert (default.lock_duration_ms, default.renew_interval_ms, default.sweep_interval_ms) == (30_000, 15_000, 30_000)
+    assert (default.max_stalled_count, default.attempts) == (1, 3)
+
+
+def test_per_queue_options_and_rereading_on_change():
+    with override_settings(ECHOMQ={"QUEUES": {"mail": {"LOCK_DURATION": 10, "SWEEP_INTERVAL": 0.5,
+                                                        "BACKOFF": {"TYPE": "exponential", "DELAY": 2}}}}):
+        mail = get_settings().queue("mail")
+        assert (mail.lock_duration_ms, mail.renew_interval_ms, mail.sweep_interval_ms) == (10_000, 5_000, 500)
+        assert (mail.backoff.kind, mail.backoff.delay_ms) == ("exponential", 2000)
+        assert get_settings().queue("not-configured").lock_duration_ms == 30_000
+    with override_settings(ECHOMQ={"PREFIX": "other"}):
+        assert get_settings().prefix == "other"
+
+
+def test_a_correct_setting_passes_the_checks():
+    assert check_ids(REDIS_URL="rediss://cache:6380/1", QUEUES={"a": {"LOCK_DURATION": 5}}) == set()
+
+
+@pytest.mark.parametrize("echomq, expected", [
+    ({"QUEUES": []}, "echomq.E001"),
+    ({"REDIS_URL": "http://localhost"}, "echomq.E002"),
+    ({"QUEUES": {"bad:name": {}}}, "echomq.E003"),
+    ({"PREFIX": "a b"}, "echomq.E003"),
+    ({"QUEUES": {"a": {"LOCK_DURATION": 10, "LOCK_RENEW_INTERVAL": 10}}}, "echomq.E004"),
+    ({"QUEUES": {"a": {"SWEEP_INTERVAL": 0}}}, "echomq.E005"),
+    ({"QUEUES": {"a": {"LOCK_DURATION": -1}}}, "echomq.E005"),
+    ({"QUEUES": {"a": {"ATTEMPTS": 0}}}, "echomq.E005"),
+    ({"QUEUES": {"a": {"BACKOFF": {"TYPE": "linear"}}}}, "echomq.E006"),
+    ({"QUEUES": {"a": "fast"}}, "echomq.E006"),
+    ({"REDIS_ULR": "redis://x"}, "echomq.W001"),
+    ({"QUEUES": {"a": {"LOCK_DURATON": 5}}}, "echomq.W002"),
+])
+def test_each_problem_has_its_check_id(echomq, expected):
+    assert expected in check_ids(**echomq)
+
+
+def test_every_check_message_carries_a_hint():
+    with override_settings(ECHOMQ={"QUEUES": {"a": {"LOCK_DURATION": 1, "LOCK_RENEW_INTERVAL": 2}}}):
+        [message] = checks.run_checks(tags=["echomq"])
+    assert message.hint and "LOCK_RENEW_INTERVAL" in message.hint
+
+
+def test_not_a_dict_is_an_error_and_reading_it_raises():
+    with override_settings(ECHOMQ="redis://localhost"):
+        assert {m.id for m in checks.run_checks(tags=["echomq"])} == {"echomq.E001"}
+        with pytest.raises(ImproperlyConfigured, match="must be a dict"):
+            get_settings()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("command", ["echomq_sweep", "echomq_worker"])
+def test_unreachable_redis_is_a_one_line_error_at_start(command, settings):
+    settings.ECHOMQ = {"REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
+    with pytest.raises(CommandError, match=r"cannot reach Redis at redis://127\.0\.0\.1:\d+/0") as caught:
+        call_command(command, "--once" if command == "echomq_sweep" else "--burst")
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.django_db
+def test_an_evicting_redis_gets_a_loud_warning(settings, capsys):
+    with redis_server("--maxmemory-policy", "allkeys-lru") as url:
+        settings.ECHOMQ = {"REDIS_URL": url}
+        call_command("echomq_sweep", "--once")
+    assert "maxmemory-policy 'allkeys-lru'" in capsys.readouterr().err
