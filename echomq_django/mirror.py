@@ -1,0 +1,157 @@
+"""Keep the JobRecord rows in step with each queue's failed and stalled sets.
+
+A sync reads only what changed: failed jobs scored after the queue's cursor
+(minus a margin for clocks that disagree between hosts), and the stalled set,
+which is small. Rows are written in batches with one upsert each. A whole-set
+comparison runs only when the counts of Redis and the mirror disagree (a job
+left the failed set, or arrived with an old score), so a queue with 100,000
+failed jobs and no news costs two counts and one short range read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from django.db import transaction
+
+from .core import Job, Queue
+from .models import JobRecord, MirrorCursor
+
+BATCH = 1000
+# How far before the cursor each sync looks again for failed jobs: covers
+# workers whose clocks run behind the one that moved the cursor.
+CLOCK_MARGIN_MS = 60_000
+UPDATE_FIELDS = ["name", "state", "data", "opts", "attempts_made", "stall_count", "failed_reason",
+                 "stacktrace", "created_at", "processed_at", "finished_at", "score_ms", "synced_at"]
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    queue: str
+    written: int
+    deleted: int
+    compared_all: bool
+    duration_ms: float
+
+    def summary(self) -> str:
+        full = ", compared all ids" if self.compared_all else ""
+        return (f"mirror of {self.queue}: {self.written} row(s) written, {self.deleted} deleted "
+                f"in {self.duration_ms:.0f} ms{full}")
+
+
+def _datetime(ms: int | None) -> datetime | None:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc) if ms else None
+
+
+def _record(job: Job, state: str, score_ms: int | None) -> JobRecord:
+    return JobRecord(
+        queue=job.queue, job_id=job.id, name=job.name[:255], state=state, data=job.data,
+        opts=job.opts.to_json(), attempts_made=job.attempts_made, stall_count=job.stall_count,
+        failed_reason=job.failed_reason or "", stacktrace=job.stacktrace,
+        created_at=_datetime(job.timestamp), processed_at=_datetime(job.processed_on),
+        finished_at=_datetime(job.finished_on) or _datetime(score_ms), score_ms=score_ms,
+    )
+
+
+def _batches(items: Iterable[Any], size: int = BATCH) -> Iterator[list[Any]]:
+    batch: list[Any] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _write(queue: Queue, state: str, scored_ids: list[tuple[str, int | None]]) -> int:
+    """Read these jobs' hashes in one pipeline and upsert their rows in one statement."""
+    pipe = queue.client.pipeline(transaction=False)
+    for job_id, _score in scored_ids:
+        pipe.hgetall(queue.keys.job(job_id))
+    records = []
+    for (job_id, score), fields in zip(scored_ids, pipe.execute()):
+        job = Job.from_hash(queue.name, job_id, fields)
+        if not fields:
+            job.failed_reason = "the job hash no longer exists in Redis"
+        records.append(_record(job, state, score))
+    JobRecord.objects.bulk_create(records, update_conflicts=True, unique_fields=["queue", "job_id"],
+                                  update_fields=UPDATE_FIELDS)
+    return len(records)
+
+
+def _delete(queue: Queue, state: str, job_ids: Iterable[str]) -> int:
+    deleted = 0
+    for batch in _batches(job_ids):
+        deleted += JobRecord.objects.filter(queue=queue.name, state=state, job_id__in=batch).delete()[0]
+    return deleted
+
+
+def _new_or_changed(queue: Queue, state: str, scored_ids: list[tuple[str, int | None]]) -> list[tuple[str, int | None]]:
+    known = dict(JobRecord.objects.filter(queue=queue.name, state=state, job_id__in=[i for i, _ in scored_ids])
+                 .values_list("job_id", "score_ms"))
+    return [(job_id, score) for job_id, score in scored_ids if job_id not in known or known[job_id] != score]
+
+
+def _sync_failed_since(queue: Queue, since_ms: int) -> tuple[int, int]:
+    """Upsert failed jobs scored at or after `since_ms`; returns (rows written, highest score)."""
+    written, highest, offset = 0, since_ms, 0
+    while True:
+        page = queue.client.zrangebyscore(queue.keys.failed, since_ms, "+inf", start=offset, num=BATCH,
+                                          withscores=True)
+        if not page:
+            return written, highest
+        scored = [(job_id, int(score)) for job_id, score in page]
+        highest = max(highest, scored[-1][1])
+        changed = _new_or_changed(queue, JobRecord.State.FAILED, scored)
+        if changed:
+            with transaction.atomic():
+                written += _write(queue, JobRecord.State.FAILED, changed)
+        offset += len(page)
+
+
+def _compare_all_failed(queue: Queue) -> tuple[int, int]:
+    """Make the failed rows equal the failed set, id by id; returns (written, deleted)."""
+    in_redis: dict[str, int] = {}
+    for start in range(0, queue.client.zcard(queue.keys.failed), BATCH * 10):
+        for job_id, score in queue.client.zrange(queue.keys.failed, start, start + BATCH * 10 - 1, withscores=True):
+            in_redis[job_id] = int(score)
+    in_mirror = set(JobRecord.objects.filter(queue=queue.name, state=JobRecord.State.FAILED)
+                    .values_list("job_id", flat=True).iterator(chunk_size=10_000))
+    written = 0
+    for batch in _batches(sorted(set(in_redis) - in_mirror)):
+        with transaction.atomic():
+            written += _write(queue, JobRecord.State.FAILED, [(job_id, in_redis[job_id]) for job_id in batch])
+    return written, _delete(queue, JobRecord.State.FAILED, in_mirror - set(in_redis))
+
+
+def _sync_stalled(queue: Queue) -> tuple[int, int]:
+    in_redis = queue.stalled_ids()
+    in_mirror = set(JobRecord.objects.filter(queue=queue.name, state=JobRecord.State.STALLED)
+                    .values_list("job_id", flat=True))
+    written = 0
+    for batch in _batches(sorted(in_redis - in_mirror)):
+        with transaction.atomic():
+            written += _write(queue, JobRecord.State.STALLED, [(job_id, None) for job_id in batch])
+    return written, _delete(queue, JobRecord.State.STALLED, in_mirror - in_redis)
+
+
+def sync_queue(queue: Queue) -> SyncResult:
+    """Bring the mirror of one queue's failed and stalled sets up to date."""
+    started = time.perf_counter()
+    cursor, _ = MirrorCursor.objects.get_or_create(queue=queue.name)
+    written, highest = _sync_failed_since(queue, max(0, cursor.failed_through_ms - CLOCK_MARGIN_MS))
+    deleted, compared_all = 0, False
+    mirrored = JobRecord.objects.filter(queue=queue.name, state=JobRecord.State.FAILED).count()
+    if mirrored != queue.client.zcard(queue.keys.failed):
+        more_written, deleted = _compare_all_failed(queue)
+        written, compared_all = written + more_written, True
+    stalled_written, stalled_deleted = _sync_stalled(queue)
+    if highest > cursor.failed_through_ms:
+        MirrorCursor.objects.filter(pk=cursor.pk).update(failed_through_ms=highest)
+    return SyncResult(queue.name, written + stalled_written, deleted + stalled_deleted, compared_all,
+                      (time.perf_counter() - started) * 1000)

@@ -1,0 +1,91 @@
+"""A searchable copy of the jobs in each queue's failed and stalled sets, for the admin.
+
+Redis stays the source of truth: the sweeper refreshes these rows after every
+sweep (see mirror.py), and every admin action goes through the Lua scripts
+before it touches a row.
+"""
+
+from django.db import models
+
+
+class JobRecord(models.Model):
+    """One job of a failed or stalled set, as its hash was when last synced."""
+
+    class State(models.TextChoices):
+        FAILED = "failed", "failed"
+        STALLED = "stalled", "marked stalled"
+
+    queue = models.CharField(max_length=128)
+    job_id = models.CharField("job id", max_length=128)
+    name = models.CharField(max_length=255, blank=True)
+    state = models.CharField(max_length=16, choices=State.choices)
+    data = models.JSONField(null=True, blank=True)
+    opts = models.JSONField(default=dict, blank=True)
+    attempts_made = models.IntegerField(default=0)
+    stall_count = models.IntegerField(default=0)
+    failed_reason = models.TextField(blank=True)
+    stacktrace = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(null=True, blank=True)
+    processed_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # The job's score in the failed set (ms): a job that fails again gets a new one.
+    score_ms = models.BigIntegerField(null=True, blank=True)
+    synced_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "job record"
+        constraints = [models.UniqueConstraint(fields=["queue", "job_id"], name="echomq_jobrecord_queue_job")]
+        indexes = [
+            models.Index(fields=["state", "queue", "finished_at"], name="echomq_job_state_queue_fin"),
+            models.Index(fields=["state", "name"], name="echomq_job_state_name"),
+            models.Index(fields=["state", "finished_at"], name="echomq_job_state_finished"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue}/{self.job_id} {self.name}"
+
+
+class FailedJobManager(models.Manager):
+    def get_queryset(self) -> models.QuerySet:
+        return super().get_queryset().filter(state=JobRecord.State.FAILED)
+
+
+class StalledJobManager(models.Manager):
+    def get_queryset(self) -> models.QuerySet:
+        return super().get_queryset().filter(state=JobRecord.State.STALLED)
+
+
+class FailedJob(JobRecord):
+    objects = FailedJobManager()
+
+    class Meta:
+        proxy = True
+        verbose_name = "failed job"
+        permissions = [("retry_failedjob", "Can retry failed jobs")]
+
+
+class StalledJob(JobRecord):
+    objects = StalledJobManager()
+
+    class Meta:
+        proxy = True
+        verbose_name = "stalled job"
+        default_permissions = ("view",)
+
+
+class MirrorCursor(models.Model):
+    """How far the mirror of one queue's failed set has read, so each sync reads only what is new."""
+
+    queue = models.CharField(max_length=128, unique=True)
+    failed_through_ms = models.BigIntegerField(default=0)
+    synced_at = models.DateTimeField(auto_now=True)
+
+
+class Queue(models.Model):
+    """No table: the admin's queue dashboard, and the permission to force a sweep."""
+
+    class Meta:
+        managed = False
+        verbose_name = "queue"
+        default_permissions = ("view",)
+        permissions = [("sweep_queue", "Can force a sweep of a queue")]

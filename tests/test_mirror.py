@@ -1,0 +1,97 @@
+"""The mirror: JobRecord rows follow the failed and stalled sets, incrementally."""
+
+import pytest
+
+from echomq_django.core import JobOptions, NewJob
+from echomq_django.core.queue import now_ms
+from echomq_django.mirror import sync_queue
+from echomq_django.models import FailedJob, JobRecord, MirrorCursor, StalledJob
+from tests.helpers import fetch, finish, kill_lock, sweep
+
+pytestmark = pytest.mark.django_db
+
+
+def fail_jobs(queue, count, reason="boom"):
+    ids = queue.add_bulk([NewJob("work", {"n": n}, JobOptions(attempts=1)) for n in range(count)])
+    for job_id, _ in fetch(queue, count=count):
+        finish(queue, job_id, "token-1", completed=False, value=reason)
+    return ids
+
+
+def test_failed_jobs_are_mirrored_with_their_fields(queue):
+    [job_id] = fail_jobs(queue, 1, reason="<b>bad</b>")
+    result = sync_queue(queue)
+    assert result.written == 1
+    row = FailedJob.objects.get(queue="q", job_id=job_id)
+    assert (row.name, row.data, row.attempts_made, row.failed_reason) == ("work", {"n": 0}, 1, "<b>bad</b>")
+    assert row.opts["attempts"] == 1 and row.finished_at is not None
+
+
+def test_a_second_sync_with_no_news_writes_nothing(queue):
+    fail_jobs(queue, 20)
+    assert sync_queue(queue).written == 20
+    again = sync_queue(queue)
+    assert (again.written, again.deleted, again.compared_all) == (0, 0, False)
+
+
+def test_jobs_failed_by_another_client_with_an_old_score_are_found(queue):
+    fail_jobs(queue, 3)
+    sync_queue(queue)
+    # Written straight into Redis, scored long before the mirror's cursor.
+    queue.client.hset(queue.keys.job("legacy-1"), mapping={"name": "old", "data": '"x"', "failedReason": "ancient"})
+    queue.client.zadd(queue.keys.failed, {"legacy-1": 1_000})
+    result = sync_queue(queue)
+    assert result.compared_all and result.written == 1
+    assert FailedJob.objects.get(job_id="legacy-1").failed_reason == "ancient"
+
+
+def test_jobs_that_leave_the_failed_set_leave_the_mirror(queue):
+    first, second, third = fail_jobs(queue, 3)
+    sync_queue(queue)
+    queue.retry(first)
+    queue.remove(second)
+    result = sync_queue(queue)
+    assert result.deleted == 2
+    assert list(FailedJob.objects.values_list("job_id", flat=True)) == [third]
+
+
+def test_a_job_that_fails_again_is_updated(queue):
+    [job_id] = fail_jobs(queue, 1, reason="first")
+    sync_queue(queue)
+    queue.retry(job_id)
+    fetch(queue, token="t2")
+    finish(queue, job_id, "t2", completed=False, value="second")
+    sync_queue(queue)
+    row = FailedJob.objects.get(job_id=job_id)
+    assert (row.failed_reason, row.attempts_made) == ("second", 2)
+
+
+def test_marked_jobs_are_mirrored_until_recovered(queue):
+    job_id = queue.add("work")
+    fetch(queue)
+    kill_lock(queue, job_id)
+    sweep(queue)
+    sync_queue(queue)
+    assert list(StalledJob.objects.values_list("job_id", flat=True)) == [job_id]
+    sweep(queue)
+    sync_queue(queue)
+    assert not StalledJob.objects.exists()
+
+
+def test_the_cursor_survives_a_restart_and_only_news_are_read(queue, django_assert_max_num_queries):
+    fail_jobs(queue, 2000)
+    sync_queue(queue)
+    assert MirrorCursor.objects.get(queue="q").failed_through_ms >= now_ms() - 60_000
+    fail_jobs(queue, 1)
+    # A new sync (as after a restart of the sweeper) reads from the stored cursor: a handful
+    # of queries whatever the size of the failed set.
+    with django_assert_max_num_queries(12):
+        result = sync_queue(queue)
+    assert (result.written, result.compared_all) == (1, False)
+    assert JobRecord.objects.filter(queue="q").count() == 2001
+
+
+def test_a_hash_that_vanished_is_mirrored_with_a_reason(queue):
+    queue.client.zadd(queue.keys.failed, {"ghost": now_ms()})
+    sync_queue(queue)
+    assert FailedJob.objects.get(job_id="ghost").failed_reason == "the job hash no longer exists in Redis"
