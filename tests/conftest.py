@@ -17,24 +17,26 @@ def redis_url() -> str:
 
 
 @pytest.fixture
-def client():
-    redis_client = connect(REDIS_URL)
+def redis_client():
+    client = connect(REDIS_URL, retry=None, retry_on_error=[])
     try:
-        redis_client.ping()
+        client.ping()
     except Exception as error:  # a clear reason instead of a stack of retries
         pytest.fail(f"the tests need a Redis at {REDIS_URL} (set ECHOMQ_TEST_REDIS_URL): {error}")
-    yield redis_client
-    redis_client.close()
+    client.close()
+    client = connect(REDIS_URL)
+    yield client
+    client.close()
 
 
 @pytest.fixture
-def prefix(client) -> Iterator[str]:
+def prefix(redis_client) -> Iterator[str]:
     """A key prefix no other test uses; every key under it is deleted afterwards."""
     name = f"t{uuid.uuid4().hex[:12]}"
     yield name
-    keys = list(client.scan_iter(match=f"{name}:*", count=1000))
+    keys = list(redis_client.scan_iter(match=f"{name}:*", count=1000))
     if keys:
-        client.delete(*keys)
+        redis_client.delete(*keys)
 
 
 @pytest.fixture
@@ -58,10 +60,10 @@ def echomq_settings(settings, redis_url, prefix):
 
 
 @pytest.fixture
-def scripts(client) -> Scripts:
-    return Scripts(client)
+def scripts(redis_client) -> Scripts:
+    return Scripts(redis_client)
 
 
 @pytest.fixture
-def queue(client, prefix, scripts) -> Queue:
-    return Queue("q", client, prefix=prefix, scripts=scripts)
+def queue(redis_client, prefix, scripts) -> Queue:
+    return Queue("q", redis_client, prefix=prefix, scripts=scripts)

@@ -44,10 +44,10 @@ def test_fractional_interval_is_the_gates_px(echomq_settings, queue):
     assert 0 < queue.client.pttl(queue.keys.stalled_check) <= 250
 
 
-def test_queue_option_sweeps_any_named_queue(echomq_settings, client, prefix):
+def test_queue_option_sweeps_any_named_queue(echomq_settings, redis_client, prefix):
     from echomq_django.core import Queue
 
-    other = Queue("not-configured", client, prefix=prefix)
+    other = Queue("not-configured", redis_client, prefix=prefix)
     stalled(other)
     output = sweep_command("--queue", "not-configured", "--queue", "q")
     assert [line.split(":")[0] for line in output.splitlines()] == ["queue not-configured", "queue q"]

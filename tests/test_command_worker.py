@@ -71,11 +71,11 @@ def test_max_jobs_and_concurrency(echomq_settings, queue):
     assert queue.counts()["wait"] == 1
 
 
-def test_enqueue_through_a_job_function_uses_its_queue_and_options(echomq_settings, client, prefix):
+def test_enqueue_through_a_job_function_uses_its_queue_and_options(echomq_settings, redis_client, prefix):
     from echomq_django.core import Queue
 
     job_id = demo.flaky.enqueue()
-    job = Queue("demo", client, prefix=prefix).get_job(job_id)
+    job = Queue("demo", redis_client, prefix=prefix).get_job(job_id)
     assert job.name == demo.flaky.name and job.data == {"args": [], "kwargs": {}}
     assert (job.opts.attempts, job.opts.backoff.delay_ms) == (3, 500)
 

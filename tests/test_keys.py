@@ -25,19 +25,19 @@ def test_bad_job_ids_are_refused(job_id):
         validate_job_id(job_id)
 
 
-def test_refused_ids_build_no_key(client, prefix):
-    queue = Queue("q", client, prefix=prefix)
+def test_refused_ids_build_no_key(redis_client, prefix):
+    queue = Queue("q", redis_client, prefix=prefix)
     with pytest.raises(InvalidNameError, match="reserved"):
         queue.add("work", job_id="active")
     with pytest.raises(InvalidNameError):
         queue.get_job("a:b")
-    assert list(client.scan_iter(match=f"{prefix}:*")) == []
+    assert list(redis_client.scan_iter(match=f"{prefix}:*")) == []
 
 
-def test_obliterate_only_touches_its_own_queue(client, prefix):
-    mine, other = Queue("a*", client, prefix=prefix), Queue("ab", client, prefix=prefix)
+def test_obliterate_only_touches_its_own_queue(redis_client, prefix):
+    mine, other = Queue("a*", redis_client, prefix=prefix), Queue("ab", redis_client, prefix=prefix)
     mine.add("x")
     other.add("x")
     mine.obliterate()
     assert other.counts()["wait"] == 1
-    assert list(client.scan_iter(match=f"{prefix}:{{a\\*}}:*")) == []
+    assert list(redis_client.scan_iter(match=f"{prefix}:{{a\\*}}:*")) == []

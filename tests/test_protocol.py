@@ -41,10 +41,10 @@ def test_add_bulk_is_one_pipeline_and_validates_everything_first(queue):
     assert queue.counts()["wait"] == 100, "a bad job in a batch adds nothing"
 
 
-def test_non_json_and_oversized_payloads_are_refused(client, prefix):
+def test_non_json_and_oversized_payloads_are_refused(redis_client, prefix):
     from echomq_django.core import Queue
 
-    small = Queue("q", client, prefix=prefix, max_payload_bytes=100)
+    small = Queue("q", redis_client, prefix=prefix, max_payload_bytes=100)
     with pytest.raises(PayloadError, match="JSON"):
         small.add("work", {1, 2})
     with pytest.raises(PayloadError, match="limit is 100"):

@@ -1,0 +1,213 @@
+"""The admin: dashboard, stalled and failed sets, actions, permissions, CSRF and escaping."""
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+from django.urls import reverse
+
+from echomq_django.core import JobOptions
+from echomq_django.mirror import sync_queue
+from echomq_django.models import FailedJob
+from tests.helpers import fetch, finish, kill_lock, sweep
+
+pytestmark = pytest.mark.django_db
+HOSTILE = '<script>alert("x")</script>'
+ESCAPED = "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;"
+
+
+def staff(username: str, *codenames: str) -> Client:
+    user = User.objects.create_user(username, password="pw", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(content_type__app_label="echomq", codename__in=codenames))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def superuser_client(echomq_settings) -> Client:
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", password="pw"))
+    return client
+
+
+def failed_job(queue, data=None, reason="boom", stacktrace="", name="work") -> str:
+    job_id = queue.add(name, data if data is not None else {"n": 1}, opts=JobOptions(attempts=1))
+    fetch(queue, token="t")
+    queue.scripts.move_to_finished(queue.keys, job_id, "t", 1_700_000_000_000, completed=False, value=reason,
+                                   stacktrace=stacktrace, default_attempts=1)
+    sync_queue(queue)
+    return job_id
+
+
+def stalled_jobs(queue, *attempts: int) -> list[str]:
+    """One job per entry, each fetched, its worker dead, all marked by one sweep."""
+    ids = [queue.add("work", {"n": n}, opts=JobOptions(attempts=a)) for n, a in enumerate(attempts)]
+    fetch(queue, count=len(ids))
+    for job_id in ids:
+        kill_lock(queue, job_id)
+    sweep(queue)
+    sync_queue(queue)
+    return ids
+
+
+URLS = {
+    "dashboard": lambda: reverse("admin:echomq_queue_changelist"),
+    "failed": lambda: reverse("admin:echomq_failedjob_changelist"),
+    "stalled": lambda: reverse("admin:echomq_stalledjob_changelist"),
+}
+
+
+def test_the_app_section_lists_the_three_views(superuser_client):
+    page = superuser_client.get(reverse("admin:index")).content.decode()
+    for url in URLS.values():
+        assert url() in page
+
+
+def test_staff_without_permissions_sees_and_changes_nothing(echomq_settings, queue):
+    job_id = failed_job(queue)
+    nobody = staff("nobody")
+    assert reverse("admin:echomq_failedjob_changelist") not in nobody.get(reverse("admin:index")).content.decode()
+    for url in URLS.values():
+        assert nobody.get(url()).status_code == 403
+    detail = reverse("admin:echomq_failedjob_change", args=[FailedJob.objects.get().pk])
+    assert nobody.get(detail).status_code == 403
+    for name in ("echomq_queue_sweep", "echomq_queue_retry_failed", "echomq_queue_clean_failed"):
+        assert nobody.post(reverse(f"admin:{name}", args=["q"]), {"days": "0"}).status_code == 403
+    assert queue.get_state(job_id) == "failed"
+
+
+def test_dashboard_shows_counts_marks_pause_and_last_sweep(superuser_client, queue):
+    failed_job(queue)
+    stalled_jobs(queue, 3)
+    queue.pause()
+    page = superuser_client.get(URLS["dashboard"]()).content.decode()
+    assert "(paused)" in page and "s ago on" in page
+    assert 'href="/admin/echomq/stalledjob/?queue=q">1</a>' in page
+    assert 'href="/admin/echomq/failedjob/?queue=q">1</a>' in page
+    assert "Sweep now" in page and "Retry all failed" in page
+
+
+def test_view_only_staff_sees_no_buttons(echomq_settings, queue):
+    failed_job(queue)
+    viewer = staff("viewer", "view_queue", "view_failedjob", "view_stalledjob")
+    page = viewer.get(URLS["dashboard"]()).content.decode()
+    assert "Sweep now" not in page and "Retry all failed" not in page and "Clean" not in page
+    assert viewer.get(URLS["failed"]()).status_code == 200
+
+
+def test_sweep_now_forces_a_sweep_and_needs_post_csrf_and_permission(echomq_settings, queue):
+    job_id = queue.add("work")
+    fetch(queue)
+    kill_lock(queue, job_id)
+    url = reverse("admin:echomq_queue_sweep", args=["q"])
+    sweeper_user = staff("sweeper", "view_queue", "sweep_queue")
+    assert sweeper_user.get(url).status_code == 405
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(User.objects.get(username="sweeper"))
+    assert strict.post(url).status_code == 403, "no CSRF token, no change"
+    assert queue.stalled_ids() == set()
+    response = sweeper_user.post(url, follow=True)
+    assert "marked 1" in response.content.decode()
+    assert queue.stalled_ids() == {job_id}
+    assert staff("viewer", "view_queue").post(url).status_code == 403
+    assert sweeper_user.post(reverse("admin:echomq_queue_sweep", args=["unknown"])).status_code == 404
+
+
+def test_failed_changelist_searches_and_filters(superuser_client, queue):
+    failed_job(queue, reason="disk full", name="backup")
+    failed_job(queue, reason="timeout", name="mail")
+    def listed(query):
+        return superuser_client.get(URLS["failed"]() + query).content.decode()
+    assert "disk full" in listed("?q=disk") and "timeout" not in listed("?q=disk")
+    assert "disk full" in listed("?q=backup")
+    assert "timeout" in listed("?name=mail") and "disk full" not in listed("?name=mail")
+    assert "disk full" in listed("?queue=q")
+    assert "disk full" not in listed("?queue=other")
+
+
+def test_detail_page_shows_pretty_json_and_the_trace_escaped(superuser_client, queue):
+    failed_job(queue, data={"payload": HOSTILE, "nested": {"a": 1}}, reason=HOSTILE, stacktrace=f"Trace {HOSTILE}")
+    row = FailedJob.objects.get()
+    page = superuser_client.get(reverse("admin:echomq_failedjob_change", args=[row.pk])).content.decode()
+    assert "<script>alert" not in page
+    assert page.count(ESCAPED) >= 2 and page.count("&lt;script&gt;") >= 3
+    assert "&quot;nested&quot;: {\n" in page, "data shown as indented JSON"
+
+
+def test_hostile_job_data_is_escaped_in_every_list(superuser_client, queue):
+    failed_job(queue, reason=HOSTILE, name=HOSTILE)
+    stalled = queue.add(HOSTILE, {"html": HOSTILE})
+    fetch(queue)
+    kill_lock(queue, stalled)
+    sweep(queue)
+    sync_queue(queue)
+    for url in (URLS["failed"](), URLS["stalled"](), URLS["dashboard"]()):
+        page = superuser_client.get(url).content.decode()
+        assert "<script>alert" not in page
+    for url in (URLS["failed"](), URLS["stalled"]()):
+        assert ESCAPED in superuser_client.get(url).content.decode(), "shown, escaped"
+
+
+def post_action(client, action, rows):
+    return client.post(URLS["failed"](), {"action": action, "_selected_action": [r.pk for r in rows]}, follow=True)
+
+
+def test_retry_selected_moves_only_jobs_still_failed(echomq_settings, queue):
+    first, second = failed_job(queue), failed_job(queue)
+    queue.retry(second)  # someone else retried it meanwhile
+    retrier = staff("retrier", "view_failedjob", "retry_failedjob")
+    response = post_action(retrier, "retry_selected", FailedJob.objects.all())
+    text = response.content.decode()
+    assert "1 job(s) sent back to wait" in text and "no longer failed" in text
+    assert queue.get_state(first) == "wait" and queue.get_state(second) == "wait"
+    assert queue.client.lrange(queue.keys.wait, 0, -1).count(second) == 1
+    assert not FailedJob.objects.exists()
+
+
+def test_actions_need_their_permission(echomq_settings, queue):
+    job_id = failed_job(queue)
+    viewer = staff("viewer", "view_failedjob")
+    post_action(viewer, "retry_selected", FailedJob.objects.all())
+    post_action(viewer, "delete_selected", FailedJob.objects.all())
+    assert queue.get_state(job_id) == "failed" and FailedJob.objects.count() == 1
+
+
+def test_delete_selected_removes_the_jobs_from_redis(echomq_settings, queue):
+    job_id = failed_job(queue)
+    deleter = staff("deleter", "view_failedjob", "delete_failedjob")
+    confirm = post_action(deleter, "delete_selected", FailedJob.objects.all())
+    assert "Are you sure" in confirm.content.decode() and queue.get_job(job_id) is not None
+    deleter.post(URLS["failed"](), {"action": "delete_selected", "post": "yes",
+                                    "_selected_action": [FailedJob.objects.get().pk]})
+    assert queue.get_job(job_id) is None and not FailedJob.objects.exists()
+
+
+def test_retry_all_failed_and_clean_old_failed(echomq_settings, queue):
+    ids = [failed_job(queue) for _ in range(3)]
+    operator = staff("operator", "view_queue", "retry_failedjob", "delete_failedjob")
+    operator.post(reverse("admin:echomq_queue_retry_failed", args=["q"]))
+    assert [queue.get_state(i) for i in ids] == ["wait"] * 3 and not FailedJob.objects.exists()
+
+    queue.client.delete(queue.keys.wait)
+    old = failed_job(queue)  # failed at 1_700_000_000_000 ms: long ago
+    response = operator.post(reverse("admin:echomq_queue_clean_failed", args=["q"]), {"days": "1"}, follow=True)
+    assert "1 failed job(s) of q older than 1 day(s) deleted" in response.content.decode()
+    assert queue.get_job(old) is None and not FailedJob.objects.exists()
+    response = operator.post(reverse("admin:echomq_queue_clean_failed", args=["q"]), {"days": "soon"}, follow=True)
+    assert "as a number" in response.content.decode()
+
+
+def test_stalled_list_says_what_the_next_sweep_will_do(superuser_client, queue):
+    recover_me, fail_me, came_back = stalled_jobs(queue, 3, 1, 3)
+    queue.client.set(queue.keys.lock(came_back), "t", px=60_000)
+    page = superuser_client.get(URLS["stalled"]()).content.decode()
+    assert page.count("recover it to wait") == 1
+    assert "fail it: attempt ceiling (1 of 1)" in page
+    assert "unmark it: its lock is back" in page
+    assert "gone" in page
+    assert {recover_me, fail_me, came_back} <= set(queue.stalled_ids())
+
+
+@pytest.mark.parametrize("name", ["echomq_queue_sweep", "echomq_queue_retry_failed", "echomq_queue_clean_failed"])
+def test_get_on_a_changing_view_is_405(superuser_client, name):
+    assert superuser_client.get(reverse(f"admin:{name}", args=["q"])).status_code == 405
