@@ -67,7 +67,7 @@ ECHOMQ = {
     "QUEUES": {
         "default": {},
         # Short timings so the demo shows a stall and its recovery within seconds.
-        "demo": {"LOCK_DURATION": 3, "SWEEP_INTERVAL": 2, "CONCURRENCY": 2},
+        "demo": {"LOCK_DURATION": 3, "SWEEP_INTERVAL": 2},
     },
 }
 

@@ -1,0 +1,28 @@
+"""The README's demo, end to end: a private redis-server, a worker that dies, the sweeper, the admin data."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_the_demo_tells_the_whole_story(subprocess_env, tmp_path):
+    env = {key: value for key, value in subprocess_env.items() if key != "ECHOMQ_REDIS_URL"}
+    env["DATABASE_URL"] = f"sqlite:///{tmp_path / 'demo.sqlite3'}"
+    result = subprocess.run([sys.executable, "manage.py", "echomq_demo", "--no-serve"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "started a private redis-server" in out and "admin user: admin / " in out
+    assert "worker 1 died (exit 1)" in out
+    assert "marked 1, recovered 0" in out and "recovered 1 to wait" in out
+    rows = {line.split()[1]: line.split() for line in out.splitlines() if line[:3].strip().isdigit()}
+    assert rows["crash"][2:5] == ["completed", "2", "1"], "recovered from its stall, then completed"
+    assert rows["doomed"][2:4] == ["failed", "2"]
+    assert rows["flaky"][2:4] == ["completed", "2"]
+    leftovers = subprocess.run(["pgrep", "-f", "manage.py echomq_"], capture_output=True, text=True).stdout
+    assert leftovers.strip() == "", f"the demo left processes behind: {leftovers}"
