@@ -32,5 +32,19 @@ redis_answers() {
 ensure_redis_server() {
   command -v redis-server >/dev/null 2>&1 && return 0
   echo "redis-server not found; installing Debian's redis-server package" >&2
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+  apt_install redis-server
+}
+
+# apt_install PACKAGE...: install Debian packages (apt-get update once per run).
+apt_install() {
+  if [[ -z "${_APT_UPDATED:-}" ]]; then
+    apt-get update -qq
+    _APT_UPDATED=1
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+# port_open HOST PORT: true when something accepts TCP connections there.
+port_open() {
+  (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null
 }
