@@ -123,3 +123,11 @@ def test_second_sigterm_exits_at_once_and_the_sweeper_recovers(queue, subprocess
     queue.client.delete(queue.keys.lock(job_id))  # rather than waiting out the 30 s lock
     sweep(queue)
     assert sweep(queue).recovered == 1
+
+
+def test_status_as_a_process_prints_json(queue, subprocess_env):
+    add(queue, demo.greet, "x")
+    result = subprocess.run([sys.executable, "manage.py", "echomq_status", "--queue", "q", "--json"],
+                            cwd=ROOT, env=subprocess_env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)[0]["counts"]["wait"] == 1
