@@ -3,6 +3,7 @@
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -36,6 +37,11 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=8000, help="Port of the admin (default: %(default)r).")
 
     def handle(self, *, no_serve: bool, port: int, **options: Any) -> None:
+        # Ctrl-C and SIGTERM both end the demo through the `finally` below. The
+        # children run in sessions of their own, so a Ctrl-C reaches only this
+        # process, which stops them in order: the processes, then Redis.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
         children: list[subprocess.Popen] = []
         try:
             if not os.environ.get("ECHOMQ_REDIS_URL"):
@@ -59,7 +65,7 @@ class Command(BaseCommand):
                     child.wait(15)
 
     def manage(self, *args: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, MANAGE, *args])
+        return subprocess.Popen([sys.executable, MANAGE, *args], start_new_session=True)
 
     def start_private_redis(self) -> subprocess.Popen:
         """A throwaway redis-server on a free loopback port, used by every child process."""
@@ -72,7 +78,7 @@ class Command(BaseCommand):
         process = subprocess.Popen(
             [binary, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", tempfile.mkdtemp(prefix="echomq-demo-redis-"), "--maxmemory-policy", "noeviction"],
-            stdout=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, start_new_session=True)
         url = f"redis://127.0.0.1:{redis_port}/0"
         os.environ["ECHOMQ_REDIS_URL"] = url  # for the child processes
         settings.ECHOMQ = {**settings.ECHOMQ, "REDIS_URL": url}
