@@ -11,7 +11,7 @@ failed jobs and no news costs two counts and one short range read.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -19,6 +19,7 @@ from typing import Any
 from django.db import transaction
 
 from .core import Job, Queue
+from .core.queue import batched
 from .models import JobRecord, MirrorCursor
 
 BATCH = 1000
@@ -59,17 +60,6 @@ def _record(job: Job, state: str, score_ms: int | None) -> JobRecord:
     )
 
 
-def _batches(items: Iterable[Any], size: int = BATCH) -> Iterator[list[Any]]:
-    batch: list[Any] = []
-    for item in items:
-        batch.append(item)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
 def _write(queue: Queue, state: str, scored_ids: list[tuple[str, int | None]]) -> int:
     """Read these jobs' hashes in one pipeline and upsert their rows in one statement."""
     pipe = queue.client.pipeline(transaction=False)
@@ -88,7 +78,7 @@ def _write(queue: Queue, state: str, scored_ids: list[tuple[str, int | None]]) -
 
 def _delete(queue: Queue, state: str, job_ids: Iterable[str]) -> int:
     deleted = 0
-    for batch in _batches(job_ids):
+    for batch in batched(job_ids, BATCH):
         deleted += JobRecord.objects.filter(queue=queue.name, state=state, job_id__in=batch).delete()[0]
     return deleted
 
@@ -125,7 +115,7 @@ def _compare_all_failed(queue: Queue) -> tuple[int, int]:
     in_mirror = set(JobRecord.objects.filter(queue=queue.name, state=JobRecord.State.FAILED)
                     .values_list("job_id", flat=True).iterator(chunk_size=10_000))
     written = 0
-    for batch in _batches(sorted(set(in_redis) - in_mirror)):
+    for batch in batched(sorted(set(in_redis) - in_mirror), BATCH):
         with transaction.atomic():
             written += _write(queue, JobRecord.State.FAILED, [(job_id, in_redis[job_id]) for job_id in batch])
     return written, _delete(queue, JobRecord.State.FAILED, in_mirror - set(in_redis))
@@ -136,7 +126,7 @@ def _sync_stalled(queue: Queue) -> tuple[int, int]:
     in_mirror = set(JobRecord.objects.filter(queue=queue.name, state=JobRecord.State.STALLED)
                     .values_list("job_id", flat=True))
     written = 0
-    for batch in _batches(sorted(in_redis - in_mirror)):
+    for batch in batched(sorted(in_redis - in_mirror), BATCH):
         with transaction.atomic():
             written += _write(queue, JobRecord.State.STALLED, [(job_id, None) for job_id in batch])
     return written, _delete(queue, JobRecord.State.STALLED, in_mirror - in_redis)

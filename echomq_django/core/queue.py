@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from .job import Job, JobOptions, encode_json
 from .keys import QueueKeys, validate_job_id, validate_name
@@ -16,6 +16,7 @@ from .scripts import Scripts
 _LISTS = ("wait", "paused", "active")
 _SORTED_SETS = ("delayed", "completed", "failed")
 STATES = _LISTS + _SORTED_SETS
+T = TypeVar("T")
 DEFAULT_MAX_PAYLOAD_BYTES = 512 * 1024
 
 
@@ -175,13 +176,14 @@ class Queue:
         """Delete every key of this queue (for tests and teardown); returns how many."""
         deleted = 0
         pattern = re.sub(r"([*?\[\]\\])", r"\\\1", self.keys.base) + "*"
-        for batch in _batched(self.client.scan_iter(match=pattern, count=1000), 500):
+        for batch in batched(self.client.scan_iter(match=pattern, count=1000), 500):
             deleted += self.client.delete(*batch)
         return deleted
 
 
-def _batched(items: Iterable[str], size: int) -> Iterable[list[str]]:
-    batch: list[str] = []
+def batched(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    """Lists of at most `size` items, in order (itertools.batched needs Python 3.12)."""
+    batch: list[T] = []
     for item in items:
         batch.append(item)
         if len(batch) == size:
