@@ -85,3 +85,9 @@ def test_an_evicting_redis_gets_a_loud_warning(settings, capsys):
         settings.ECHOMQ = {"REDIS_URL": url}
         call_command("echomq_sweep", "--once")
     assert "maxmemory-policy 'allkeys-lru'" in capsys.readouterr().err
+
+
+@pytest.mark.django_db
+def test_the_project_passes_django_checks_and_has_every_migration():
+    call_command("check", fail_level="WARNING")
+    call_command("makemigrations", "--check", "--dry-run", verbosity=0)
