@@ -48,6 +48,7 @@
 ]]
 -- @include "emitEvent"
 -- @include "jobFields"
+-- @include "pushReady"
 
 local stalledKey, waitKey, activeKey, failedKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local gateKey, metaKey, pausedKey, markerKey = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
@@ -58,6 +59,9 @@ local defaultAttempts = tonumber(ARGV[8])
 -- Written over an id in `active` that this call recovers, then all removed in
 -- one LREM, instead of one full-list LREM per job. No job id contains "{".
 local TOMBSTONE = "{recovered}"
+-- The spec fixes this script's eight keys, so the one more it may need (for a
+-- recovered job that has a priority) is built from the prefix like job keys.
+local prioritizedKey = prefix .. "prioritized"
 local marked, recovered, failed, unmarked = 0, 0, 0, 0
 
 if phase == "start" then
@@ -82,11 +86,11 @@ if redis.call("HEXISTS", metaKey, "paused") == 1 then readyKey = pausedKey end
 
 -- Recover one marked, lockless job found at `index` of `active`. Returns true
 -- when the job should go back to wait/paused (the caller pushes all of those
--- with one LPUSH per call); false when it went to failed.
+-- with one LPUSH per call); false when it went to failed or to prioritized.
 local function recover(id, index)
   local jobKey = prefix .. id
   redis.call("LSET", activeKey, index, TOMBSTONE)
-  local fields = redis.call("HMGET", jobKey, "atm", "stc", "opts")
+  local fields = redis.call("HMGET", jobKey, "atm", "stc", "opts", "pri")
   if not (fields[1] or fields[2] or fields[3]) and redis.call("EXISTS", jobKey) == 0 then
     moveToFailed(prefix, failedKey, id, "job hash was missing when the sweeper recovered the id", now)
     failed = failed + 1
@@ -117,6 +121,11 @@ local function recover(id, index)
   end
   emitEvent(prefix, "recovered", id, "atm", attemptsMade)
   recovered = recovered + 1
+  local priority = tonumber(fields[4]) or 0
+  if priority ~= 0 then
+    redis.call("ZADD", prioritizedKey, priorityScore(metaKey, priority), id)
+    return false  -- not for the batched LPUSH below
+  end
   return true
 end
 
@@ -177,7 +186,7 @@ while budget > 0 and phase ~= "done" do
   end
 end
 
-if recovered > 0 and readyKey == waitKey then
+if recovered > 0 and readyKey == waitKey then  -- also wakes for prioritized ones
   redis.call("ZADD", markerKey, 0, "0")
 end
 return {phase, cursor, marked, recovered, failed, unmarked}

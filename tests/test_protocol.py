@@ -233,3 +233,58 @@ def test_events_record_the_lifecycle(queue):
     finish(queue, job_id, "token-1")
     events = [fields["event"] for _id, fields in queue.client.xrange(queue.keys.events)]
     assert events == ["added", "active", "completed"]
+
+
+def test_priorities_come_first_and_keep_fifo_among_equals(queue):
+    low = queue.add("low", opts=JobOptions(priority=-5))
+    plain_1 = queue.add("plain")
+    high_1 = queue.add("high", opts=JobOptions(priority=10))
+    top = queue.add("top", opts=JobOptions(priority=100))
+    high_2 = queue.add("high", opts=JobOptions(priority=10))
+    plain_2 = queue.add("plain")
+    assert queue.counts()["prioritized"] == 4 and queue.counts()["wait"] == 2
+    order = [job_id for job_id, _ in fetch(queue, count=6)]
+    assert order == [top, high_1, high_2, plain_1, plain_2, low]
+
+
+def test_a_job_keeps_its_priority_through_retry_recovery_and_delay(queue):
+    job_id = queue.add("p", opts=JobOptions(priority=7, attempts=5))
+    fetch(queue, token="t1")
+    finish(queue, job_id, "t1", completed=False, value="boom")  # retried at once
+    assert queue.get_state(job_id) == "prioritized"
+    fetch(queue, token="t2")
+    kill_lock(queue, job_id)
+    sweep(queue)
+    assert sweep(queue).recovered == 1
+    assert queue.get_state(job_id) == "prioritized"
+    fetch(queue, token="t3")
+    finish(queue, job_id, "t3", completed=False, value="boom", backoff_ms=1)
+    time.sleep(0.01)
+    queue.add("plain")
+    assert [j for j, _ in fetch(queue, token="t4", count=2)] == [job_id, "2"]
+
+
+def test_a_paused_queue_holds_prioritized_jobs_too(queue):
+    queue.pause()
+    job_id = queue.add("p", opts=JobOptions(priority=3))
+    assert fetch(queue) == [] and queue.get_state(job_id) == "prioritized"
+    queue.resume()
+    assert [j for j, _ in fetch(queue)] == [job_id]
+
+
+def test_removing_a_prioritized_job(queue):
+    job_id = queue.add("p", opts=JobOptions(priority=3))
+    assert queue.remove(job_id) and queue.counts()["prioritized"] == 0
+
+
+def test_each_attempt_records_its_worker_and_each_failure_its_class(queue):
+    job_id = queue.add("work", opts=JobOptions(attempts=3))
+    for attempt, worker in enumerate(("w-1", "w-2"), start=1):
+        _due, [(fetched, _)] = queue.scripts.move_to_active(queue.keys, f"t{attempt}", 30_000, now_ms(), 1, worker)
+        queue.scripts.move_to_finished(queue.keys, job_id, f"t{attempt}", now_ms(), completed=False,
+                                       value="boom", stacktrace="trace", default_attempts=3,
+                                       error_class="builtins.ValueError")
+    job = queue.get_job(job_id)
+    assert job.worker_ids == ["w-1", "w-2"] and job.attempts_started == 2
+    assert job.error_classes == ["builtins.ValueError"] * 2 and len(job.stacktrace) == 2
+    assert job.started_on is not None and job.started_on <= job.processed_on

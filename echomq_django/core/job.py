@@ -52,15 +52,19 @@ class JobOptions:
     attempts: int = DEFAULT_ATTEMPTS
     backoff: Backoff = field(default_factory=Backoff)
     delay_ms: int = 0
+    priority: int = 0  # -100..100; higher runs first
 
     def __post_init__(self) -> None:
         if not isinstance(self.attempts, int) or self.attempts < 1:
             raise PayloadError(f"attempts must be a whole number >= 1, not {self.attempts!r}")
+        if not isinstance(self.priority, int) or not -100 <= self.priority <= 100:
+            raise PayloadError(f"priority must be a whole number from -100 to 100, not {self.priority!r}")
         if not isinstance(self.delay_ms, int) or self.delay_ms < 0:
             raise PayloadError(f"delay must be a whole number of ms >= 0, not {self.delay_ms!r}")
 
     def to_json(self) -> dict[str, Any]:
-        return {"attempts": self.attempts, "backoff": self.backoff.to_json(), "delay": self.delay_ms}
+        return {"attempts": self.attempts, "backoff": self.backoff.to_json(), "delay": self.delay_ms,
+                "priority": self.priority}
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> JobOptions:
@@ -68,6 +72,7 @@ class JobOptions:
             attempts=int(value.get("attempts", DEFAULT_ATTEMPTS)),
             backoff=Backoff.from_json(value.get("backoff")),
             delay_ms=int(value.get("delay", 0)),
+            priority=int(value.get("priority", 0)),
         )
 
 
@@ -126,6 +131,9 @@ class Job:
     returnvalue: Any = None
     worker_id: str | None = None
     token: str | None = None
+    worker_ids: list[str] = field(default_factory=list)  # one per attempt started
+    started_on: int | None = None  # when the first attempt started
+    error_classes: list[str] = field(default_factory=list)  # beside `stacktrace`, one per failure
 
     @classmethod
     def from_hash(cls, queue: str, job_id: str, fields: Mapping[str, str]) -> Job:
@@ -147,6 +155,9 @@ class Job:
             returnvalue=_json(fields.get("returnvalue"), None),
             worker_id=fields.get("wid"),
             token=fields.get("tok"),
+            worker_ids=_list(_json(fields.get("wids"), [])),
+            started_on=_optional_int(fields.get("startedOn")),
+            error_classes=_list(_json(fields.get("errc"), [])),
         )
 
     @classmethod

@@ -14,7 +14,7 @@ _NAME = re.compile(r"[^\s{}:\x00-\x1f\x7f]+")
 # Job hashes live beside the queue's own keys (emq:{q}:<id>), so a caller's id
 # may not be one of these names. Digit-only ids are reserved for generated ids.
 RESERVED_IDS = frozenset(
-    {"wait", "paused", "active", "stalled", "failed", "completed", "delayed",
+    {"wait", "paused", "active", "stalled", "failed", "completed", "delayed", "prioritized",
      "stalled-check", "meta", "marker", "id", "events"}
 )
 
@@ -91,6 +91,10 @@ class QueueKeys:
     @property
     def delayed(self) -> str:
         return self.base + "delayed"
+
+    @property
+    def prioritized(self) -> str:
+        return self.base + "prioritized"
 
     @property
     def stalled_check(self) -> str:

@@ -14,7 +14,7 @@ from .scripts import Scripts
 
 # Which structure holds each state, and how to list it newest-first.
 _LISTS = ("wait", "paused", "active")
-_SORTED_SETS = ("delayed", "completed", "failed")
+_SORTED_SETS = ("prioritized", "delayed", "completed", "failed")
 STATES = _LISTS + _SORTED_SETS
 T = TypeVar("T")
 DEFAULT_MAX_PAYLOAD_BYTES = 512 * 1024
@@ -58,7 +58,8 @@ class Queue:
         job_id = "" if job.job_id is None else validate_job_id(job.job_id)
         opts = job.opts or self.default_opts
         data = encode_json(job.data, f"data of job {job.name!r}", self.max_payload_bytes)
-        return [job_id, job.name, data, encode_json(opts.to_json(), "opts"), now_ms(), opts.delay_ms]
+        return [job_id, job.name, data, encode_json(opts.to_json(), "opts"), now_ms(), opts.delay_ms,
+                opts.priority]
 
     def add(
         self, name: str, data: Any = None, *, opts: JobOptions | None = None,
@@ -100,13 +101,18 @@ class Queue:
         return None
 
     def get_jobs(self, state: str, start: int = 0, count: int = 50) -> list[Job]:
-        """Jobs in one state, newest first, `count` of them from position `start`."""
+        """Jobs in one state, `count` of them from position `start`.
+
+        Newest first, except `prioritized`: in the order workers will take them.
+        """
         if state not in STATES:
             raise ValueError(f"state must be one of {', '.join(STATES)}, not {state!r}")
         key = getattr(self.keys, state)
         stop = start + count - 1
         if state in _LISTS:
             ids = self.client.lrange(key, start, stop)
+        elif state == "prioritized":
+            ids = self.client.zrange(key, start, stop)
         else:
             ids = self.client.zrevrange(key, start, stop)
         pipe = self.client.pipeline(transaction=False)

@@ -37,7 +37,7 @@ def scripts_dir() -> Path:
 
 
 def script_names() -> list[str]:
-    """Every script's file name without `.lua`, e.g. `moveToActive-7`."""
+    """Every script's file name without `.lua`, e.g. `moveToActive-8`."""
     return sorted(p.stem for p in scripts_dir().glob("*.lua"))
 
 
@@ -69,13 +69,13 @@ class Scripts:
 
     def add_job(
         self, keys: QueueKeys, job_id: str, name: str, data: str, opts: str,
-        timestamp: int, delay_ms: int, client: Any = None,
+        timestamp: int, delay_ms: int, priority: int = 0, client: Any = None,
     ) -> Any:
         """Add a job; returns (id, added). Inside a pipeline returns the pipeline."""
         return self._run(
-            "addJob-6",
-            [keys.wait, keys.paused, keys.meta, keys.id_counter, keys.delayed, keys.marker],
-            [keys.base, job_id, name, data, opts, timestamp, delay_ms],
+            "addJob-7",
+            [keys.wait, keys.paused, keys.meta, keys.id_counter, keys.delayed, keys.marker, keys.prioritized],
+            [keys.base, job_id, name, data, opts, timestamp, delay_ms, priority],
             client,
         )
 
@@ -84,8 +84,9 @@ class Scripts:
     ) -> tuple[int | None, list[tuple[str, list[str]]]]:
         """Take up to `count` ready jobs locked with `token`; also the next delayed due time."""
         reply = self._run(
-            "moveToActive-7",
-            [keys.wait, keys.active, keys.meta, keys.delayed, keys.marker, keys.paused, keys.failed],
+            "moveToActive-8",
+            [keys.wait, keys.active, keys.meta, keys.delayed, keys.marker, keys.paused, keys.failed,
+             keys.prioritized],
             [keys.base, token, lock_ms, now, count, worker_id],
         )
         next_due = int(float(reply[0])) if reply[0] else None
@@ -109,18 +110,19 @@ class Scripts:
         self, keys: QueueKeys, job_id: str, token: str, now: int, *, completed: bool,
         value: str, stacktrace: str = "", default_attempts: int, backoff_ms: int = 0,
         keep_count: int = -1, keep_age_ms: int = 0, keep_traces: int = 10, final: bool = False,
+        error_class: str = "",
     ) -> int:
         """End the attempt; returns the script's status code (1..5, see the script).
 
         Raises JobNotFoundError or LockLostError for the error codes.
         """
         code = self._run(
-            "moveToFinished-9",
+            "moveToFinished-10",
             [keys.active, keys.completed, keys.failed, keys.delayed, keys.wait, keys.paused,
-             keys.meta, keys.marker, keys.stalled],
+             keys.meta, keys.marker, keys.stalled, keys.prioritized],
             [keys.base, job_id, token, now, "completed" if completed else "failed", value,
              stacktrace, default_attempts, backoff_ms, keep_count, keep_age_ms, keep_traces,
-             "1" if final else "0"],
+             "1" if final else "0", error_class],
         )
         if code == -1:
             raise JobNotFoundError(f"job {job_id!r} of queue {keys.queue!r} does not exist")
@@ -156,7 +158,7 @@ class Scripts:
         Inside a pipeline (`client=pipe`) the answer comes from `pipe.execute()`.
         """
         return self._run(
-            "retryJob-5", [keys.failed, keys.wait, keys.paused, keys.meta, keys.marker],
+            "retryJob-6", [keys.failed, keys.wait, keys.paused, keys.meta, keys.marker, keys.prioritized],
             [keys.base, job_id], client,
         )
 
@@ -170,9 +172,9 @@ class Scripts:
         if only_from is not None and only_from not in sets:
             raise ValueError(f"only_from must be one of {', '.join(sets)}, not {only_from!r}")
         code = self._run(
-            "removeJob-7",
+            "removeJob-8",
             [keys.wait, keys.paused, keys.active, keys.delayed, keys.completed, keys.failed,
-             keys.stalled],
+             keys.stalled, keys.prioritized],
             [keys.base, job_id, sets[only_from] if only_from else ""],
         )
         if code == -3:
@@ -198,17 +200,18 @@ class Scripts:
     def promote_delayed(self, keys: QueueKeys, now: int, limit: int = 1000) -> int:
         """Move due delayed jobs to wait; returns how many."""
         return int(self._run(
-            "promoteDelayed-5", [keys.delayed, keys.wait, keys.paused, keys.meta, keys.marker],
+            "promoteDelayed-6",
+            [keys.delayed, keys.wait, keys.paused, keys.meta, keys.marker, keys.prioritized],
             [keys.base, now, limit],
         ))
 
     def get_counts(self, keys: QueueKeys) -> dict[str, int]:
         """Jobs per state, read atomically; `stalled` counts marked jobs (also in active)."""
-        states = ("wait", "paused", "active", "delayed", "completed", "failed", "stalled")
+        states = ("wait", "paused", "active", "delayed", "completed", "failed", "stalled", "prioritized")
         values = self._run(
-            "getCounts-7",
+            "getCounts-8",
             [keys.wait, keys.paused, keys.active, keys.delayed, keys.completed, keys.failed,
-             keys.stalled],
+             keys.stalled, keys.prioritized],
             [],
         )
         return dict(zip(states, (int(v) for v in values)))

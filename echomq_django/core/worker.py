@@ -222,6 +222,7 @@ class Worker:
                 backoff_ms=job.opts.backoff.delay_before(job.attempts_made + 1),
                 keep_count=retention.count, keep_age_ms=retention.age_ms,
                 final=isinstance(error, (UnrecoverableError, PayloadError)),
+                error_class="" if error is None else f"{type(error).__module__}.{type(error).__qualname__}",
             )
         except LockLostError as lost:
             logger.warning("worker %s: %s", self.worker_id, lost)

@@ -1,11 +1,25 @@
--- Put a ready job id where workers take it from: `wait`, or `paused` while the
--- queue is paused. Only `wait` gets the marker, since paused jobs must not
--- wake anybody.
-local function pushReady(waitKey, pausedKey, metaKey, markerKey, id)
-  if redis.call("HEXISTS", metaKey, "paused") == 1 then
+-- Put a ready job id where workers take it from. A job with a priority (hash
+-- field `pri`, -100..100, higher runs first) goes to the `prioritized` ZSET,
+-- scored so that higher priorities come first and equal ones keep FIFO order;
+-- any other job goes to `wait`, or to `paused` while the queue is paused. The
+-- marker wakes a worker unless the queue is paused.
+local function priorityScore(metaKey, priority)
+  -- (100 - priority) * 2^32 + sequence: exact in a double for 2^32 jobs per queue.
+  local sequence = redis.call("HINCRBY", metaKey, "prioritySequence", 1) % 4294967296
+  return (100 - priority) * 4294967296 + sequence
+end
+
+local function pushReady(prefix, waitKey, pausedKey, metaKey, markerKey, prioritizedKey, id)
+  local paused = redis.call("HEXISTS", metaKey, "paused") == 1
+  local priority = tonumber(redis.call("HGET", prefix .. id, "pri")) or 0
+  if priority ~= 0 then
+    redis.call("ZADD", prioritizedKey, priorityScore(metaKey, priority), id)
+  elseif paused then
     redis.call("LPUSH", pausedKey, id)
   else
     redis.call("LPUSH", waitKey, id)
+  end
+  if not paused then
     redis.call("ZADD", markerKey, 0, "0")
   end
 end

@@ -9,6 +9,7 @@
   KEYS[3] paused   LIST
   KEYS[4] meta     HASH
   KEYS[5] marker   ZSET
+  KEYS[6] prioritized ZSET
 
   ARGV[1] key prefix of the queue
   ARGV[2] job id
@@ -23,6 +24,6 @@ if redis.call("ZREM", KEYS[1], id) == 0 then
   return 0
 end
 redis.call("HDEL", prefix .. id, "finishedOn", "failedReason", "processedOn")
-pushReady(KEYS[2], KEYS[3], KEYS[4], KEYS[5], id)
+pushReady(prefix, KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], id)
 emitEvent(prefix, "retried", id, "by", "retryJob")
 return 1

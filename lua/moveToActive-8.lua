@@ -1,7 +1,9 @@
 --[[
   moveToActive: take up to N ready jobs and lock each one with the worker's
   token in the same step, so no sweep can ever see an active job whose lock
-  was not yet set. Due delayed jobs are promoted first.
+  was not yet set. Due delayed jobs are promoted first. Order: prioritized
+  jobs with a priority above 0, then `wait` (priority 0, FIFO), then jobs
+  with a priority below 0.
 
   KEYS[1] wait      LIST  (taken from the right: FIFO)
   KEYS[2] active    LIST  (pushed on the left)
@@ -10,13 +12,15 @@
   KEYS[5] marker    ZSET
   KEYS[6] paused    LIST
   KEYS[7] failed    ZSET  (where an id without a job hash is sent)
+  KEYS[8] prioritized ZSET (score: see pushReady)
 
   ARGV[1] key prefix of the queue
   ARGV[2] worker token (also the lock value)
   ARGV[3] lock duration, ms
   ARGV[4] now, ms
   ARGV[5] how many jobs to take at most
-  ARGV[6] worker id, recorded in the job as `wid`
+  ARGV[6] worker id, recorded in the job as `wid` and appended to `wids`
+          (one entry per attempt started)
 
   Returns {nextDue, id1, fields1, id2, fields2, ...}: nextDue is the due time
   (ms) of the earliest delayed job, or false when none is delayed; each
@@ -31,7 +35,7 @@
 local prefix, token, lockMs = ARGV[1], ARGV[2], ARGV[3]
 local now, limit, workerId = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
 
-promoteDue(prefix, KEYS[4], KEYS[1], KEYS[6], KEYS[3], KEYS[5], now, 1000)
+promoteDue(prefix, KEYS[4], KEYS[1], KEYS[6], KEYS[3], KEYS[5], KEYS[8], now, 1000)
 
 local result = {false}
 local first = redis.call("ZRANGE", KEYS[4], 0, 0, "WITHSCORES")
@@ -41,9 +45,25 @@ if redis.call("HEXISTS", KEYS[3], "paused") == 1 then
   return result
 end
 
+-- The next ready id, moved to `active`; nil when nothing is ready.
+local PRIORITY_ZERO = 100 * 4294967296
+local function takeNext()
+  local best = redis.call("ZRANGE", KEYS[8], 0, 0, "WITHSCORES")
+  if best[1] and tonumber(best[2]) < PRIORITY_ZERO then
+    redis.call("ZREM", KEYS[8], best[1])
+    redis.call("LPUSH", KEYS[2], best[1])
+    return best[1]
+  end
+  local id = redis.call("LMOVE", KEYS[1], KEYS[2], "RIGHT", "LEFT")
+  if id or not best[1] then return id end
+  redis.call("ZREM", KEYS[8], best[1])
+  redis.call("LPUSH", KEYS[2], best[1])
+  return best[1]
+end
+
 local taken = 0
 while taken < limit do
-  local id = redis.call("LMOVE", KEYS[1], KEYS[2], "RIGHT", "LEFT")
+  local id = takeNext()
   if not id then break end
   local jobKey = prefix .. id
   if redis.call("EXISTS", jobKey) == 0 then
@@ -55,8 +75,14 @@ while taken < limit do
     redis.call("SET", jobKey .. ":lock", token, "PX", lockMs)
     -- Read-and-write rather than HINCRBY: a corrupt `ats` must not abort the
     -- script halfway through its writes.
-    local started = (parseCounter(redis.call("HGET", jobKey, "ats"), "ats") or 0) + 1
-    redis.call("HSET", jobKey, "ats", started, "processedOn", now, "tok", token, "wid", workerId)
+    local fields = redis.call("HMGET", jobKey, "ats", "wids")
+    local started = (parseCounter(fields[1], "ats") or 0) + 1
+    local ok, workers = pcall(cjson.decode, fields[2] or "[]")
+    if not ok or type(workers) ~= "table" then workers = {} end
+    workers[#workers + 1] = workerId
+    redis.call("HSET", jobKey, "ats", started, "processedOn", now, "tok", token, "wid", workerId,
+      "wids", cjson.encode(workers))
+    redis.call("HSETNX", jobKey, "startedOn", now)
     emitEvent(prefix, "active", id)
     result[#result + 1] = id
     result[#result + 1] = redis.call("HGETALL", jobKey)
@@ -66,7 +92,7 @@ end
 
 -- The marker was consumed by whoever woke us; leave one behind while work
 -- remains so another blocked worker wakes too.
-if taken > 0 and redis.call("LLEN", KEYS[1]) > 0 then
+if taken > 0 and (redis.call("LLEN", KEYS[1]) > 0 or redis.call("ZCARD", KEYS[8]) > 0) then
   redis.call("ZADD", KEYS[5], 0, "0")
 end
 return result

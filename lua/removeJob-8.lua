@@ -10,6 +10,7 @@
   KEYS[5] completed  ZSET
   KEYS[6] failed     ZSET
   KEYS[7] stalled    SET
+  KEYS[8] prioritized ZSET
 
   ARGV[1] key prefix of the queue
   ARGV[2] job id
@@ -32,7 +33,7 @@ if redis.call("EXISTS", jobKey .. ":lock") == 1 then
 end
 local found = redis.call("DEL", jobKey)
 for i = 1, 3 do found = found + redis.call("LREM", KEYS[i], 0, id) end
-for i = 4, 6 do found = found + redis.call("ZREM", KEYS[i], id) end
+for _, i in ipairs({4, 5, 6, 8}) do found = found + redis.call("ZREM", KEYS[i], id) end
 found = found + redis.call("SREM", KEYS[7], id)
 if found == 0 then
   return 0

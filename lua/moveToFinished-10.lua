@@ -13,6 +13,7 @@
   KEYS[7] meta       HASH
   KEYS[8] marker     ZSET
   KEYS[9] stalled    SET
+  KEYS[10] prioritized ZSET
 
   ARGV[1]  key prefix of the queue
   ARGV[2]  job id
@@ -27,6 +28,8 @@
   ARGV[11] retention: max age of finished jobs, ms (0 = any age)
   ARGV[12] stack traces to keep per job
   ARGV[13] "1" = the failure is final: no retry whatever attempts are left
+  ARGV[14] dotted path of the exception class of this failure ("" for none),
+           appended to the JSON list `errc` beside the stack trace
 
   Returns
      1 completed
@@ -90,6 +93,13 @@ if ARGV[7] ~= "" then
   while #traces > keep do table.remove(traces, 1) end
   redis.call("HSET", jobKey, "stacktrace", cjson.encode(traces))
 end
+if ARGV[14] ~= "" then
+  local ok, classes = pcall(cjson.decode, redis.call("HGET", jobKey, "errc") or "[]")
+  if not ok or type(classes) ~= "table" then classes = {} end
+  classes[#classes + 1] = ARGV[14]
+  while #classes > tonumber(ARGV[12]) do table.remove(classes, 1) end
+  redis.call("HSET", jobKey, "errc", cjson.encode(classes))
+end
 
 if attemptsMade < maxAttempts and ARGV[13] ~= "1" then
   local backoffMs = tonumber(ARGV[9])
@@ -99,7 +109,7 @@ if attemptsMade < maxAttempts and ARGV[13] ~= "1" then
     redis.call("ZADD", KEYS[8], 0, "0")
     return 4
   end
-  pushReady(KEYS[5], KEYS[6], KEYS[7], KEYS[8], id)
+  pushReady(prefix, KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[10], id)
   return 3
 end
 

@@ -9,11 +9,12 @@
   KEYS[5] completed  ZSET
   KEYS[6] failed     ZSET
   KEYS[7] stalled    SET   (marked jobs; they are also counted in active)
+  KEYS[8] prioritized ZSET
 
-  Returns {wait, paused, active, delayed, completed, failed, stalled}.
+  Returns {wait, paused, active, delayed, completed, failed, stalled, prioritized}.
 ]]
 return {
   redis.call("LLEN", KEYS[1]), redis.call("LLEN", KEYS[2]), redis.call("LLEN", KEYS[3]),
   redis.call("ZCARD", KEYS[4]), redis.call("ZCARD", KEYS[5]), redis.call("ZCARD", KEYS[6]),
-  redis.call("SCARD", KEYS[7]),
+  redis.call("SCARD", KEYS[7]), redis.call("ZCARD", KEYS[8]),
 }

@@ -8,6 +8,7 @@
   KEYS[3] paused   LIST
   KEYS[4] meta     HASH
   KEYS[5] marker   ZSET
+  KEYS[6] prioritized ZSET
 
   ARGV[1] key prefix of the queue
   ARGV[2] now, ms
@@ -19,5 +20,5 @@
 -- @include "pushReady"
 -- @include "promoteDue"
 
-return promoteDue(ARGV[1], KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
+return promoteDue(ARGV[1], KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6],
   tonumber(ARGV[2]), tonumber(ARGV[3]))
