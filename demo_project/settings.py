@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import django
 import environ
 
 BASE_DIR = Path(__file__).resolve().parent
@@ -22,6 +23,9 @@ INSTALLED_APPS = [
     "echomq_django",
     "demo_project.demo_app",
 ]
+if django.VERSION < (6,):
+    # Django 5.2 LTS gets the Tasks framework from the backport (pip install "echomq-django[tasks]").
+    INSTALLED_APPS.append("django_tasks")
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -68,6 +72,14 @@ ECHOMQ = {
         "default": {},
         # Short timings so the demo shows a stall and its recovery within seconds.
         "demo": {"LOCK_DURATION": 3, "SWEEP_INTERVAL": 2},
+    },
+}
+
+# Django's Tasks framework runs on echomq: @task functions go through echomq_worker.
+TASKS = {
+    "default": {
+        "BACKEND": "echomq_django.backends.EchoMQBackend",
+        "QUEUES": ["default", "demo"],
     },
 }
 

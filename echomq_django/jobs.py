@@ -91,10 +91,24 @@ def registered_jobs() -> dict[str, JobFunction]:
 
 
 def run_job(job_record: Job) -> Any:
-    """The worker's handler: run the registered function the job names, with its arguments.
+    """The worker's handler: run the @job function (or Django Task) the job names.
 
     Database connections are closed before and after, as Django does around a request.
     """
+    close_old_connections()
+    token = _current_job.set(job_record)
+    try:
+        return _dispatch(job_record)
+    finally:
+        _current_job.reset(token)
+        close_old_connections()
+
+
+def _dispatch(job_record: Job) -> Any:
+    from .backends import is_task_job, run_task_job  # the Tasks framework only when it is used
+
+    if is_task_job(job_record):
+        return run_task_job(job_record)
     function = _registry.get(job_record.name)
     if function is None:
         raise UnrecoverableError(
@@ -106,10 +120,4 @@ def run_job(job_record: Job) -> Any:
     if not isinstance(args, list) or not isinstance(kwargs, dict):
         raise UnrecoverableError(
             f"job {job_record.id} has data that is not {{\"args\": [...], \"kwargs\": {{...}}}}")
-    token = _current_job.set(job_record)
-    close_old_connections()
-    try:
-        return function.func(*args, **kwargs)
-    finally:
-        close_old_connections()
-        _current_job.reset(token)
+    return function.func(*args, **kwargs)

@@ -13,12 +13,12 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
 from django.db import transaction
 
 from .core import Job, Queue
+from .core.job import datetime_from_ms
 from .core.queue import batched
 from .models import JobRecord, MirrorCursor
 
@@ -46,17 +46,13 @@ class SyncResult:
                 f"in {self.duration_ms:.0f} ms{full}")
 
 
-def _datetime(ms: int | None) -> datetime | None:
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc) if ms else None
-
-
 def _record(job: Job, state: str, score_ms: int | None) -> JobRecord:
     return JobRecord(
         queue=job.queue, job_id=job.id, name=job.name[:255], state=state, data=job.data,
         opts=job.opts.to_json(), attempts_made=job.attempts_made, stall_count=job.stall_count,
         failed_reason=job.failed_reason or "", stacktrace=job.stacktrace,
-        created_at=_datetime(job.timestamp), processed_at=_datetime(job.processed_on),
-        finished_at=_datetime(job.finished_on) or _datetime(score_ms), score_ms=score_ms,
+        created_at=datetime_from_ms(job.timestamp), processed_at=datetime_from_ms(job.processed_on),
+        finished_at=datetime_from_ms(job.finished_on) or datetime_from_ms(score_ms), score_ms=score_ms,
     )
 
 

@@ -24,6 +24,7 @@ def test_the_demo_tells_the_whole_story(subprocess_env, tmp_path):
     assert rows["crash"][2:5] == ["completed", "2", "1"], "recovered from its stall, then completed"
     assert rows["doomed"][2:4] == ["failed", "2"]
     assert rows["flaky"][2:4] == ["completed", "2"]
+    assert "Django task add(2, 3) through the Tasks framework: SUCCESSFUL, return value 5" in out
     leftovers = subprocess.run(["pgrep", "-f", "manage.py echomq_"], capture_output=True, text=True).stdout
     assert leftovers.strip() == "", f"the demo left processes behind: {leftovers}"
 

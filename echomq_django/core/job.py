@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from .errors import PayloadError
@@ -164,6 +165,11 @@ class Job:
     def from_flat(cls, queue: str, job_id: str, flat: list[str]) -> Job:
         """Decode the flat field/value list a script returns."""
         return cls.from_hash(queue, job_id, dict(zip(flat[::2], flat[1::2])))
+
+
+def datetime_from_ms(ms: int | None) -> datetime | None:
+    """An aware UTC datetime from a protocol timestamp (ms), or None."""
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc) if ms else None
 
 
 def encode_json(value: Any, what: str, max_bytes: int | None = None) -> str:

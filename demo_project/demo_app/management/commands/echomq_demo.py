@@ -18,6 +18,7 @@ from django.core.signals import setting_changed
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from demo_project.demo_app import tasks
 from demo_project.demo_app.jobs import QUEUE, STORY
 from echomq_django.conf import get_settings
 from echomq_django.core import connect
@@ -107,6 +108,7 @@ class Command(BaseCommand):
         queue = get_queue(QUEUE)
         queue.obliterate()
         ids = [function.enqueue(*args) for function, args in STORY]
+        task_result = tasks.add.using(queue_name=QUEUE).enqueue(2, 3)  # Django's Tasks framework, on echomq
         self.stdout.write(f"enqueued {len(ids)} jobs on queue {QUEUE!r}: " + ", ".join(
             f"{job_id} {function.func.__name__}" for job_id, (function, _) in zip(ids, STORY)))
         config = get_settings().queue(QUEUE)
@@ -123,6 +125,9 @@ class Command(BaseCommand):
             time.sleep(0.2)
         time.sleep(config.sweep_interval_ms / 1000 + 0.5)  # one more sweep updates the admin's copy
         self.show(queue, ids)
+        task_result.refresh()
+        self.stdout.write(f"\nDjango task add(2, 3) through the Tasks framework: {task_result.status}, "
+                          f"return value {task_result.return_value if task_result.is_finished else '-'}")
 
     def show(self, queue: Any, ids: list[str]) -> None:
         self.stdout.write(f"\n{'id':>3}  {'job':<7} {'state':<10} {'attempts':>8} {'stalls':>6}  outcome")
