@@ -5,10 +5,12 @@
 Each attempt the handler starts is recorded in the list `<PREFIX>:starts` as
 "<job id>:<pid>" before the job's work begins. Job names:
   sleep     sleep data["seconds"] (only on the first attempt when data["first_only"])
+  jitter    sleep a random 0..data["ms"] milliseconds
   noop      return at once
 """
 
 import os
+import random
 import signal
 import sys
 import time
@@ -26,6 +28,8 @@ def main() -> None:
         client.rpush(f"{prefix}:starts", f"{job.id}:{os.getpid()}")
         if job.name == "sleep" and not (job.data.get("first_only") and job.attempts_made > 0):
             time.sleep(job.data["seconds"])
+        if job.name == "jitter":
+            time.sleep(random.random() * job.data["ms"] / 1000)
         return {"pid": os.getpid()}
 
     worker = Worker(queue, handler, client, prefix=prefix, concurrency=concurrency,

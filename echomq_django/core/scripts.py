@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from .errors import JobLockedError, JobNotFoundError, LockLostError, QueueStateError
 from .keys import QueueKeys
@@ -65,7 +65,15 @@ class Scripts:
         return {name: self.client.script_load(script.script) for name, script in self._scripts.items()}
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any], client: Any = None) -> Any:
-        return self._scripts[name](keys=list(keys), args=list(args), client=client or self.client)
+        script = self._scripts[name]
+        for _ in range(2):
+            try:
+                return script(keys=list(keys), args=list(args), client=client or self.client)
+            except NoScriptError:
+                # redis-py reloads once on NOSCRIPT; a SCRIPT FLUSH racing that reload
+                # surfaces here, and one more round settles it.
+                continue
+        return script(keys=list(keys), args=list(args), client=client or self.client)
 
     def add_job(
         self, keys: QueueKeys, job_id: str, name: str, data: str, opts: str,
