@@ -20,6 +20,9 @@ def connect(url: str = DEFAULT_REDIS_URL, **options: object) -> redis.Redis:
     """
     settings: dict[str, object] = {
         "decode_responses": True,
+        # Bytes that are not UTF-8 (a pickle written by some other client) are
+        # shown with replacement characters, never decoded as anything else.
+        "encoding_errors": "replace",
         "socket_timeout": 10.0,
         "socket_connect_timeout": 5.0,
         "health_check_interval": 30,

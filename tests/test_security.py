@@ -1,0 +1,107 @@
+"""Redis AUTH, TLS and an ACL user limited to the project's prefix; pickles stay inert."""
+
+import pickle
+import subprocess
+from pathlib import Path
+
+import pytest
+import redis
+from django.core.management import CommandError, call_command
+
+from echomq_django.core import NewJob, Queue, Sweeper, Worker, connect
+from tests.helpers import fetch, kill_lock
+from tests.redis_servers import RedisServer, redis_server
+
+pytestmark = pytest.mark.slow
+
+
+def full_round(url: str, prefix: str = "sec") -> None:
+    """Producer, worker and sweeper all work through `url`."""
+    client = connect(url)
+    queue = Queue("q", client, prefix=prefix)
+    queue.add_bulk([NewJob("work", {"n": n}) for n in range(5)])
+    assert Worker("q", lambda job: job.data["n"], client, prefix=prefix, block_timeout_s=0.2).run(burst=True) == 5
+    stalled = queue.add("work")
+    fetch(queue)
+    kill_lock(queue, stalled)
+    sweeper = Sweeper(client, ["q"], prefix=prefix)
+    sweeper.sweep(sweeper.targets[0], force=True)
+    assert sweeper.sweep(sweeper.targets[0], force=True).recovered == 1
+    assert queue.counts()["completed"] == 5
+
+
+def test_redis_auth(settings):
+    with redis_server("--requirepass", "s3cret-pw") as url:
+        with_password = url.replace("redis://", "redis://:s3cret-pw@")
+        full_round(with_password)
+        settings.ECHOMQ = {"REDIS_URL": url.replace("redis://", "redis://:wrong@")}
+        with pytest.raises(CommandError, match="cannot reach Redis"):
+            call_command("echomq_sweep", "--once")
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("tls")
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
+            "-days", "2", "-subj", "/CN=echomq-test-ca")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
+            "-subj", "/CN=127.0.0.1")
+    (folder / "san.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", "server.crt", "-days", "2", "-extfile", "san.cnf")
+    return folder
+
+
+def test_tls(certificates):
+    server = RedisServer(tls=certificates)
+    server.start()
+    try:
+        full_round(server.url)
+        plain = connect(f"redis://127.0.0.1:{server.port}/0", retry=None, retry_on_error=[])
+        with pytest.raises(redis.ConnectionError):
+            plain.ping()
+    finally:
+        server.stop()
+        server.workdir.cleanup()
+
+
+def test_an_acl_user_limited_to_the_prefix_is_enough():
+    with redis_server() as url:
+        admin = redis.Redis.from_url(url)
+        admin.execute_command(
+            "ACL", "SETUSER", "echomq", "on", ">app-pw", "resetkeys", "~sec:*", "resetchannels",
+            "-@all", "+@read", "+@write", "+@scripting", "+@connection", "+@keyspace", "+@blocking",
+            "-@dangerous")
+        url_as_user = url.replace("redis://", "redis://echomq:app-pw@")
+        full_round(url_as_user, prefix="sec")
+        outsider = Queue("q", connect(url_as_user, retry=None, retry_on_error=[]), prefix="other")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            outsider.add("work")
+
+
+def test_a_pickle_written_into_redis_is_never_unpickled(queue):
+    class Boom:
+        def __reduce__(self):
+            return (exec, ("raise SystemExit('unpickled!')",))
+
+    job_id = queue.add("work", {"ok": True})
+    queue.client.hset(queue.keys.job(job_id), "data", pickle.dumps(Boom()))
+    job = queue.get_job(job_id)
+    assert isinstance(job.data, str), "shown as text, not decoded"
+    seen = []
+    Worker("q", lambda j: seen.append(type(j.data)) or "ran", queue.client, prefix=queue.keys.prefix,
+           block_timeout_s=0.2).run(burst=True)
+    assert seen == [str] and queue.get_state(job_id) == "completed"
+
+
+@pytest.mark.django_db
+def test_a_pickle_in_a_job_for_echomq_worker_fails_with_a_reason(echomq_settings, queue):
+    job_id = queue.add("demo_project.demo_app.jobs.greet", {"args": ["x"], "kwargs": {}})
+    queue.client.hset(queue.keys.job(job_id), "data", pickle.dumps({"args": ["x"]}, protocol=4))
+    call_command("echomq_worker", "--queue", "q", "--burst", "-v", "0")
+    assert queue.get_state(job_id) == "failed"
+    assert "is not {\"args\"" in queue.get_job(job_id).failed_reason
