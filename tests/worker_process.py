@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 
-from echomq_django.core import Job, Worker, connect
+from echomq_django.core import Job, Retention, Worker, connect
 
 
 def main() -> None:
@@ -32,8 +32,9 @@ def main() -> None:
             time.sleep(random.random() * job.data["ms"] / 1000)
         return {"pid": os.getpid()}
 
+    # Keep every completed job: the tests count them.
     worker = Worker(queue, handler, client, prefix=prefix, concurrency=concurrency,
-                    lock_duration_ms=lock_ms, block_timeout_s=0.2)
+                    lock_duration_ms=lock_ms, block_timeout_s=0.2, keep_completed=Retention())
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: worker.stop())
     print("ready", flush=True)
