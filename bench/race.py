@@ -1,6 +1,6 @@
 """The seeds' contrast as an experiment: N sweepers at once over M marked, lockless jobs.
 
-    python bench/race.py [--sweepers 2,8,32] [--jobs 10000] [--redis-url URL] [--json]
+    python bench/race.py [--sweepers 2,8,32] [--jobs 10000] [--budget 1000] [--redis-url URL] [--json]
 
 Two strategies, each run in N processes released together by a barrier:
   atomic      echomq's sweep: moveStalledJobsToWait-8.lua, forced (no gate)
@@ -43,13 +43,13 @@ def stage(queue: Queue, jobs: int) -> None:
         pipe.execute()
 
 
-def atomic(url: str, prefix: str, barrier, results) -> None:
-    sweeper = Sweeper(connect(url), ["race"], prefix=prefix, max_stalled_count=5)
+def atomic(url: str, prefix: str, budget: int, barrier, results) -> None:
+    sweeper = Sweeper(connect(url), ["race"], prefix=prefix, max_stalled_count=5, budget=budget)
     barrier.wait()
     results.put(sweeper.sweep(sweeper.targets[0], force=True).recovered)
 
 
-def non_atomic(url: str, prefix: str, barrier, results) -> None:
+def non_atomic(url: str, prefix: str, budget: int, barrier, results) -> None:
     """The multi-round-trip sweep. Never do this: it is here to be measured."""
     client, keys = connect(url), QueueKeys("race", prefix)
     barrier.wait()
@@ -65,14 +65,14 @@ def non_atomic(url: str, prefix: str, barrier, results) -> None:
     results.put(recovered)
 
 
-def run(strategy, url: str, sweepers: int, jobs: int) -> dict:
+def run(strategy, url: str, sweepers: int, jobs: int, budget: int) -> dict:
     prefix = f"race{uuid.uuid4().hex[:8]}"
     queue = Queue("race", connect(url), prefix=prefix)
     try:
         stage(queue, jobs)
         context = multiprocessing.get_context("spawn")
         barrier, results = context.Barrier(sweepers), context.Queue()
-        processes = [context.Process(target=strategy, args=(url, prefix, barrier, results)) for _ in range(sweepers)]
+        processes = [context.Process(target=strategy, args=(url, prefix, budget, barrier, results)) for _ in range(sweepers)]
         started = time.perf_counter()
         for process in processes:
             process.start()
@@ -101,10 +101,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweepers", default="2,8,32", help="comma-separated numbers of sweeper processes")
     parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--budget", type=int, default=1000,
+                        help="ids one script call examines (smaller: more, shorter calls that interleave more)")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args()
-    rows = [run(strategy, args.redis_url, int(n), args.jobs)
+    rows = [run(strategy, args.redis_url, int(n), args.jobs, args.budget)
             for n in args.sweepers.split(",") for strategy in (atomic, non_atomic)]
     if args.json:
         print(json.dumps(rows))

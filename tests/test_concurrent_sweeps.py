@@ -15,7 +15,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def race(redis_url) -> dict[str, dict]:
     result = subprocess.run(
-        [sys.executable, "bench/race.py", "--sweepers", "8", "--jobs", "3000", "--json", "--redis-url", redis_url],
+        [sys.executable, "bench/race.py", "--sweepers", "8", "--jobs", "3000", "--budget", "10", "--json",
+         "--redis-url", redis_url],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     return {row["strategy"]: row for row in json.loads(result.stdout)}
