@@ -189,3 +189,35 @@ def test_bad_configuration_is_refused():
         Worker("q", print, None, lock_duration_ms=1000, renew_interval_ms=1000)
     with pytest.raises(ValueError, match="concurrency"):
         Worker("q", print, None, concurrency=0)
+
+
+def test_a_job_refetched_while_its_lost_attempt_still_runs_keeps_its_new_lock(queue):
+    """The same worker runs a recovered job again while its first, lost attempt is still running:
+    when the lost attempt ends, the new attempt's lock must still be renewed."""
+    job_id = queue.add("work", opts=JobOptions(attempts=5))
+    first_may_end, second_may_end = threading.Event(), threading.Event()
+    attempts_seen = []
+
+    def handler(job):
+        attempts_seen.append(job.attempts_started)
+        (first_may_end if job.attempts_started == 1 else second_may_end).wait(10)
+        return job.attempts_started
+
+    worker = make_worker(queue, handler, concurrency=2, lock_duration_ms=600, renew_interval_ms=150)
+    thread = start(worker)
+    assert wait_until(lambda: attempts_seen == [1], 3)
+    kill_lock(queue, job_id)  # the first attempt's lock is gone; two sweeps recover the job at once
+    sweep(queue)
+    assert sweep(queue).recovered == 1
+    assert wait_until(lambda: attempts_seen == [1, 2], 3), "fetched again by the same worker"
+    first_may_end.set()  # the lost attempt ends: its result is refused
+    marked = 0
+    for _ in range(10):  # well past the 600 ms lock: only renewals keep the second attempt alive
+        time.sleep(0.15)
+        marked += sweep(queue).marked
+    second_may_end.set()
+    assert wait_until(lambda: queue.get_state(job_id) == "completed", 3)
+    worker.stop()
+    thread.join(5)
+    assert marked == 0
+    assert queue.get_job(job_id).returnvalue == 2

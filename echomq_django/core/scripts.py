@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -107,10 +107,10 @@ class Scripts:
             [token, lock_ms, job_id],
         ))
 
-    def extend_locks(self, keys: QueueKeys, tokens: dict[str, str], lock_ms: int) -> list[str]:
-        """Renew many locks in one call; returns the ids whose ownership was lost."""
+    def extend_locks(self, keys: QueueKeys, held: Iterable[tuple[str, str]], lock_ms: int) -> list[str]:
+        """Renew many locks, given as (job id, token) pairs, in one call; returns the ids whose ownership was lost."""
         args: list[Any] = [keys.base, lock_ms]
-        for job_id, token in tokens.items():
+        for job_id, token in held:
             args += [job_id, token]
         return list(self._run("extendLocks-1", [keys.stalled], args))
 

@@ -81,7 +81,10 @@ class Worker:
         self.keep_failed = keep_failed
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.processed = 0
-        self._held: dict[str, str] = {}  # job id -> token, for the jobs running now
+        # (job id, token) of every attempt running now. Keyed by both: if this
+        # worker's job was recovered and fetched again while the old attempt still
+        # runs, the two attempts must not share an entry.
+        self._held: set[tuple[str, str]] = set()
         self._running = 0
         self._slots = threading.Condition()
         self._jobs: threadqueue.SimpleQueue[Job | None] = threadqueue.SimpleQueue()
@@ -163,10 +166,11 @@ class Worker:
             self._stopping.wait(1.0)
             return None, 0
         for job_id, flat in jobs:
+            job = Job.from_flat(self.keys.queue, job_id, flat)  # job.token is this fetch's token
             with self._slots:
                 self._running += 1
-                self._held[job_id] = token
-            self._jobs.put(Job.from_flat(self.keys.queue, job_id, flat))
+                self._held.add((job_id, token))
+            self._jobs.put(job)
         return next_due, len(jobs)
 
     def _block(self, next_due: int | None) -> None:
@@ -194,12 +198,12 @@ class Worker:
                 self._process(job)
             finally:
                 with self._slots:
-                    self._held.pop(job.id, None)
+                    self._held.discard((job.id, job.token))
                     self._running -= 1
                     self._slots.notify_all()
 
     def _process(self, job: Job) -> None:
-        token = self._held[job.id]
+        token = job.token or ""
         try:
             result = self.handler(job)
             value = encode_json(result, f"return value of job {job.id}")
@@ -241,11 +245,11 @@ class Worker:
     def _renew_locks(self) -> None:
         while not self._renewal_done.wait(self.renew_interval_ms / 1000):
             with self._slots:
-                tokens = dict(self._held)
-            if not tokens:
+                held = sorted(self._held)
+            if not held:
                 continue
             try:
-                lost = self.scripts.extend_locks(self.keys, tokens, self.lock_duration_ms)
+                lost = self.scripts.extend_locks(self.keys, held, self.lock_duration_ms)
             except (ConnectionError, TimeoutError) as error:
                 logger.error("worker %s: could not renew locks (%s)", self.worker_id, error)
                 continue
