@@ -158,13 +158,19 @@ while budget > 0 and phase ~= "done" do
     local ids = redis.call("LRANGE", activeKey, first, first + count - 1)
     budget = budget - #ids
     if phase == "recover" then
-      local unmark, ready, removed = {}, {}, 0
+      local unmark, ready, removed, done = {}, {}, 0, {}
       for i, id in ipairs(ids) do
-        if redis.call("SISMEMBER", stalledKey, id) == 1 then
+        if done[id] then
+          -- The same id twice in `active` (only another client can do that):
+          -- the job was recovered once; its extra entry just goes.
+          redis.call("LSET", activeKey, first + i - 1, TOMBSTONE)
+          removed = removed + 1
+        elseif redis.call("SISMEMBER", stalledKey, id) == 1 then
           unmark[#unmark + 1] = id
           if redis.call("EXISTS", prefix .. id .. ":lock") == 1 then
             unmarked = unmarked + 1
           else
+            done[id] = true
             removed = removed + 1
             if recover(id, first + i - 1) then ready[#ready + 1] = id end
           end

@@ -197,3 +197,14 @@ def test_stale_mark_of_a_job_not_in_active_is_dropped(queue):
     report = sweep(queue)
     assert report.recovered == 0
     assert queue.stalled_ids() == set()
+
+
+def test_an_id_twice_in_active_is_recovered_once(queue):
+    job_id = stalled_job(queue)
+    queue.client.lpush(queue.keys.active, job_id)  # another client pushed it a second time
+    sweep(queue)
+    report = sweep(queue)
+    assert report.recovered == 1
+    assert queue.client.lrange(queue.keys.wait, 0, -1) == [job_id]
+    assert queue.client.llen(queue.keys.active) == 0
+    assert queue.get_job(job_id).attempts_made == 1
