@@ -10,6 +10,7 @@ need their own permission: retry (`retry_failedjob`), delete
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Any
 
@@ -267,7 +268,7 @@ class QueueAdmin(admin.ModelAdmin):
         queue = self._queue_for(request, queue_name, "echomq.delete_failedjob")
         try:
             days = float(request.POST.get("days", ""))
-            if days < 0:
+            if not math.isfinite(days) or days < 0:
                 raise ValueError
         except ValueError:
             self.message_user(request, "Give the age in days as a number >= 0.", messages.ERROR)

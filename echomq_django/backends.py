@@ -123,7 +123,7 @@ class EchoMQBackend(BaseTaskBackend):
             raise TaskResultDoesNotExist(str(error)) from None
         for queue_name in sorted(self.queues):
             queue = get_queue(queue_name)
-            pipe = queue.client.pipeline(transaction=False)
+            pipe = queue.client.pipeline(transaction=True)  # one consistent view of hash and sets
             pipe.hgetall(queue.keys.job(result_id))
             pipe.zscore(queue.keys.completed, result_id)
             pipe.zscore(queue.keys.failed, result_id)

@@ -10,8 +10,9 @@
     send_welcome.enqueue(42)          # from a view, a signal, anywhere
 
 The job's data is {"args": [...], "kwargs": {...}} as JSON. A worker runs only
-functions registered this way, looked up by the job's name; it never imports
-a module named by data in Redis.
+functions registered this way, looked up by the job's name. (Jobs of Django's
+Tasks framework are the one other kind: see backends.py, which imports a
+task's module only from inside an installed app.)
 """
 
 from __future__ import annotations

@@ -37,7 +37,9 @@
   ARGV[6] cursor the previous call returned (0 with "start")
   ARGV[7] how many ids of `active` this call may examine
   ARGV[8] default attempts (for jobs whose opts has no `attempts`)
-  ARGV[9] "1" = forced sweep: ignore the gate and leave it as it is
+  ARGV[9] "1" = forced sweep: run whatever the gate says, and close the gate
+          for a whole interval from now, so that no regular sweep follows it
+          within the interval and recovers what this one just marked
 
   Returns {phase, cursor, marked, recovered, failed, unmarked}: phase is
   "skipped" (the gate was closed: another sweep ran within the interval),
@@ -66,7 +68,8 @@ local marked, recovered, failed, unmarked = 0, 0, 0, 0
 
 if phase == "start" then
   local expected = {{activeKey, "list"}, {waitKey, "list"}, {pausedKey, "list"},
-    {stalledKey, "set"}, {failedKey, "zset"}, {metaKey, "hash"}, {markerKey, "zset"}}
+    {stalledKey, "set"}, {failedKey, "zset"}, {metaKey, "hash"}, {markerKey, "zset"},
+    {prioritizedKey, "zset"}, {prefix .. "events", "stream"}}
   for _, pair in ipairs(expected) do
     local actual = redis.call("TYPE", pair[1])["ok"]
     if actual ~= "none" and actual ~= pair[2] then
@@ -74,7 +77,9 @@ if phase == "start" then
         ", expected a " .. pair[2] .. "; the sweep of this queue did nothing")
     end
   end
-  if ARGV[9] ~= "1" and not redis.call("SET", gateKey, now, "NX", "PX", ARGV[4]) then
+  if ARGV[9] == "1" then
+    redis.call("SET", gateKey, now, "PX", ARGV[4])
+  elseif not redis.call("SET", gateKey, now, "NX", "PX", ARGV[4]) then
     return {"skipped", 0, 0, 0, 0, 0}
   end
   phase, cursor = "recover", 0
@@ -89,8 +94,8 @@ if redis.call("HEXISTS", metaKey, "paused") == 1 then readyKey = pausedKey end
 -- with one LPUSH per call); false when it went to failed or to prioritized.
 local function recover(id, index)
   local jobKey = prefix .. id
-  redis.call("LSET", activeKey, index, TOMBSTONE)
   local fields = redis.call("HMGET", jobKey, "atm", "stc", "opts", "pri")
+  redis.call("LSET", activeKey, index, TOMBSTONE)
   if not (fields[1] or fields[2] or fields[3]) and redis.call("EXISTS", jobKey) == 0 then
     moveToFailed(prefix, failedKey, id, "job hash was missing when the sweeper recovered the id", now)
     failed = failed + 1
@@ -121,7 +126,7 @@ local function recover(id, index)
   end
   emitEvent(prefix, "recovered", id, "atm", attemptsMade)
   recovered = recovered + 1
-  local priority = tonumber(fields[4]) or 0
+  local priority = parsePriority(fields[4])
   if priority ~= 0 then
     redis.call("ZADD", prioritizedKey, priorityScore(metaKey, priority), id)
     return false  -- not for the batched LPUSH below

@@ -77,11 +77,8 @@ while taken < limit do
     -- script halfway through its writes.
     local fields = redis.call("HMGET", jobKey, "ats", "wids")
     local started = (parseCounter(fields[1], "ats") or 0) + 1
-    local ok, workers = pcall(cjson.decode, fields[2] or "[]")
-    if not ok or type(workers) ~= "table" then workers = {} end
-    workers[#workers + 1] = workerId
     redis.call("HSET", jobKey, "ats", started, "processedOn", now, "tok", token, "wid", workerId,
-      "wids", cjson.encode(workers))
+      "wids", appendToJsonList(fields[2], workerId, 1000))
     redis.call("HSETNX", jobKey, "startedOn", now)
     emitEvent(prefix, "active", id)
     result[#result + 1] = id

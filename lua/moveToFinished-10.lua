@@ -85,20 +85,12 @@ if outcome == "completed" then
 end
 
 redis.call("HSET", jobKey, "failedReason", ARGV[6])
-if ARGV[7] ~= "" then
-  local ok, traces = pcall(cjson.decode, redis.call("HGET", jobKey, "stacktrace") or "[]")
-  if not ok or type(traces) ~= "table" then traces = {} end
-  traces[#traces + 1] = ARGV[7]
+if ARGV[7] ~= "" or ARGV[14] ~= "" then
+  -- One entry in each list per failure, so the two stay aligned.
+  local lists = redis.call("HMGET", jobKey, "stacktrace", "errc")
   local keep = tonumber(ARGV[12])
-  while #traces > keep do table.remove(traces, 1) end
-  redis.call("HSET", jobKey, "stacktrace", cjson.encode(traces))
-end
-if ARGV[14] ~= "" then
-  local ok, classes = pcall(cjson.decode, redis.call("HGET", jobKey, "errc") or "[]")
-  if not ok or type(classes) ~= "table" then classes = {} end
-  classes[#classes + 1] = ARGV[14]
-  while #classes > tonumber(ARGV[12]) do table.remove(classes, 1) end
-  redis.call("HSET", jobKey, "errc", cjson.encode(classes))
+  redis.call("HSET", jobKey, "stacktrace", appendToJsonList(lists[1], ARGV[7], keep),
+    "errc", appendToJsonList(lists[2], ARGV[14], keep))
 end
 
 if attemptsMade < maxAttempts and ARGV[13] ~= "1" then

@@ -193,8 +193,9 @@ def test_retry_all_failed_and_clean_old_failed(echomq_settings, queue):
     response = operator.post(reverse("admin:echomq_queue_clean_failed", args=["q"]), {"days": "1"}, follow=True)
     assert "1 failed job(s) of q older than 1 day(s) deleted" in response.content.decode()
     assert queue.get_job(old) is None and not FailedJob.objects.exists()
-    response = operator.post(reverse("admin:echomq_queue_clean_failed", args=["q"]), {"days": "soon"}, follow=True)
-    assert "as a number" in response.content.decode()
+    for bad in ("soon", "nan", "inf", "-1"):
+        response = operator.post(reverse("admin:echomq_queue_clean_failed", args=["q"]), {"days": bad}, follow=True)
+        assert response.status_code == 200 and "as a number" in response.content.decode()
 
 
 def test_stalled_list_says_what_the_next_sweep_will_do(superuser_client, queue):

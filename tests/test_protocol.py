@@ -288,3 +288,25 @@ def test_each_attempt_records_its_worker_and_each_failure_its_class(queue):
     assert job.worker_ids == ["w-1", "w-2"] and job.attempts_started == 2
     assert job.error_classes == ["builtins.ValueError"] * 2 and len(job.stacktrace) == 2
     assert job.started_on is not None and job.started_on <= job.processed_on
+
+
+def test_a_stack_trace_field_that_cjson_cannot_write_back_starts_afresh(queue):
+    job_id = queue.add("work", opts=JobOptions(attempts=2))
+    fetch(queue, token="t1")
+    queue.client.hset(queue.keys.job(job_id), "stacktrace", "[1e999]")
+    queue.scripts.move_to_finished(queue.keys, job_id, "t1", now_ms(), completed=False, value="boom",
+                                   stacktrace="trace", default_attempts=2, error_class="builtins.ValueError")
+    job = queue.get_job(job_id)
+    assert job.stacktrace == ["trace"] and job.error_classes == ["builtins.ValueError"]
+    assert queue.get_state(job_id) == "wait"
+
+
+def test_error_classes_and_traces_stay_aligned_when_a_trace_is_missing(queue):
+    job_id = queue.add("work", opts=JobOptions(attempts=3))
+    for n, trace in enumerate(("trace 1", "", "trace 3"), start=1):
+        fetch(queue, token=f"t{n}")
+        queue.scripts.move_to_finished(queue.keys, job_id, f"t{n}", now_ms(), completed=False, value="boom",
+                                       stacktrace=trace, default_attempts=3, error_class=f"mod.Error{n}")
+    job = queue.get_job(job_id)
+    assert list(zip(job.error_classes, job.stacktrace)) == [
+        ("mod.Error1", "trace 1"), ("mod.Error2", ""), ("mod.Error3", "trace 3")]

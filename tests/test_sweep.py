@@ -5,7 +5,7 @@ import time
 import pytest
 
 from echomq_django.core import JobOptions, QueueStateError
-from tests.helpers import fetch, kill_lock, sweep
+from tests.helpers import fetch, kill_lock, sweep, wait_until
 
 
 def stalled_job(queue, attempts=3, **add):
@@ -177,7 +177,7 @@ def test_wrong_type_under_a_queue_key_is_a_clear_error_and_changes_nothing(queue
 def test_bad_job_hashes_fail_with_a_reason_and_the_sweep_goes_on(queue):
     good = stalled_job(queue)
     keys = queue.keys
-    queue.client.hset(keys.job("bad-atm"), mapping={"name": "x", "atm": "lots", "opts": "{}"})
+    queue.client.hset(keys.job("bad-atm"), mapping={"name": "x", "atm": "1.0", "opts": "{}"})
     queue.client.hset(keys.job("bad-opts"), mapping={"name": "x", "atm": "0", "opts": "{nope"})
     queue.client.lpush(keys.active, "bad-atm", "bad-opts", "no-hash")
 
@@ -186,7 +186,7 @@ def test_bad_job_hashes_fail_with_a_reason_and_the_sweep_goes_on(queue):
     assert (report.recovered, report.failed) == (1, 3)
     assert queue.get_state(good) == "wait"
     reasons = {j: queue.client.hget(keys.job(j), "failedReason") for j in ("bad-atm", "bad-opts", "no-hash")}
-    assert "atm is not an integer" in reasons["bad-atm"]
+    assert "atm is not an integer: 1.0" in reasons["bad-atm"]
     assert "opts is not a JSON object" in reasons["bad-opts"]
     assert "job hash was missing" in reasons["no-hash"]
     assert queue.counts()["active"] == 0
@@ -208,3 +208,37 @@ def test_an_id_twice_in_active_is_recovered_once(queue):
     assert queue.client.lrange(queue.keys.wait, 0, -1) == [job_id]
     assert queue.client.llen(queue.keys.active) == 0
     assert queue.get_job(job_id).attempts_made == 1
+
+
+def test_a_forced_sweep_closes_the_gate_for_an_interval(queue):
+    stalled_job(queue)
+    assert sweep(queue, force=True, interval_ms=5000).marked == 1
+    assert sweep(queue, force=False, interval_ms=5000).skipped, "no regular sweep right after a forced one"
+    assert 4000 < queue.client.pttl(queue.keys.stalled_check) <= 5000
+
+
+def test_a_corrupt_priority_counts_as_none(queue):
+    job_id = stalled_job(queue)
+    queue.client.hset(queue.keys.job(job_id), "pri", "nan")
+    sweep(queue)
+    assert sweep(queue).recovered == 1
+    assert queue.get_state(job_id) == "wait"
+
+
+def test_the_sweeper_goes_on_with_other_queues_when_one_is_broken(queue, redis_client, caplog):
+    import logging
+    import threading
+
+    from echomq_django.core import Queue, Sweeper
+
+    broken = Queue("broken", redis_client, prefix=queue.keys.prefix)
+    redis_client.set(broken.keys.active, "not a list")
+    job_id = stalled_job(queue)
+    sweeper = Sweeper(redis_client, ["broken", "q"], prefix=queue.keys.prefix, interval_ms=50)
+    thread = threading.Thread(target=sweeper.run, args=(lambda report: None,), daemon=True)
+    with caplog.at_level(logging.ERROR, logger="echomq.sweeper"):
+        thread.start()
+        assert wait_until(lambda: queue.get_state(job_id) == "wait", 5)
+        sweeper.stop()
+        thread.join(5)
+    assert any("queue broken: sweep failed" in message for message in caplog.messages)

@@ -221,3 +221,19 @@ def test_a_job_refetched_while_its_lost_attempt_still_runs_keeps_its_new_lock(qu
     thread.join(5)
     assert marked == 0
     assert queue.get_job(job_id).returnvalue == 2
+
+
+def test_a_job_thread_survives_a_finish_that_fails(queue, caplog):
+    first = queue.add("breaks-its-own-hash")
+    second = queue.add("work")
+
+    def handler(job):
+        if job.id == first:  # the finish script will meet a string where the hash was
+            queue.client.delete(queue.keys.job(first))
+            queue.client.set(queue.keys.job(first), "not a hash")
+        return "ok"
+
+    with caplog.at_level(logging.ERROR, logger="echomq.worker"):
+        make_worker(queue, handler, concurrency=1).run(burst=True)
+    assert queue.get_state(second) == "completed", "the one job thread lived on"
+    assert any("could not finish job" in message for message in caplog.messages)

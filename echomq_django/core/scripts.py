@@ -201,7 +201,7 @@ class Scripts:
     def pause(self, keys: QueueKeys, paused: bool) -> int:
         """Pause or resume the queue; returns how many ready jobs were moved."""
         return int(self._run(
-            "pauseQueue-4", [keys.meta, keys.wait, keys.paused, keys.marker],
+            "pauseQueue-5", [keys.meta, keys.wait, keys.paused, keys.marker, keys.prioritized],
             ["1" if paused else "0"],
         ))
 

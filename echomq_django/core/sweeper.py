@@ -11,7 +11,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from redis.exceptions import ConnectionError, TimeoutError
+from redis.exceptions import ConnectionError, ResponseError, TimeoutError
+
+from .errors import QueueStateError
 
 from .job import DEFAULT_ATTEMPTS
 from .keys import QueueKeys
@@ -97,6 +99,8 @@ class Sweeper:
         ]
         if not self.targets:
             raise ValueError("the sweeper needs at least one queue")
+        if budget < 1:
+            raise ValueError(f"the budget per script call must be at least 1 id, not {budget}")
         self._keys = {target.queue: QueueKeys(target.queue, prefix) for target in self.targets}
         self.budget = budget
         self.scripts = scripts or Scripts(client)
@@ -161,6 +165,11 @@ class Sweeper:
                         logger.error("Redis unreachable (%s); the sweeper keeps retrying", error)
                     self._stopping.wait(min(30.0, 1.0 + time.monotonic() - outage_since))
                     break
+                except (QueueStateError, ResponseError) as error:
+                    # One broken queue must not stop the sweeps of the others.
+                    logger.error("queue %s: sweep failed: %s", target.queue, error)
+                    due[target.queue] = time.monotonic() + target.interval_ms / 1000
+                    continue
                 if outage_since is not None:
                     logger.warning("Redis is back after %.0f s; sweeping again", time.monotonic() - outage_since)
                     outage_since = None

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue as threadqueue
 import socket
 import threading
+import time
 import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import ConnectionError, TimeoutError
+from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
 from .errors import JobNotFoundError, LockLostError, PayloadError, UnrecoverableError
 from .job import DEFAULT_ATTEMPTS, Job, encode_json
@@ -165,6 +167,10 @@ class Worker:
                          self.worker_id, error)
             self._stopping.wait(1.0)
             return None, 0
+        except ResponseError as error:  # e.g. a queue key of the wrong type: say so, keep trying
+            logger.error("worker %s: fetching from queue %s failed: %s", self.worker_id, self.keys.queue, error)
+            self._stopping.wait(1.0)
+            return None, 0
         for job_id, flat in jobs:
             job = Job.from_flat(self.keys.queue, job_id, flat)  # job.token is this fetch's token
             with self._slots:
@@ -196,6 +202,9 @@ class Worker:
         while (job := self._jobs.get()) is not None:
             try:
                 self._process(job)
+            except Exception:  # the thread must live on for the next job; the lock lapses
+                logger.exception("worker %s: could not finish job %s; the sweeper will recover it",
+                                 self.worker_id, job.id)
             finally:
                 with self._slots:
                     self._held.discard((job.id, job.token))
@@ -219,15 +228,17 @@ class Worker:
             value = f"{type(error).__name__}: {error}"
             if not isinstance(error, PayloadError):
                 stacktrace = "".join(traceback.format_exception(error))
+        finish = functools.partial(
+            self.scripts.move_to_finished,
+            keys, job.id, token, now_ms(), completed=error is None, value=value,
+            stacktrace=stacktrace, default_attempts=self.default_attempts,
+            backoff_ms=job.opts.backoff.delay_before(job.attempts_made + 1),
+            keep_count=retention.count, keep_age_ms=retention.age_ms,
+            final=isinstance(error, (UnrecoverableError, PayloadError)),
+            error_class="" if error is None else f"{type(error).__module__}.{type(error).__qualname__}",
+        )
         try:
-            status = self.scripts.move_to_finished(
-                keys, job.id, token, now_ms(), completed=error is None, value=value,
-                stacktrace=stacktrace, default_attempts=self.default_attempts,
-                backoff_ms=job.opts.backoff.delay_before(job.attempts_made + 1),
-                keep_count=retention.count, keep_age_ms=retention.age_ms,
-                final=isinstance(error, (UnrecoverableError, PayloadError)),
-                error_class="" if error is None else f"{type(error).__module__}.{type(error).__qualname__}",
-            )
+            status = self._with_outage_retries(finish)
         except LockLostError as lost:
             logger.warning("worker %s: %s", self.worker_id, lost)
             return
@@ -239,6 +250,23 @@ class Worker:
         if error is not None:
             outcome = _FAILURE_OUTCOMES.get(status, "failed")
             logger.info("job %s of queue %s failed, %s: %s", job.id, keys.queue, outcome, value)
+
+    def _with_outage_retries(self, call: Callable[[], int]) -> int:
+        """Run `call`, trying again through a Redis outage for as long as the lock would last.
+
+        A finish re-sent after a lost reply is answered "already done" (the
+        script remembers the token), so trying again never applies it twice.
+        """
+        deadline = time.monotonic() + self.lock_duration_ms / 1000
+        while True:
+            try:
+                return call()
+            except (ConnectionError, TimeoutError) as error:
+                if time.monotonic() > deadline or self._aborted.is_set():
+                    raise
+                logger.error("worker %s: Redis unreachable while finishing a job (%s); retrying",
+                             self.worker_id, error)
+                time.sleep(1.0)
 
     # -- lock renewal ----------------------------------------------------
 

@@ -4,14 +4,27 @@
 -- (Redis keeps the writes a script made before an error).
 
 -- An integer counter field (atm, ats, stc) from its raw HGET/HMGET value; a
--- missing field counts as 0.
+-- missing field counts as 0. Only plain decimal integers pass, exactly what
+-- HINCRBY accepts ("1.0", "0x10" or "1e3" would make it fail mid-script).
 local function parseCounter(raw, field)
   if not raw then return 0 end
-  local n = tonumber(raw)
-  if n == nil or n ~= math.floor(n) then
+  if not string.match(raw, "^%-?%d+$") or #raw > 15 then
     return nil, "job field " .. field .. " is not an integer: " .. string.sub(raw, 1, 40)
   end
-  return n
+  return tonumber(raw)
+end
+
+-- Append `item` to the JSON list in `raw` and keep the last `keep` items;
+-- returns the new JSON text. Never raises: a field that is not a list, or
+-- that cjson cannot write back (1e999), starts a fresh list.
+local function appendToJsonList(raw, item, keep)
+  local ok, items = pcall(cjson.decode, raw or "[]")
+  if not ok or type(items) ~= "table" then items = {} end
+  items[#items + 1] = item
+  while #items > keep do table.remove(items, 1) end
+  local encoded, text = pcall(cjson.encode, items)
+  if encoded then return text end
+  return cjson.encode({item})
 end
 
 -- The job's attempt ceiling from its raw `opts`: opts.attempts, else the

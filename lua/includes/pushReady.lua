@@ -9,9 +9,17 @@ local function priorityScore(metaKey, priority)
   return (100 - priority) * 4294967296 + sequence
 end
 
+-- The priority in a raw `pri` field; anything but an integer -100..100 counts
+-- as 0, so a corrupt field can never make a script fail halfway.
+local function parsePriority(raw)
+  local priority = raw and string.match(raw, "^%-?%d+$") and tonumber(raw) or 0
+  if priority < -100 or priority > 100 then return 0 end
+  return priority
+end
+
 local function pushReady(prefix, waitKey, pausedKey, metaKey, markerKey, prioritizedKey, id)
   local paused = redis.call("HEXISTS", metaKey, "paused") == 1
-  local priority = tonumber(redis.call("HGET", prefix .. id, "pri")) or 0
+  local priority = parsePriority(redis.call("HGET", prefix .. id, "pri"))
   if priority ~= 0 then
     redis.call("ZADD", prioritizedKey, priorityScore(metaKey, priority), id)
   elseif paused then

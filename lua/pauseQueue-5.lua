@@ -8,6 +8,7 @@
   KEYS[2] wait     LIST
   KEYS[3] paused   LIST
   KEYS[4] marker   ZSET
+  KEYS[5] prioritized ZSET (stays put: workers skip it while the queue is paused)
 
   ARGV[1] "1" to pause, "0" to resume
 
@@ -32,7 +33,7 @@ if ARGV[1] == "1" then
 end
 redis.call("HDEL", KEYS[1], "paused")
 local moved = moveAll(KEYS[3], KEYS[2])
-if redis.call("LLEN", KEYS[2]) > 0 then
+if redis.call("LLEN", KEYS[2]) > 0 or redis.call("ZCARD", KEYS[5]) > 0 then
   redis.call("ZADD", KEYS[4], 0, "0")
 end
 return moved
