@@ -79,7 +79,8 @@ class Sweeper:
 
     The sweep's gate (`stalled-check`, PX = the interval) makes extra sweepers
     on other hosts harmless: each queue is swept once per interval however
-    many run. `force=True` skips the gate, as an operator's "sweep now" does.
+    many run. `force=True` sweeps whatever the gate says, as an operator's
+    "sweep now" does, and closes the gate for an interval afterwards.
     Queues given by name use the sweeper's own interval and ceilings.
     """
 

@@ -35,7 +35,8 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--force", action="store_true",
-            help="Ignore the gate: sweep even if another sweeper ran within the interval.",
+            help="Sweep even if another sweeper ran within the interval; the gate then stays closed "
+                 "for an interval, so no regular sweep follows at once.",
         )
         parser.add_argument(
             "--max-stalled-count", type=non_negative_int, default=None, metavar="N",
