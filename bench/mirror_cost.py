@@ -107,7 +107,7 @@ def main() -> None:
                            ("failed list, search", "/admin/echomq/failedjob/?q=declined"),
                            ("failed list, filter by name", "/admin/echomq/failedjob/?name=billing.charge3"),
                            ("failed job detail", f"/admin/echomq/failedjob/{detail_pk}/change/")):
-            ms, response = timed(lambda: browser.get(url), repeat=5)
+            ms, response = timed(lambda url=url: browser.get(url), repeat=5)
             assert response.status_code == 200, (url, response.status_code)
             print(f"{label:<32} {ms:>9.1f} ms   (median of 5, {len(response.content) // 1024} KiB)")
     finally:

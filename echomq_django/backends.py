@@ -136,7 +136,8 @@ class EchoMQBackend(BaseTaskBackend):
                 try:
                     task = load_task(job.name)
                 except UnrecoverableError as error:
-                    raise TaskResultDoesNotExist(f"job {result_id} exists but its task cannot be loaded: {error}")
+                    raise TaskResultDoesNotExist(
+                        f"job {result_id} exists but its task cannot be loaded: {error}") from None
                 return task_result_of(job, task, status)
         raise TaskResultDoesNotExist(f"no task result {result_id!r} in the queues of backend {self.alias!r}")
 

@@ -8,7 +8,7 @@ from django.urls import reverse
 from echomq_django.core import JobOptions
 from echomq_django.mirror import sync_queue
 from echomq_django.models import FailedJob
-from tests.helpers import fetch, finish, kill_lock, sweep
+from tests.helpers import fetch, kill_lock, sweep
 
 pytestmark = pytest.mark.django_db
 HOSTILE = '<script>alert("x")</script>'

@@ -10,6 +10,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def test_the_code_passes_the_linter():
+    result = subprocess.run([sys.executable, "-m", "ruff", "check", "--output-format", "concise",
+                             "echomq_django", "tests", "bench", "demo_project", "manage.py"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_the_runtime_imports_no_django():
     code = (
         "import sys; sys.modules['django'] = None\n"  # any import of django now fails

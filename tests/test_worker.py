@@ -7,7 +7,7 @@ import time
 import pytest
 
 from echomq_django.core import Backoff, JobOptions, NewJob, Worker
-from tests.helpers import fetch, kill_lock, sweep, wait_until
+from tests.helpers import kill_lock, sweep, wait_until
 
 
 def start(worker: Worker, **run_options) -> threading.Thread:
