@@ -25,7 +25,7 @@ from django.utils import timezone as django_timezone
 from django.utils.module_loading import import_string
 
 from .conf import get_settings
-from .core import Backoff, InvalidNameError, Job, JobOptions, UnrecoverableError, validate_name
+from .core import Backoff, InvalidNameError, Job, UnrecoverableError, validate_name
 from .core.job import datetime_from_ms, encode_json
 from .queues import get_queue
 from .tasks_compat import (
@@ -94,11 +94,9 @@ class EchoMQBackend(BaseTaskBackend):
         delay_ms = 0
         if task.run_after is not None:
             delay_ms = max(0, math.ceil((task.run_after - enqueued_at).total_seconds() * 1000))
-        opts = JobOptions(
-            attempts=getattr(task, "attempts", None) or queue.default_opts.attempts,
-            backoff=getattr(task, "backoff", None) or queue.default_opts.backoff,
-            delay_ms=delay_ms, priority=task.priority,
-        )
+        opts = queue.default_opts.overridden(attempts=getattr(task, "attempts", None),
+                                             backoff=getattr(task, "backoff", None),
+                                             delay_ms=delay_ms, priority=task.priority)
         result = TaskResult(
             task=task, id=job_id, status=TaskResultStatus.READY, enqueued_at=enqueued_at, started_at=None,
             finished_at=None, last_attempted_at=None, args=list(args), kwargs=dict(kwargs),

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import close_old_connections
 
-from .core import Backoff, Job, JobOptions, UnrecoverableError
+from .core import Backoff, Job, UnrecoverableError
 from .queues import get_queue
 
 _current_job: contextvars.ContextVar[Job | None] = contextvars.ContextVar("echomq_current_job", default=None)
@@ -43,17 +43,11 @@ class JobFunction:
     func: Callable[..., Any]
     name: str
     queue: str = "default"
-    options: dict[str, Any] = field(default_factory=dict)
+    attempts: int | None = None  # None: the queue's ATTEMPTS
+    backoff: Backoff | None = None  # None: the queue's BACKOFF
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs)
-
-    def job_options(self, queue_defaults: JobOptions, delay_ms: int = 0) -> JobOptions:
-        return JobOptions(
-            attempts=self.options.get("attempts", queue_defaults.attempts),
-            backoff=self.options.get("backoff", queue_defaults.backoff),
-            delay_ms=delay_ms,
-        )
 
     def enqueue(self, *args: Any, **kwargs: Any) -> str:
         """Add a job that runs this function with these JSON arguments; returns its id."""
@@ -64,7 +58,9 @@ class JobFunction:
         """`enqueue` with a delay or a job id of the caller's choosing."""
         queue = get_queue(self.queue)
         return queue.add(self.name, {"args": list(args), "kwargs": kwargs or {}},
-                         opts=self.job_options(queue.default_opts, delay_ms), job_id=job_id)
+                         opts=queue.default_opts.overridden(attempts=self.attempts, backoff=self.backoff,
+                                                            delay_ms=delay_ms),
+                         job_id=job_id)
 
 
 def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queue: str = "default",
@@ -76,8 +72,7 @@ def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queu
 
     def register(target: Callable[..., Any]) -> JobFunction:
         job_name = name or f"{target.__module__}.{target.__qualname__}"
-        options = {key: value for key, value in (("attempts", attempts), ("backoff", backoff)) if value is not None}
-        registered = JobFunction(target, job_name, queue, options)
+        registered = JobFunction(target, job_name, queue, attempts, backoff)
         if job_name in _registry and _registry[job_name].func is not target:
             raise ValueError(f"two job functions are registered as {job_name!r}; give one a name=")
         _registry[job_name] = registered

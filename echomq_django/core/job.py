@@ -63,6 +63,12 @@ class JobOptions:
         if not isinstance(self.delay_ms, int) or self.delay_ms < 0:
             raise PayloadError(f"delay must be a whole number of ms >= 0, not {self.delay_ms!r}")
 
+    def overridden(self, *, attempts: int | None = None, backoff: Backoff | None = None,
+                   delay_ms: int = 0, priority: int = 0) -> JobOptions:
+        """These options as defaults, with a job's own attempts and backoff where it has them."""
+        return JobOptions(attempts=attempts or self.attempts, backoff=backoff or self.backoff,
+                          delay_ms=delay_ms, priority=priority)
+
     def to_json(self) -> dict[str, Any]:
         return {"attempts": self.attempts, "backoff": self.backoff.to_json(), "delay": self.delay_ms,
                 "priority": self.priority}

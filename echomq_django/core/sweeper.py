@@ -14,7 +14,6 @@ from typing import Any
 from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
 from .errors import QueueStateError
-
 from .job import DEFAULT_ATTEMPTS
 from .keys import QueueKeys
 from .queue import now_ms
@@ -92,7 +91,6 @@ class Sweeper:
         scripts: Scripts | None = None,
     ) -> None:
         self.client = client
-        self.prefix = prefix
         self.targets = [
             queue if isinstance(queue, SweepTarget)
             else SweepTarget(queue, interval_ms, max_stalled_count, default_attempts)
