@@ -134,6 +134,39 @@ local function recover(id, index)
   return true
 end
 
+-- Ids are looked up in groups of at most this many (Lua's unpack has a limit).
+local GROUP = 1000
+
+-- Whether each of `ids` is marked: one SMISMEMBER per group.
+local function markedFlags(ids)
+  local flags = {}
+  for from = 1, #ids, GROUP do
+    local to = math.min(from + GROUP - 1, #ids)
+    for _, flag in ipairs(redis.call("SMISMEMBER", stalledKey, unpack(ids, from, to))) do
+      flags[#flags + 1] = flag == 1
+    end
+  end
+  return flags
+end
+
+-- Mark every id of ids[from..to] whose lock key is gone. One EXISTS over all
+-- their lock keys settles the common cases in a single call: every lock there
+-- (the steady state) or none; a mixed range is split in two and each half
+-- tested again, so k lockless ids among n cost about k * log2(n / k) calls.
+local function markLockless(ids, from, to)
+  local lockKeys = {}
+  for i = from, to do lockKeys[#lockKeys + 1] = prefix .. ids[i] .. ":lock" end
+  local locked = redis.call("EXISTS", unpack(lockKeys))
+  if locked == #lockKeys then return end
+  if locked == 0 or from == to then
+    marked = marked + redis.call("SADD", stalledKey, unpack(ids, from, to))
+    return
+  end
+  local middle = math.floor((from + to) / 2)
+  markLockless(ids, from, middle)
+  markLockless(ids, middle + 1, to)
+end
+
 -- Marks left after a whole recover walk belong to ids that are not in
 -- `active` (some other client moved them without unmarking). Drop a few per
 -- sweep; each check is a scan of `active`, so the number is kept small.
@@ -164,13 +197,14 @@ while budget > 0 and phase ~= "done" do
     budget = budget - #ids
     if phase == "recover" then
       local unmark, ready, removed, done = {}, {}, 0, {}
+      local isMarked = markedFlags(ids)
       for i, id in ipairs(ids) do
         if done[id] then
           -- The same id twice in `active` (only another client can do that):
           -- the job was recovered once; its extra entry just goes.
           redis.call("LSET", activeKey, first + i - 1, TOMBSTONE)
           removed = removed + 1
-        elseif redis.call("SISMEMBER", stalledKey, id) == 1 then
+        elseif isMarked[i] then
           unmark[#unmark + 1] = id
           if redis.call("EXISTS", prefix .. id .. ":lock") == 1 then
             unmarked = unmarked + 1
@@ -186,11 +220,8 @@ while budget > 0 and phase ~= "done" do
       if removed > 0 then redis.call("LREM", activeKey, -removed, TOMBSTONE) end
       cursor = cursor + #ids - removed
     else
-      for _, id in ipairs(ids) do
-        if redis.call("EXISTS", prefix .. id .. ":lock") == 0
-            and redis.call("SADD", stalledKey, id) == 1 then
-          marked = marked + 1
-        end
+      for from = 1, #ids, GROUP do
+        markLockless(ids, from, math.min(from + GROUP - 1, #ids))
       end
       cursor = cursor + #ids
     end
