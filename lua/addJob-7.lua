@@ -1,6 +1,8 @@
 --[[
-  addJob: create a job hash and make the job ready (wait or prioritized),
-  paused or delayed.
+  addJob: create one or more job hashes and make each job ready (wait or
+  prioritized), paused or delayed. A producer adding many jobs sends them a
+  few hundred per call, so the per-call costs (the pause check, the marker)
+  are paid once per call rather than once per job.
 
   KEYS[1] wait      LIST
   KEYS[2] paused    LIST
@@ -11,43 +13,72 @@
   KEYS[7] prioritized ZSET ready jobs with a priority
 
   ARGV[1] key prefix of the queue, e.g. "emq:{default}:"
-  ARGV[2] job id chosen by the caller, or "" to generate one (INCR KEYS[4])
-  ARGV[3] name
-  ARGV[4] data (JSON text)
-  ARGV[5] opts (JSON text)
-  ARGV[6] timestamp, ms
-  ARGV[7] delay, ms (0 = ready now)
-  ARGV[8] priority, -100..100 (0 = none; higher runs first)
+  ARGV[2] timestamp, ms (the same for every job of the call)
+  then six values per job, in order:
+    id chosen by the caller, or "" to generate one (INCR KEYS[4])
+    name
+    data (JSON text)
+    opts (JSON text)
+    delay, ms (0 = ready now)
+    priority, -100..100 (0 = none; higher runs first)
 
-  Returns {id, 1} when the job was added, {id, 0} when a job with the
-  caller's id already exists (nothing is changed: adding is idempotent).
+  Returns {id1, added1, id2, added2, ...} in the order given: added is 1 when
+  the job was created, 0 when a job with the caller's id already existed
+  (nothing is changed: adding is idempotent).
 ]]
 -- @include "emitEvent"
 -- @include "pushReady"
 
-local prefix = ARGV[1]
-local id = ARGV[2]
-if id == "" then
-  id = tostring(redis.call("INCR", KEYS[4]))
-elseif redis.call("EXISTS", prefix .. id) == 1 then
-  return {id, 0}
+local prefix, timestamp = ARGV[1], tonumber(ARGV[2])
+local paused = redis.call("HEXISTS", KEYS[3], "paused") == 1
+local readyKey = paused and KEYS[2] or KEYS[1]
+local result, ready, wake = {}, {}, false
+
+-- One LPUSH for a run of plain ready jobs (kept in the order they were given).
+local function flushReady()
+  if #ready > 0 then
+    redis.call("LPUSH", readyKey, unpack(ready))
+    ready = {}
+  end
 end
 
-local timestamp = tonumber(ARGV[6])
-local delay = tonumber(ARGV[7])
-redis.call("HSET", prefix .. id, "name", ARGV[3], "data", ARGV[4], "opts", ARGV[5],
-  "timestamp", timestamp, "atm", 0, "ats", 0, "stc", 0)
-if tonumber(ARGV[8]) ~= 0 then
-  redis.call("HSET", prefix .. id, "pri", ARGV[8])
+for i = 3, #ARGV, 6 do
+  local id = ARGV[i]
+  local added = 1
+  if id == "" then
+    id = tostring(redis.call("INCR", KEYS[4]))
+  elseif redis.call("EXISTS", prefix .. id) == 1 then
+    added = 0
+  end
+  if added == 1 then
+    local delay, priority = tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5])
+    local jobKey = prefix .. id
+    redis.call("HSET", jobKey, "name", ARGV[i + 1], "data", ARGV[i + 2], "opts", ARGV[i + 3],
+      "timestamp", timestamp, "atm", 0, "ats", 0, "stc", 0)
+    if priority ~= 0 then
+      redis.call("HSET", jobKey, "pri", priority)  -- read again whenever the job becomes ready
+    end
+    if delay > 0 then
+      redis.call("ZADD", KEYS[5], timestamp + delay, id)
+      wake = true  -- a worker shortens its sleep to this job's due time
+      emitEvent(prefix, "delayed", id, "due", timestamp + delay)
+    else
+      if priority ~= 0 then
+        redis.call("ZADD", KEYS[7], priorityScore(KEYS[3], priority), id)
+      else
+        ready[#ready + 1] = id
+        if #ready == 1000 then flushReady() end
+      end
+      wake = wake or not paused
+      emitEvent(prefix, "added", id)
+    end
+  end
+  result[#result + 1] = id
+  result[#result + 1] = added
 end
+flushReady()
 
-if delay > 0 then
-  redis.call("ZADD", KEYS[5], timestamp + delay, id)
-  -- Wake one worker so it shortens its sleep to this job's due time.
+if wake then
   redis.call("ZADD", KEYS[6], 0, "0")
-  emitEvent(prefix, "delayed", id, "due", timestamp + delay)
-else
-  pushReady(prefix, KEYS[1], KEYS[2], KEYS[3], KEYS[6], KEYS[7], id)
-  emitEvent(prefix, "added", id)
 end
-return {id, 1}
+return result

@@ -41,6 +41,30 @@ def test_add_bulk_is_one_pipeline_and_validates_everything_first(queue):
     assert queue.counts()["wait"] == 100, "a bad job in a batch adds nothing"
 
 
+def test_add_bulk_keeps_order_across_calls_and_each_kind_of_job(queue):
+    from echomq_django.core.queue import JOBS_PER_CALL
+
+    plain = [NewJob("plain", {"n": n}) for n in range(JOBS_PER_CALL + 3)]  # spans two script calls
+    mixed = [NewJob("later", opts=JobOptions(delay_ms=60_000)), NewJob("urgent", opts=JobOptions(priority=9)),
+             NewJob("mine", job_id="mine-1"), NewJob("again", job_id="mine-1")]
+    ids = queue.add_bulk(plain + mixed)
+    assert ids[-2:] == ["mine-1", "mine-1"] and queue.get_job("mine-1").name == "mine", "the first one wins"
+    counts = queue.counts()
+    assert (counts["wait"], counts["delayed"], counts["prioritized"]) == (JOBS_PER_CALL + 4, 1, 1)
+    order = [job_id for job_id, _ in fetch(queue, count=JOBS_PER_CALL + 5)]
+    assert order == [ids[JOBS_PER_CALL + 4]] + ids[:JOBS_PER_CALL + 3] + ["mine-1"]
+    assert queue.get_job(ids[JOBS_PER_CALL + 3]).opts.delay_ms == 60_000
+
+
+def test_add_bulk_to_a_paused_queue_wakes_nobody(queue):
+    queue.pause()
+    queue.client.delete(queue.keys.marker)
+    queue.add_bulk([NewJob("work") for _ in range(3)])
+    assert queue.counts()["paused"] == 3 and not queue.client.exists(queue.keys.marker)
+    queue.resume()
+    assert len(fetch(queue, count=5)) == 3
+
+
 def test_non_json_and_oversized_payloads_are_refused(redis_client, prefix):
     from echomq_django.core import Queue
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -70,8 +71,19 @@ class JobOptions:
                           delay_ms=delay_ms, priority=priority)
 
     def to_json(self) -> dict[str, Any]:
-        return {"attempts": self.attempts, "backoff": self.backoff.to_json(), "delay": self.delay_ms,
-                "priority": self.priority}
+        """The options as stored; defaults other than `attempts` are left out, to keep jobs small."""
+        value: dict[str, Any] = {"attempts": self.attempts}
+        if self.backoff != Backoff():
+            value["backoff"] = self.backoff.to_json()
+        if self.delay_ms:
+            value["delay"] = self.delay_ms
+        if self.priority:
+            value["priority"] = self.priority
+        return value
+
+    def encoded(self) -> str:
+        """`to_json` as JSON text, worked out once per options object."""
+        return _encoded_options(self)
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> JobOptions:
@@ -91,9 +103,15 @@ def _int(value: str | None) -> int:
 
 
 def _optional_int(value: str | None) -> int | None:
+    if not value:
+        return None
     try:
-        return int(float(value)) if value not in (None, "") else None
+        return int(value)
     except ValueError:
+        pass
+    try:
+        return int(float(value))  # "1.5e3" and the like, written by other clients
+    except (ValueError, OverflowError):
         return None
 
 
@@ -107,6 +125,12 @@ def options_from_json(value: Any) -> JobOptions:
         return JobOptions.from_json(value if isinstance(value, Mapping) else {})
     except (TypeError, ValueError):
         return JobOptions()
+
+
+@functools.lru_cache(maxsize=256)
+def _options_from_text(text: str | None) -> JobOptions:
+    """The options in an `opts` field; jobs of one kind share the text, so each text is decoded once."""
+    return options_from_json(_json(text, {}))
 
 
 def _json(value: str | None, default: Any) -> Any:
@@ -150,7 +174,7 @@ class Job:
             id=job_id,
             name=fields.get("name", ""),
             data=_json(fields.get("data"), None),
-            opts=options_from_json(_json(fields.get("opts"), {})),
+            opts=_options_from_text(fields.get("opts")),
             timestamp=_int(fields.get("timestamp")),
             attempts_made=_int(fields.get("atm")),
             attempts_started=_int(fields.get("ats")),
@@ -176,6 +200,11 @@ class Job:
 def datetime_from_ms(ms: int | None) -> datetime | None:
     """An aware UTC datetime from a protocol timestamp (ms), or None."""
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc) if ms else None
+
+
+@functools.lru_cache(maxsize=256)
+def _encoded_options(options: JobOptions) -> str:
+    return encode_json(options.to_json(), "opts")
 
 
 def encode_json(value: Any, what: str, max_bytes: int | None = None) -> str:

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from .job import Job, JobOptions, encode_json
 from .keys import QueueKeys, validate_job_id, validate_name
-from .scripts import Scripts
+from .scripts import Scripts, pairs
 
 # Which structure holds each state, and how to list it newest-first.
 _LISTS = ("wait", "paused", "active")
@@ -18,6 +18,9 @@ _SORTED_SETS = ("prioritized", "delayed", "completed", "failed")
 STATES = _LISTS + _SORTED_SETS
 T = TypeVar("T")
 DEFAULT_MAX_PAYLOAD_BYTES = 512 * 1024
+# Jobs per addJob call in add_bulk: large enough that per-call costs vanish, small
+# enough that one call never blocks Redis for long (about a millisecond).
+JOBS_PER_CALL = 500
 
 
 @dataclass(frozen=True)
@@ -58,28 +61,27 @@ class Queue:
         job_id = "" if job.job_id is None else validate_job_id(job.job_id)
         opts = job.opts or self.default_opts
         data = encode_json(job.data, f"data of job {job.name!r}", self.max_payload_bytes)
-        return [job_id, job.name, data, encode_json(opts.to_json(), "opts"), now_ms(), opts.delay_ms,
-                opts.priority]
+        return [job_id, job.name, data, opts.encoded(), opts.delay_ms, opts.priority]
 
     def add(
         self, name: str, data: Any = None, *, opts: JobOptions | None = None,
         job_id: str | None = None,
     ) -> str:
         """Add one job and return its id (an existing caller-given id is returned as is)."""
-        args = self._encode(NewJob(name, data, opts, job_id))
-        new_id, _added = self.scripts.add_job(self.keys, *args)
-        return str(new_id)
+        [(new_id, _added)] = self.scripts.add_jobs(self.keys, now_ms(), [self._encode(NewJob(name, data, opts, job_id))])
+        return new_id
 
     def add_bulk(self, jobs: Iterable[NewJob]) -> list[str]:
-        """Add many jobs in one pipelined round trip; returns their ids in order.
+        """Add many jobs in one pipelined round trip, JOBS_PER_CALL per script call; returns their ids in order.
 
         Every job is validated before anything is sent, so bad input adds nothing.
         """
         encoded = [self._encode(job) for job in jobs]
+        timestamp = now_ms()
         pipe = self.client.pipeline(transaction=False)
-        for args in encoded:
-            self.scripts.add_job(self.keys, *args, client=pipe)
-        return [str(reply[0]) for reply in pipe.execute()]
+        for chunk in batched(encoded, JOBS_PER_CALL):
+            self.scripts.add_jobs(self.keys, timestamp, chunk, client=pipe)
+        return [job_id for reply in pipe.execute() for job_id, _added in pairs(reply)]
 
     def get_job(self, job_id: str) -> Job | None:
         """The job with this id, or None."""
