@@ -45,10 +45,14 @@ if redis.call("HEXISTS", KEYS[3], "paused") == 1 then
   return result
 end
 
--- The next ready id, moved to `active`; nil when nothing is ready.
+-- The next ready id, moved to `active`; nil when nothing is ready. Nothing
+-- else can add to `prioritized` during this script, so once it is found
+-- empty it is not looked at again.
 local PRIORITY_ZERO = 100 * 4294967296
+local anyPrioritized = redis.call("EXISTS", KEYS[8]) == 1
 local function takeNext()
-  local best = redis.call("ZRANGE", KEYS[8], 0, 0, "WITHSCORES")
+  local best = anyPrioritized and redis.call("ZRANGE", KEYS[8], 0, 0, "WITHSCORES") or {}
+  anyPrioritized = best[1] ~= nil
   if best[1] and tonumber(best[2]) < PRIORITY_ZERO then
     redis.call("ZREM", KEYS[8], best[1])
     redis.call("LPUSH", KEYS[2], best[1])
@@ -61,28 +65,51 @@ local function takeNext()
   return best[1]
 end
 
+-- Set `field` to `value` in a flat HGETALL list (appending it when absent).
+local function setFlat(flat, field, value)
+  for i = 1, #flat, 2 do
+    if flat[i] == field then
+      flat[i + 1] = value
+      return
+    end
+  end
+  flat[#flat + 1] = field
+  flat[#flat + 1] = value
+end
+
 local taken = 0
 while taken < limit do
   local id = takeNext()
   if not id then break end
   local jobKey = prefix .. id
-  if redis.call("EXISTS", jobKey) == 0 then
+  local flat = redis.call("HGETALL", jobKey)
+  if #flat == 0 then
     -- An id with no job hash behind it (written by some other client):
     -- nothing can run it, so it is failed with a reason rather than dropped.
     redis.call("LREM", KEYS[2], 1, id)
     moveToFailed(prefix, KEYS[7], id, "job hash was missing when a worker fetched the id", now)
   else
     redis.call("SET", jobKey .. ":lock", token, "PX", lockMs)
+    local ats, wids, startedOn
+    for i = 1, #flat, 2 do
+      local field = flat[i]
+      if field == "ats" then ats = flat[i + 1]
+      elseif field == "wids" then wids = flat[i + 1]
+      elseif field == "startedOn" then startedOn = flat[i + 1] end
+    end
     -- Read-and-write rather than HINCRBY: a corrupt `ats` must not abort the
     -- script halfway through its writes.
-    local fields = redis.call("HMGET", jobKey, "ats", "wids")
-    local started = (parseCounter(fields[1], "ats") or 0) + 1
-    redis.call("HSET", jobKey, "ats", started, "processedOn", now, "tok", token, "wid", workerId,
-      "wids", appendToJsonList(fields[2], workerId, 1000))
-    redis.call("HSETNX", jobKey, "startedOn", now)
+    local update = {"ats", (parseCounter(ats, "ats") or 0) + 1, "processedOn", now, "tok", token,
+      "wid", workerId, "wids", appendToJsonList(wids, workerId, 1000)}
+    if not startedOn then
+      update[#update + 1] = "startedOn"
+      update[#update + 1] = now
+    end
+    redis.call("HSET", jobKey, unpack(update))
+    for i = 1, #update, 2 do setFlat(flat, update[i], tostring(update[i + 1])) end
     emitEvent(prefix, "active", id)
     result[#result + 1] = id
-    result[#result + 1] = redis.call("HGETALL", jobKey)
+    result[#result + 1] = flat
     taken = taken + 1
   end
 end

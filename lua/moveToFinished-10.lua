@@ -1,8 +1,10 @@
 --[[
-  moveToFinished: end the current attempt of a job for the worker that owns it.
-  `atm` (attempts made) grows by one. A failed attempt with attempts left is
-  retried: to `delayed` after the backoff, or straight to `wait`/`paused`.
-  Retention then trims the finished set the job went to.
+  moveToFinished: end the current attempt of one or more jobs, each for the
+  worker that owns it. A worker writes every attempt that ended since its last
+  round trip in one call. `atm` (attempts made) grows by one. A failed attempt
+  with attempts left is retried: to `delayed` after the backoff, or straight
+  to `wait`/`paused`/`prioritized`. Retention then trims the finished sets the
+  jobs went to.
 
   KEYS[1] active     LIST
   KEYS[2] completed  ZSET
@@ -16,95 +18,118 @@
   KEYS[10] prioritized ZSET
 
   ARGV[1]  key prefix of the queue
-  ARGV[2]  job id
-  ARGV[3]  worker token
-  ARGV[4]  now, ms
-  ARGV[5]  outcome: "completed" or "failed"
-  ARGV[6]  return value (JSON) when completed, failure reason when failed
-  ARGV[7]  stack trace text of this failure ("" for none)
-  ARGV[8]  default attempts (used when opts has no `attempts`)
-  ARGV[9]  backoff before a retry, ms (0 = retry at once)
-  ARGV[10] retention: newest jobs to keep in the finished set (-1 = all)
-  ARGV[11] retention: max age of finished jobs, ms (0 = any age)
-  ARGV[12] stack traces to keep per job
-  ARGV[13] "1" = the failure is final: no retry whatever attempts are left
-  ARGV[14] dotted path of the exception class of this failure ("" for none),
-           appended to the JSON list `errc` beside the stack trace
+  ARGV[2]  now, ms
+  ARGV[3]  default attempts (used when opts has no `attempts`)
+  ARGV[4]  stack traces to keep per job
+  ARGV[5]  retention of `completed`: newest jobs to keep (-1 = all)
+  ARGV[6]  retention of `completed`: max age, ms (0 = any age)
+  ARGV[7]  retention of `failed`: newest jobs to keep (-1 = all)
+  ARGV[8]  retention of `failed`: max age, ms (0 = any age)
+  then eight values per attempt, in order:
+    job id
+    worker token
+    outcome: "completed" or "failed"
+    return value (JSON) when completed, failure reason when failed
+    stack trace text of this failure ("" for none)
+    backoff before a retry, ms (0 = retry at once)
+    "1" = the failure is final: no retry whatever attempts are left
+    dotted path of the exception class of this failure ("" for none),
+    appended to the JSON list `errc` beside the stack trace
 
-  Returns
+  Returns one code per attempt, in order:
      1 completed
      2 failed for good (no attempts left)
-     3 failed, retried: back in wait (or paused)
+     3 failed, retried: back in wait (or paused, or prioritized)
      4 failed, retried: in delayed until its backoff ends
      5 this token already finished the job (a replay after a lost reply)
     -1 the job hash does not exist
     -2 the token does not own the job: its lock was lost
+    -3 the job's key holds another type than a hash: nothing was changed
 ]]
 -- @include "emitEvent"
 -- @include "pushReady"
 -- @include "jobFields"
 -- @include "applyRetention"
 
-local prefix, id, token = ARGV[1], ARGV[2], ARGV[3]
-local now, outcome = tonumber(ARGV[4]), ARGV[5]
-local jobKey = prefix .. id
+local prefix, now = ARGV[1], tonumber(ARGV[2])
+local defaultAttempts, keepTraces = tonumber(ARGV[3]), tonumber(ARGV[4])
+local completedTo, failedTo = false, false  -- whether retention has work to do
 
-if redis.call("EXISTS", jobKey) == 0 then return -1 end
-if redis.call("HGET", jobKey, "tok") ~= token then
-  if redis.call("HGET", jobKey, "ftk") == token then return 5 end
-  return -2
-end
+local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final, errorClass)
+  local jobKey = prefix .. id
+  -- pcall: one job key of the wrong type must not abort the others' finishes.
+  local fields = redis.pcall("HMGET", jobKey, "tok", "ftk", "atm", "opts")
+  if fields["err"] then return -3 end
+  if fields[1] ~= token then
+    if fields[2] == token then return 5 end
+    if not (fields[1] or fields[2] or fields[3] or fields[4]) and redis.call("EXISTS", jobKey) == 0 then
+      return -1
+    end
+    return -2
+  end
 
--- Validate before the first write: a script that errors halfway keeps its
--- earlier writes.
-local fields = redis.call("HMGET", jobKey, "atm", "opts")
-local attemptsMade, badAtm = parseCounter(fields[1], "atm")
-local maxAttempts, badOpts = parseMaxAttempts(fields[2], tonumber(ARGV[8]))
+  -- Validate before the first write: a script that errors halfway keeps its
+  -- earlier writes.
+  local attemptsMade, badAtm = parseCounter(fields[3], "atm")
+  local maxAttempts, badOpts = parseMaxAttempts(fields[4], defaultAttempts)
 
-redis.call("LREM", KEYS[1], -1, id)
-redis.call("SREM", KEYS[9], id)
-redis.call("DEL", jobKey .. ":lock")
-redis.call("HDEL", jobKey, "tok")
-redis.call("HSET", jobKey, "ftk", token)
+  redis.call("LREM", KEYS[1], -1, id)
+  redis.call("SREM", KEYS[9], id)
+  redis.call("DEL", jobKey .. ":lock")
+  redis.call("HDEL", jobKey, "tok")
 
-if badAtm or badOpts then
-  moveToFailed(prefix, KEYS[3], id, badAtm or badOpts, now)
+  if badAtm or badOpts then
+    redis.call("HSET", jobKey, "ftk", token)
+    moveToFailed(prefix, KEYS[3], id, badAtm or badOpts, now)
+    failedTo = true
+    return 2
+  end
+
+  attemptsMade = attemptsMade + 1
+  if outcome == "completed" then
+    redis.call("HSET", jobKey, "ftk", token, "atm", attemptsMade, "finishedOn", now, "returnvalue", value)
+    redis.call("ZADD", KEYS[2], now, id)
+    emitEvent(prefix, "completed", id)
+    completedTo = true
+    return 1
+  end
+
+  local update = {"ftk", token, "atm", attemptsMade, "failedReason", value}
+  if stacktrace ~= "" or errorClass ~= "" then
+    -- One entry in each list per failure, so the two stay aligned.
+    local lists = redis.call("HMGET", jobKey, "stacktrace", "errc")
+    update[#update + 1] = "stacktrace"
+    update[#update + 1] = appendToJsonList(lists[1], stacktrace, keepTraces)
+    update[#update + 1] = "errc"
+    update[#update + 1] = appendToJsonList(lists[2], errorClass, keepTraces)
+  end
+  redis.call("HSET", jobKey, unpack(update))
+
+  if attemptsMade < maxAttempts and final ~= "1" then
+    emitEvent(prefix, "retried", id, "reason", value)
+    if backoffMs > 0 then
+      redis.call("ZADD", KEYS[4], now + backoffMs, id)
+      redis.call("ZADD", KEYS[8], 0, "0")
+      return 4
+    end
+    pushReady(prefix, KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[10], id)
+    return 3
+  end
+
+  moveToFailed(prefix, KEYS[3], id, value, now)
+  failedTo = true
   return 2
 end
 
-attemptsMade = attemptsMade + 1
-redis.call("HSET", jobKey, "atm", attemptsMade)
-local keepCount, keepAgeMs = tonumber(ARGV[10]), tonumber(ARGV[11])
-
-if outcome == "completed" then
-  redis.call("HSET", jobKey, "finishedOn", now, "returnvalue", ARGV[6])
-  redis.call("ZADD", KEYS[2], now, id)
-  emitEvent(prefix, "completed", id)
-  applyRetention(prefix, KEYS[2], keepCount, keepAgeMs, now)
-  return 1
+local codes = {}
+for i = 9, #ARGV, 8 do
+  codes[#codes + 1] = finishOne(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4],
+    tonumber(ARGV[i + 5]), ARGV[i + 6], ARGV[i + 7])
 end
-
-redis.call("HSET", jobKey, "failedReason", ARGV[6])
-if ARGV[7] ~= "" or ARGV[14] ~= "" then
-  -- One entry in each list per failure, so the two stay aligned.
-  local lists = redis.call("HMGET", jobKey, "stacktrace", "errc")
-  local keep = tonumber(ARGV[12])
-  redis.call("HSET", jobKey, "stacktrace", appendToJsonList(lists[1], ARGV[7], keep),
-    "errc", appendToJsonList(lists[2], ARGV[14], keep))
+if completedTo then
+  applyRetention(prefix, KEYS[2], tonumber(ARGV[5]), tonumber(ARGV[6]), now)
 end
-
-if attemptsMade < maxAttempts and ARGV[13] ~= "1" then
-  local backoffMs = tonumber(ARGV[9])
-  emitEvent(prefix, "retried", id, "reason", ARGV[6])
-  if backoffMs > 0 then
-    redis.call("ZADD", KEYS[4], now + backoffMs, id)
-    redis.call("ZADD", KEYS[8], 0, "0")
-    return 4
-  end
-  pushReady(prefix, KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[10], id)
-  return 3
+if failedTo then
+  applyRetention(prefix, KEYS[3], tonumber(ARGV[7]), tonumber(ARGV[8]), now)
 end
-
-moveToFailed(prefix, KEYS[3], id, ARGV[6], now)
-applyRetention(prefix, KEYS[3], keepCount, keepAgeMs, now)
-return 2
+return codes

@@ -11,6 +11,7 @@ import functools
 import importlib.resources
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ from redis.exceptions import NoScriptError, ResponseError
 from .errors import JobLockedError, JobNotFoundError, LockLostError, QueueStateError
 from .keys import QueueKeys
 
+# One script call: (script name, KEYS, ARGV).
+Call = tuple[str, Sequence[str], Sequence[Any]]
 _INCLUDE = re.compile(r'^-- @include "([A-Za-z]+)"$', re.MULTILINE)
 
 
@@ -53,6 +56,20 @@ def script_source(name: str) -> str:
     return _INCLUDE.sub(include, text)
 
 
+@dataclass(frozen=True)
+class Finish:
+    """The end of one attempt, as moveToFinished records it."""
+
+    job_id: str
+    token: str
+    completed: bool
+    value: str  # the return value (JSON) when completed, the failure reason when failed
+    stacktrace: str = ""
+    backoff_ms: int = 0  # before a retry
+    final: bool = False  # no retry whatever attempts are left
+    error_class: str = ""
+
+
 class Scripts:
     """The protocol's scripts registered on one client, one typed method each."""
 
@@ -75,30 +92,69 @@ class Scripts:
                 continue
         return script(keys=list(keys), args=list(args), client=client or self.client)
 
-    def add_job(
-        self, keys: QueueKeys, job_id: str, name: str, data: str, opts: str,
-        timestamp: int, delay_ms: int, priority: int = 0, client: Any = None,
+    def run_batch(self, calls: Sequence[Call]) -> list[Any]:
+        """Run several script calls in one pipelined round trip; their replies in order.
+
+        A call that failed comes back as its exception instead of being raised.
+        Calls refused with NOSCRIPT (after a SCRIPT FLUSH or a restart) did
+        nothing, so they are sent again once their script is loaded.
+        """
+        replies: list[Any] = [None] * len(calls)
+        pending = list(range(len(calls)))
+        for _ in range(3):
+            pipe = self.client.pipeline(transaction=False)
+            for i in pending:
+                name, keys, args = calls[i]
+                pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+            refused = []
+            for i, reply in zip(pending, pipe.execute(raise_on_error=False)):
+                replies[i] = reply
+                if isinstance(reply, NoScriptError):
+                    refused.append(i)
+            if not refused:
+                break
+            for name in {calls[i][0] for i in refused}:
+                self.client.script_load(self._scripts[name].script)
+            pending = refused
+        return replies
+
+    def add_jobs(
+        self, keys: QueueKeys, timestamp: int, jobs: Sequence[Sequence[Any]], client: Any = None,
     ) -> Any:
-        """Add a job; returns (id, added). Inside a pipeline returns the pipeline."""
-        return self._run(
+        """Add jobs given as [id or "", name, data, opts, delay_ms, priority] in one call.
+
+        Returns [(id, added), ...] in order; inside a pipeline, returns the pipeline.
+        """
+        args: list[Any] = [keys.base, timestamp]
+        for job in jobs:
+            args += job
+        reply = self._run(
             "addJob-7",
             [keys.wait, keys.paused, keys.meta, keys.id_counter, keys.delayed, keys.marker, keys.prioritized],
-            [keys.base, job_id, name, data, opts, timestamp, delay_ms, priority],
-            client,
+            args, client,
         )
+        return reply if client is not None else pairs(reply)
+
+    def fetch_call(
+        self, keys: QueueKeys, token: str, lock_ms: int, now: int, count: int, worker_id: str,
+    ) -> Call:
+        """The moveToActive call that takes up to `count` ready jobs locked with `token`."""
+        return ("moveToActive-8",
+                [keys.wait, keys.active, keys.meta, keys.delayed, keys.marker, keys.paused, keys.failed,
+                 keys.prioritized],
+                [keys.base, token, lock_ms, now, count, worker_id])
+
+    @staticmethod
+    def fetched(reply: list[Any]) -> tuple[int | None, list[tuple[str, list[str]]]]:
+        """moveToActive's reply as (next delayed due time or None, [(id, flat job hash), ...])."""
+        next_due = int(float(reply[0])) if reply[0] else None
+        return next_due, list(zip(reply[1::2], reply[2::2]))
 
     def move_to_active(
         self, keys: QueueKeys, token: str, lock_ms: int, now: int, count: int, worker_id: str,
     ) -> tuple[int | None, list[tuple[str, list[str]]]]:
         """Take up to `count` ready jobs locked with `token`; also the next delayed due time."""
-        reply = self._run(
-            "moveToActive-8",
-            [keys.wait, keys.active, keys.meta, keys.delayed, keys.marker, keys.paused, keys.failed,
-             keys.prioritized],
-            [keys.base, token, lock_ms, now, count, worker_id],
-        )
-        next_due = int(float(reply[0])) if reply[0] else None
-        return next_due, list(zip(reply[1::2], reply[2::2]))
+        return self.fetched(self._run(*self.fetch_call(keys, token, lock_ms, now, count, worker_id)))
 
     def extend_lock(self, keys: QueueKeys, job_id: str, token: str, lock_ms: int) -> bool:
         """Renew one lock; False when the token no longer owns the job."""
@@ -114,24 +170,24 @@ class Scripts:
             args += [job_id, token]
         return list(self._run("extendLocks-1", [keys.stalled], args))
 
-    def move_to_finished(
-        self, keys: QueueKeys, job_id: str, token: str, now: int, *, completed: bool,
-        value: str, stacktrace: str = "", default_attempts: int, backoff_ms: int = 0,
-        keep_count: int = -1, keep_age_ms: int = 0, keep_traces: int = 10, final: bool = False,
-        error_class: str = "",
-    ) -> int:
-        """End the attempt; returns the script's status code (1..5, see the script).
+    def finish_call(
+        self, keys: QueueKeys, attempts: Sequence[Finish], now: int, *, default_attempts: int,
+        keep_completed: tuple[int, int] = (-1, 0), keep_failed: tuple[int, int] = (-1, 0),
+        keep_traces: int = 10,
+    ) -> Call:
+        """The moveToFinished call that ends these attempts; retention as (count, age ms) per set."""
+        args: list[Any] = [keys.base, now, default_attempts, keep_traces, *keep_completed, *keep_failed]
+        for a in attempts:
+            args += [a.job_id, a.token, "completed" if a.completed else "failed", a.value, a.stacktrace,
+                     a.backoff_ms, "1" if a.final else "0", a.error_class]
+        return ("moveToFinished-10",
+                [keys.active, keys.completed, keys.failed, keys.delayed, keys.wait, keys.paused,
+                 keys.meta, keys.marker, keys.stalled, keys.prioritized],
+                args)
 
-        Raises JobNotFoundError or LockLostError for the error codes.
-        """
-        code = self._run(
-            "moveToFinished-10",
-            [keys.active, keys.completed, keys.failed, keys.delayed, keys.wait, keys.paused,
-             keys.meta, keys.marker, keys.stalled, keys.prioritized],
-            [keys.base, job_id, token, now, "completed" if completed else "failed", value,
-             stacktrace, default_attempts, backoff_ms, keep_count, keep_age_ms, keep_traces,
-             "1" if final else "0", error_class],
-        )
+    @staticmethod
+    def finished(code: int, keys: QueueKeys, job_id: str) -> int:
+        """One of moveToFinished's codes: the status (1..5), or the error it stands for raised."""
         if code == -1:
             raise JobNotFoundError(f"job {job_id!r} of queue {keys.queue!r} does not exist")
         if code == -2:
@@ -139,7 +195,25 @@ class Scripts:
                 f"job {job_id!r} of queue {keys.queue!r} is no longer owned by this worker "
                 "(its lock lapsed and the sweeper recovered it); the result was discarded"
             )
+        if code == -3:
+            raise QueueStateError(f"the key of job {job_id!r} of queue {keys.queue!r} is not a hash")
         return int(code)
+
+    def move_to_finished(
+        self, keys: QueueKeys, job_id: str, token: str, now: int, *, completed: bool, value: str,
+        stacktrace: str = "", default_attempts: int, backoff_ms: int = 0, keep_count: int = -1,
+        keep_age_ms: int = 0, keep_traces: int = 10, final: bool = False, error_class: str = "",
+    ) -> int:
+        """End one attempt; returns the script's status code (1..5, see the script).
+
+        Raises JobNotFoundError, LockLostError or QueueStateError for the error codes.
+        """
+        attempt = Finish(job_id, token, completed, value, stacktrace, backoff_ms, final, error_class)
+        retention = (keep_count, keep_age_ms)
+        [code] = self._run(*self.finish_call(keys, [attempt], now, default_attempts=default_attempts,
+                                             keep_completed=retention, keep_failed=retention,
+                                             keep_traces=keep_traces))
+        return self.finished(code, keys, job_id)
 
     def move_stalled_jobs_to_wait(
         self, keys: QueueKeys, *, max_stalled_count: int, now: int, interval_ms: int,
@@ -224,3 +298,7 @@ class Scripts:
         )
         return dict(zip(states, (int(v) for v in values)))
 
+
+def pairs(flat: Sequence[Any]) -> list[tuple[str, bool]]:
+    """addJob's flat reply {id1, added1, ...} as [(id, added), ...]."""
+    return [(str(job_id), bool(added)) for job_id, added in zip(flat[::2], flat[1::2])]

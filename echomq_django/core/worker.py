@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import queue as threadqueue
@@ -17,11 +16,11 @@ from typing import Any
 
 from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
-from .errors import JobNotFoundError, LockLostError, PayloadError, UnrecoverableError
+from .errors import JobNotFoundError, LockLostError, PayloadError, QueueStateError, UnrecoverableError
 from .job import DEFAULT_ATTEMPTS, Job, encode_json
 from .keys import QueueKeys
 from .queue import now_ms
-from .scripts import Scripts
+from .scripts import Finish, Scripts
 
 logger = logging.getLogger("echomq.worker")
 
@@ -29,6 +28,15 @@ Handler = Callable[[Job], Any]
 DEFAULT_LOCK_DURATION_MS = 30_000
 # moveToFinished's status codes for a failed attempt, in words.
 _FAILURE_OUTCOMES = {2: "no attempts left", 3: "retrying now", 4: "retrying after its backoff"}
+
+
+@dataclass
+class _Outcome:
+    """A job thread's result, waiting to be written (`finish` None: there is nothing to write)."""
+
+    job: Job
+    finish: Finish | None
+    at: float  # time.monotonic() when the job ended
 
 
 @dataclass(frozen=True)
@@ -42,9 +50,12 @@ class Retention:
 class Worker:
     """Runs the jobs of one queue with `concurrency` threads until stopped.
 
-    One fetch loop takes jobs (several per round trip when threads are free)
-    and blocks on the queue's marker when there is nothing to do, instead of
-    polling. A renewal thread extends all held locks in one call every
+    One loop does the worker's Redis work in batches: each round trip writes
+    the results of every job that ended since the last one and takes new jobs
+    for the free threads, in one pipeline. Job threads only run handlers. When
+    nothing is ready, a waiting thread blocks on the queue's marker (no
+    polling) and wakes the loop when a producer signals work or a delayed job
+    is due. A renewal thread extends all held locks in one call every
     `renew_interval_ms` (half the lock duration by default). A job's result is
     written with the token it was fetched with, so a worker whose lock lapsed
     and whose job was recovered gets LockLostError and overwrites nothing.
@@ -87,12 +98,16 @@ class Worker:
         # worker's job was recovered and fetched again while the old attempt still
         # runs, the two attempts must not share an entry.
         self._held: set[tuple[str, str]] = set()
-        self._running = 0
-        self._slots = threading.Condition()
+        self._held_lock = threading.Lock()
+        self._running = 0  # jobs fetched and not yet written back; only the loop changes it
         self._jobs: threadqueue.SimpleQueue[Job | None] = threadqueue.SimpleQueue()
+        # What wakes the loop: an _Outcome from a job thread, or None (marker, stop).
+        self._events: threadqueue.SimpleQueue[_Outcome | None] = threadqueue.SimpleQueue()
+        self._marker_wanted = threading.Event()
+        self._marker_timeout_s = block_timeout_s
         self._stopping = threading.Event()
         self._aborted = threading.Event()
-        self._renewal_done = threading.Event()
+        self._done = threading.Event()
 
     # -- control ---------------------------------------------------------
 
@@ -102,177 +117,220 @@ class Worker:
             logger.warning("worker %s: second stop, leaving %d running job(s) to the sweeper",
                            self.worker_id, self._running)
             self._aborted.set()
-            self._renewal_done.set()
         else:
             logger.info("worker %s: stopping after %d running job(s)", self.worker_id, self._running)
             self._stopping.set()
-        with self._slots:
-            self._slots.notify_all()
+        self._events.put(None)
 
     def run(self, *, burst: bool = False, max_jobs: int | None = None) -> int:
         """Process jobs until stopped (or, in burst mode, until none is ready); returns the count."""
         threads = [threading.Thread(target=self._job_thread, name=f"echomq-job-{i}", daemon=True)
                    for i in range(self.concurrency)]
         threads.append(threading.Thread(target=self._renew_locks, name="echomq-renew", daemon=True))
+        threads.append(threading.Thread(target=self._wait_for_marker, name="echomq-marker", daemon=True))
         for thread in threads:
             thread.start()
         fetched = 0
+        ended: list[_Outcome] = []  # jobs whose results are still to be written
         try:
-            while not self._stopping.is_set():
-                if max_jobs is not None and fetched >= max_jobs:
-                    break
-                free = self._wait_for_free_slots()
-                if free == 0:
-                    continue
-                if max_jobs is not None:
-                    free = min(free, max_jobs - fetched)
-                next_due, count = self._fetch(free)
-                fetched += count
-                if count:
-                    continue
-                if burst:
-                    if self._running == 0:
-                        break
-                    self._wait_for_free_slots(change=True)
-                    continue
-                self._block(next_due)
-            self._wait_until_idle()
+            while not self._aborted.is_set():
+                want = 0
+                if not self._stopping.is_set():
+                    # Writing the ended jobs' results frees their slots in the same round trip.
+                    want = self.concurrency - self._running + len(ended)
+                    if max_jobs is not None:
+                        want = min(want, max_jobs - fetched)
+                if not want and not self._running and not ended:
+                    break  # stopping, or max_jobs reached, and nothing left to write
+                wrote = bool(ended)
+                got, next_due = self._exchange(ended, want) if want or ended else (0, None)
+                fetched += got
+                if got or wrote or self._collect(ended, wait_s=None):
+                    continue  # slots may have freed, more may be ready: go round again
+                if want and burst and not self._running:
+                    break  # nothing is ready and nothing is running
+                if want and not burst:
+                    self._arm_marker(next_due)
+                self._collect(ended, wait_s=self.block_timeout_s + 1)
         finally:
             self._stopping.set()
-            self._renewal_done.set()
+            self._done.set()
+            self._marker_wanted.set()
             for _ in range(self.concurrency):
                 self._jobs.put(None)
         return self.processed
 
-    # -- fetch loop ------------------------------------------------------
+    # -- the loop's Redis work ---------------------------------------------
 
-    def _wait_for_free_slots(self, change: bool = False) -> int:
-        with self._slots:
-            if change or self._running >= self.concurrency:
-                self._slots.wait(timeout=self.block_timeout_s)
-            return self.concurrency - self._running
+    def _exchange(self, ended: list[_Outcome], want: int) -> tuple[int, int | None]:
+        """One round trip: write the results in `ended` and take up to `want` jobs.
 
-    def _wait_until_idle(self) -> None:
-        with self._slots:
-            while self._running and not self._aborted.is_set():
-                self._slots.wait(timeout=0.5)
-
-    def _fetch(self, count: int) -> tuple[int | None, int]:
+        Returns (jobs taken, next delayed due time). Through a Redis outage the
+        results stay in `ended` to be sent again (a finish sent twice is
+        answered "already done"), until their lock would have lapsed anyway.
+        """
         token = f"{self.worker_id}:{uuid.uuid4().hex}"
+        writing = [outcome for outcome in ended if outcome.finish]
+        calls = []
+        if writing:
+            calls.append(self.scripts.finish_call(
+                self.keys, [outcome.finish for outcome in writing], now_ms(),
+                default_attempts=self.default_attempts,
+                keep_completed=(self.keep_completed.count, self.keep_completed.age_ms),
+                keep_failed=(self.keep_failed.count, self.keep_failed.age_ms)))
+        if want:
+            calls.append(self.scripts.fetch_call(self.keys, token, self.lock_duration_ms, now_ms(), want,
+                                                 self.worker_id))
         try:
-            next_due, jobs = self.scripts.move_to_active(
-                self.keys, token, self.lock_duration_ms, now_ms(), count, self.worker_id)
+            replies = self.scripts.run_batch(calls)
         except (ConnectionError, TimeoutError) as error:
-            logger.error("worker %s: Redis unreachable while fetching (%s); retrying",
-                         self.worker_id, error)
-            self._stopping.wait(1.0)
-            return None, 0
-        except ResponseError as error:  # e.g. a queue key of the wrong type: say so, keep trying
-            logger.error("worker %s: fetching from queue %s failed: %s", self.worker_id, self.keys.queue, error)
-            self._stopping.wait(1.0)
-            return None, 0
+            logger.error("worker %s: Redis unreachable (%s); retrying", self.worker_id, error)
+            self._give_up_on_lapsed(ended)
+            self._aborted.wait(1.0)
+            return 0, None
+        codes = replies.pop(0) if writing else []
+        if isinstance(codes, Exception):
+            codes = [codes] * len(writing)
+        for outcome, code in zip(writing, codes):
+            self._written(outcome, code)
+        for outcome in ended:
+            if not outcome.finish:
+                self._written(outcome, None)
+        ended.clear()
+        if not want:
+            return 0, None
+        [reply] = replies
+        if isinstance(reply, Exception):  # e.g. a queue key of the wrong type: say so, keep trying
+            logger.error("worker %s: fetching from queue %s failed: %s", self.worker_id, self.keys.queue, reply)
+            self._aborted.wait(1.0)
+            return 0, None
+        next_due, jobs = self.scripts.fetched(reply)
         for job_id, flat in jobs:
             job = Job.from_flat(self.keys.queue, job_id, flat)  # job.token is this fetch's token
-            with self._slots:
-                self._running += 1
+            self._running += 1
+            with self._held_lock:
                 self._held.add((job_id, token))
             self._jobs.put(job)
-        return next_due, len(jobs)
+        return len(jobs), next_due
 
-    def _block(self, next_due: int | None) -> None:
-        """Sleep until a producer signals work, a delayed job is due, or the timeout ends."""
-        timeout = self.block_timeout_s
-        # A block longer than the client's socket timeout would end in a
-        # TimeoutError (and retries) instead of an empty reply.
-        # (redis-py's own default socket timeout is 5 s.)
-        socket_timeout = self.client.connection_pool.connection_kwargs.get("socket_timeout") or 5.0
-        timeout = min(timeout, max(socket_timeout - 1, 0.1))
-        if next_due is not None:
-            timeout = min(timeout, max((next_due - now_ms()) / 1000, 0.001))
+    def _written(self, outcome: _Outcome, code: Any) -> None:
+        """Account for one job whose result was just written (or could not be)."""
+        job, finish = outcome.job, outcome.finish
+        self._running -= 1
+        with self._held_lock:
+            self._held.discard((job.id, job.token or ""))
+        if finish is None:
+            return
         try:
-            self.client.bzpopmin(self.keys.marker, timeout=timeout)
-        except (ConnectionError, TimeoutError) as error:
-            logger.error("worker %s: Redis unreachable while waiting (%s); retrying",
-                         self.worker_id, error)
-            self._stopping.wait(1.0)
-
-    # -- job threads -----------------------------------------------------
-
-    def _job_thread(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            try:
-                self._process(job)
-            except Exception:  # the thread must live on for the next job; the lock lapses
-                logger.exception("worker %s: could not finish job %s; the sweeper will recover it",
-                                 self.worker_id, job.id)
-            finally:
-                with self._slots:
-                    self._held.discard((job.id, job.token))
-                    self._running -= 1
-                    self._slots.notify_all()
-
-    def _process(self, job: Job) -> None:
-        token = job.token or ""
-        try:
-            result = self.handler(job)
-            value = encode_json(result, f"return value of job {job.id}")
-        except Exception as error:  # the job's own failure: recorded on the job, not raised
-            self._finish(job, token, error=error)
-        else:
-            self._finish(job, token, value=value)
-
-    def _finish(self, job: Job, token: str, *, value: str = "", error: Exception | None = None) -> None:
-        keys, retention = self.keys, self.keep_completed if error is None else self.keep_failed
-        stacktrace = ""
-        if error is not None:
-            value = f"{type(error).__name__}: {error}"
-            if not isinstance(error, PayloadError):
-                stacktrace = "".join(traceback.format_exception(error))
-        finish = functools.partial(
-            self.scripts.move_to_finished,
-            keys, job.id, token, now_ms(), completed=error is None, value=value,
-            stacktrace=stacktrace, default_attempts=self.default_attempts,
-            backoff_ms=job.opts.backoff.delay_before(job.attempts_made + 1),
-            keep_count=retention.count, keep_age_ms=retention.age_ms,
-            final=isinstance(error, (UnrecoverableError, PayloadError)),
-            error_class="" if error is None else f"{type(error).__module__}.{type(error).__qualname__}",
-        )
-        try:
-            status = self._with_outage_retries(finish)
+            if isinstance(code, Exception):
+                raise code
+            status = self.scripts.finished(code, self.keys, job.id)
         except LockLostError as lost:
             logger.warning("worker %s: %s", self.worker_id, lost)
             return
         except JobNotFoundError as gone:
             logger.warning("worker %s: %s; it was removed while running", self.worker_id, gone)
             return
-        with self._slots:
-            self.processed += 1
-        if error is not None:
-            outcome = _FAILURE_OUTCOMES.get(status, "failed")
-            logger.info("job %s of queue %s failed, %s: %s", job.id, keys.queue, outcome, value)
+        except (ResponseError, QueueStateError) as error:
+            logger.error("worker %s: could not finish job %s (%s); the sweeper will recover it",
+                         self.worker_id, job.id, error)
+            return
+        self.processed += 1
+        if not finish.completed:
+            logger.info("job %s of queue %s failed, %s: %s", job.id, self.keys.queue,
+                        _FAILURE_OUTCOMES.get(status, "failed"), finish.value)
 
-    def _with_outage_retries(self, call: Callable[[], int]) -> int:
-        """Run `call`, trying again through a Redis outage for as long as the lock would last.
+    def _give_up_on_lapsed(self, ended: list[_Outcome]) -> None:
+        """Drop results held longer than a lock lasts: the sweeper owns those jobs now."""
+        lapsed_before = time.monotonic() - self.lock_duration_ms / 1000
+        for outcome in [o for o in ended if o.at < lapsed_before]:
+            logger.error("worker %s: could not write the result of job %s before its lock lapsed; "
+                         "the sweeper will recover it", self.worker_id, outcome.job.id)
+            ended.remove(outcome)
+            self._written(_Outcome(outcome.job, None, outcome.at), None)
 
-        A finish re-sent after a lost reply is answered "already done" (the
-        script remembers the token), so trying again never applies it twice.
+    def _collect(self, ended: list[_Outcome], wait_s: float | None) -> bool:
+        """Move ended jobs from the job threads into `ended`, waiting up to `wait_s` for the first.
+
+        Returns whether anything arrived (a wake-up from the marker or a stop counts).
         """
-        deadline = time.monotonic() + self.lock_duration_ms / 1000
+        try:
+            event = self._events.get_nowait() if wait_s is None else self._events.get(timeout=wait_s)
+        except threadqueue.Empty:
+            return False
         while True:
+            if event is not None:
+                ended.append(event)
             try:
-                return call()
-            except (ConnectionError, TimeoutError) as error:
-                if time.monotonic() > deadline or self._aborted.is_set():
-                    raise
-                logger.error("worker %s: Redis unreachable while finishing a job (%s); retrying",
-                             self.worker_id, error)
-                time.sleep(1.0)
+                event = self._events.get_nowait()
+            except threadqueue.Empty:
+                return True
+
+    # -- waiting for work ------------------------------------------------
+
+    def _arm_marker(self, next_due: int | None) -> None:
+        """Ask the marker thread to block until work is signalled or the next delayed job is due."""
+        timeout = self.block_timeout_s
+        if next_due is not None:
+            timeout = min(timeout, max((next_due - now_ms()) / 1000, 0.001))
+        self._marker_timeout_s = timeout
+        self._marker_wanted.set()
+
+    def _wait_for_marker(self) -> None:
+        while True:
+            self._marker_wanted.wait()
+            if self._done.is_set():
+                return
+            self._marker_wanted.clear()
+            self._block(self._marker_timeout_s)
+            self._events.put(None)
+
+    def _block(self, timeout: float) -> None:
+        """Sleep until a producer signals work (the marker) or the timeout ends."""
+        # A block longer than the client's socket timeout would end in a
+        # TimeoutError (and retries) instead of an empty reply.
+        # (redis-py's own default socket timeout is 5 s.)
+        socket_timeout = self.client.connection_pool.connection_kwargs.get("socket_timeout") or 5.0
+        try:
+            self.client.bzpopmin(self.keys.marker, timeout=min(timeout, max(socket_timeout - 1, 0.1)))
+        except (ConnectionError, TimeoutError) as error:
+            logger.error("worker %s: Redis unreachable while waiting (%s); retrying",
+                         self.worker_id, error)
+            self._done.wait(1.0)
+
+    # -- job threads -----------------------------------------------------
+
+    def _job_thread(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                finish = self._run_job(job)
+            except Exception:  # the thread must live on for the next job; the lock lapses
+                logger.exception("worker %s: could not finish job %s; the sweeper will recover it",
+                                 self.worker_id, job.id)
+                finish = None
+            self._events.put(_Outcome(job, finish, time.monotonic()))
+
+    def _run_job(self, job: Job) -> Finish:
+        """Run the handler; returns the end of the attempt, to be written by the loop."""
+        token = job.token or ""
+        try:
+            result = self.handler(job)
+            value = encode_json(result, f"return value of job {job.id}")
+        except Exception as error:  # the job's own failure: recorded on the job, not raised
+            return Finish(
+                job.id, token, completed=False, value=f"{type(error).__name__}: {error}",
+                stacktrace="" if isinstance(error, PayloadError) else "".join(traceback.format_exception(error)),
+                backoff_ms=job.opts.backoff.delay_before(job.attempts_made + 1),
+                final=isinstance(error, (UnrecoverableError, PayloadError)),
+                error_class=f"{type(error).__module__}.{type(error).__qualname__}",
+            )
+        return Finish(job.id, token, completed=True, value=value)
 
     # -- lock renewal ----------------------------------------------------
 
     def _renew_locks(self) -> None:
-        while not self._renewal_done.wait(self.renew_interval_ms / 1000):
-            with self._slots:
+        while not self._done.wait(self.renew_interval_ms / 1000):
+            with self._held_lock:
                 held = sorted(self._held)
             if not held:
                 continue
@@ -284,4 +342,3 @@ class Worker:
             for job_id in lost:
                 logger.warning("worker %s: lost the lock of job %s; its result will be discarded",
                                self.worker_id, job_id)
-
