@@ -11,9 +11,11 @@ the total from INFO commandstats, the longest single call from SLOWLOG.
 Use a Redis nothing else is using while it runs.
 
   sweep, steady   N active jobs, all locked, and the state the previous sweep left
-                  (no lock renewal in between): echomq finds nothing to mark; BullMQ
-                  checks the lock of each of its marks and re-marks the whole list.
-                  BullMQ with its marks cleared by renewals is printed too.
+                  (no lock renewal in between): echomq reads the lapsed ids from its
+                  lock index and finds none; BullMQ checks the lock of each of its
+                  marks and re-marks the whole list. Printed too: BullMQ with its
+                  marks cleared by renewals (its cheapest sweep), and echomq without
+                  the index (how it sweeps ids another client put in `active`).
   sweep, recover  N jobs marked by an earlier sweep whose locks are gone: one sweep
                   (one forced sweep for echomq, in bounded calls) recovers them all.
   worker          no-op jobs through one worker process, already enqueued; each
@@ -61,15 +63,21 @@ class Row:
 
 # ---------------------------------------------------------------- echomq's side
 
-def echomq_sweep(url: str, size: int, *, dead: bool) -> tuple[ScriptTime, int]:
-    """One forced sweep over `size` active jobs (locked, or marked and lockless); (Redis time, recovered)."""
+def echomq_sweep(url: str, size: int, *, dead: bool, walk: bool = False) -> tuple[ScriptTime, int]:
+    """One forced sweep over `size` active jobs (locked, or marked and lockless); (Redis time, recovered).
+
+    With `walk`, the lock index is left out, so the sweep tests every lock key.
+    """
     client = connect(url)
     prefix = f"cmp{uuid.uuid4().hex[:10]}"
     keys = QueueKeys("sweep", prefix)
     try:
         stage(client, keys, size, locked=not dead, marked=dead)
+        if walk:
+            client.delete(keys.locks)
         sweeper = Sweeper(client, [keys.queue], prefix=prefix)
-        with slowlog_on(client):
+        # Log every call: a steady sweep's calls are far below the usual 100 us threshold.
+        with slowlog_on(client, threshold_us=0 if not dead else 100):
             timing, report = script_time(client, lambda: sweeper.sweep(sweeper.targets[0], force=True))
         assert report.recovered == (size if dead else 0) and report.marked == 0, report
         return timing, report.recovered
@@ -162,26 +170,28 @@ def print_table(rows: list[Row]) -> None:
               f"{row.target:<{widths[3]}}  {met}")
 
 
-def plot(path: Path, sizes: list[int], ours: list[ScriptTime], theirs: list[ScriptTime] | None) -> None:
+def plot(path: Path, sizes: list[int], ours: list[ScriptTime], walk: list[ScriptTime],
+         theirs: list[ScriptTime] | None, cleared: list[ScriptTime] | None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(7, 4.5), dpi=120)
-    axis.plot(sizes, [t.total_ms for t in ours], "o-", color="tab:blue", label="echomq: Redis time per sweep")
-    axis.plot(sizes, [t.longest_ms for t in ours], "o--", color="tab:blue",
-              label="echomq: longest single script")
-    if theirs:
-        axis.plot(sizes, [t.total_ms for t in theirs], "s-", color="tab:red",
-                  label="BullMQ: one script = whole sweep")
+    figure, axis = plt.subplots(figsize=(7.5, 4.8), dpi=120)
+    lines = [(ours, "o-", "tab:blue", "echomq (lock index)"),
+             (walk, "o--", "tab:cyan", "echomq walking every lock (no index)")]
+    if theirs and cleared:
+        lines += [(theirs, "s-", "tab:red", "BullMQ, marks left by the previous sweep"),
+                  (cleared, "s--", "tab:orange", "BullMQ, marks cleared by renewals")]
+    for times, style, color, label in lines:
+        axis.plot(sizes, [t.total_ms for t in times], style, color=color, label=label)
     axis.set_xscale("log")
     axis.set_yscale("log")
-    axis.set_xlabel("jobs in active (all locked)")
-    axis.set_ylabel("Redis blocked, ms")
-    axis.set_title("Steady sweep: cost against the size of the active list")
+    axis.set_xlabel("jobs in active, all locked")
+    axis.set_ylabel("Redis time per sweep, ms")
+    axis.set_title("Steady sweep: Redis time against the size of the active list")
     axis.grid(True, which="both", alpha=0.3)
-    axis.legend()
+    axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path)
     print(f"plot written to {path}")
@@ -214,10 +224,12 @@ def main() -> None:
 
     # Steady sweeps, for the table and the plot.
     ours_steady = [echomq_sweep(url, size, dead=False)[0] for size in steady_sizes]
-    theirs_steady = theirs_cleared = None
+    ours_walk = [echomq_sweep(url, size, dead=False, walk=True)[0] for size in steady_sizes]
+    theirs_steady = theirs_cleared = theirs_cleared_all = None
     if peers:
         theirs_steady = [peers.bullmq_sweep(url, size, dead=False, marks_left=True)[0] for size in steady_sizes]
-        theirs_cleared = peers.bullmq_sweep(url, steady_sizes[-1], dead=False)[0]
+        theirs_cleared_all = [peers.bullmq_sweep(url, size, dead=False)[0] for size in steady_sizes]
+        theirs_cleared = theirs_cleared_all[-1]
     big, small = ours_steady[-1], ours_steady[0]
     n = f"{steady_sizes[-1]:,}"
     rows.append(ratio_row(f"steady sweep {n}: longest script", big.longest_ms,
@@ -225,6 +237,8 @@ def main() -> None:
     rows.append(ratio_row(f"steady sweep {n}: Redis time per sweep", big.total_ms,
                           theirs_steady and theirs_steady[-1].total_ms, "ms", "<= 1 x", 1.0, False))
     rows.append(ratio_row(f"  (BullMQ marks cleared by renewals) {n}", big.total_ms,
+                          theirs_cleared and theirs_cleared.total_ms, "ms", "(context)"))
+    rows.append(ratio_row(f"  (echomq walking every lock, no index) {n}", ours_walk[-1].total_ms,
                           theirs_cleared and theirs_cleared.total_ms, "ms", "(context)"))
     growth = big.longest_ms / small.longest_ms
     size_ratio = steady_sizes[-1] / steady_sizes[0]
@@ -271,7 +285,7 @@ def main() -> None:
     if args.json:
         print(json.dumps([asdict(row) for row in rows], indent=1))
     if not args.quick:
-        plot(args.plot, steady_sizes, ours_steady, theirs_steady)
+        plot(args.plot, steady_sizes, ours_steady, ours_walk, theirs_steady, theirs_cleared_all)
     missed = [row.figure for row in rows if row.met is False]
     if missed and not args.quick:
         print(f"\ntargets missed: {', '.join(missed)}")

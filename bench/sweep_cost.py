@@ -1,8 +1,10 @@
 """What one sweep costs Redis, at several sizes of the active list.
 
-    python bench/sweep_cost.py [--redis-url URL] [--sizes 1000,10000,100000] [--dead 10000,100000]
+    python bench/sweep_cost.py [--redis-url URL] [--sizes 1000,10000,100000] [--dead 10000,100000] [--walk]
 
 Steady sweep: N active jobs, all locked; one forced sweep finds nothing to do.
+With --walk, the lock index is left out, so the sweep walks `active` and tests
+every lock key (what it does when another client put ids in `active`).
 Recovery: N marked jobs whose locks are gone; one forced sweep recovers all.
 Redis-side time (how long Redis was blocked) comes from INFO commandstats for
 the total and from SLOWLOG for the longest single script call (measure.py);
@@ -26,7 +28,13 @@ STAGE_BATCH = 5000
 
 
 def stage(client, keys: QueueKeys, count: int, *, locked: bool, marked: bool) -> None:
-    """Put `count` jobs in `active`, with or without live locks and marks."""
+    """Put `count` jobs in `active` as moveToActive leaves them, with or without live locks and marks.
+
+    Each id is in the lock index, scored by when its lock lapses (Redis's clock):
+    10 minutes ahead when locked, long past when the lock is gone.
+    """
+    seconds, micros = client.time()
+    lapses_at = seconds * 1000 + micros // 1000 + 600_000 if locked else 0
     for start in range(1, count + 1, STAGE_BATCH):
         ids = [str(n) for n in range(start, min(start + STAGE_BATCH, count + 1))]
         pipe = client.pipeline(transaction=False)
@@ -36,6 +44,7 @@ def stage(client, keys: QueueKeys, count: int, *, locked: bool, marked: bool) ->
             if locked:
                 pipe.set(keys.lock(job_id), "t", px=600_000)
         pipe.lpush(keys.active, *ids)
+        pipe.zadd(keys.locks, dict.fromkeys(ids, lapses_at))
         if marked:
             pipe.sadd(keys.stalled, *ids)
         pipe.execute()
@@ -52,6 +61,7 @@ def main() -> None:
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--dead", default="10000,100000")
+    parser.add_argument("--walk", action="store_true", help="leave the lock index out: walk every lock")
     args = parser.parse_args()
     client = connect(args.redis_url)
     prefix = f"bench{uuid.uuid4().hex[:8]}"
@@ -64,6 +74,8 @@ def main() -> None:
                 keys = QueueKeys(f"{kind.split()[0]}-{size}", prefix)
                 dead = kind.startswith("recover")
                 stage(client, keys, size, locked=not dead, marked=dead)
+                if args.walk:
+                    client.delete(keys.locks)
                 timing, report = measured_sweep(client, keys)
                 outcome = f"recovered {report.recovered}" if dead else f"marked {report.marked}"
                 print(f"{kind + f', {size:,} active':<34} {timing.calls:>6} {timing.total_ms:>15.1f} "

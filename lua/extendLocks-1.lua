@@ -1,6 +1,13 @@
 --[[
-  extendLocks: renew every lock a worker holds in one call (see extendLock for
-  the ownership rule). A worker calls this at half its lock duration.
+  extendLocks: renew every lock a worker holds in one call, move each one's
+  time in the lock index, and clear each job's stalled mark (a live worker
+  proves the job has not stalled). A worker calls this at half its lock
+  duration.
+
+  Ownership is the job's `tok` field, which moveToActive sets and every move
+  out of `active` clears. If the lock key lapsed (the worker was paused) but
+  the job was not recovered meanwhile, `tok` still matches and the lock is
+  taken back: that is the grace the two-phase sweep gives a paused worker.
 
   KEYS[1] stalled   SET
 
@@ -9,14 +16,19 @@
   ARGV[3], ARGV[4]  job id, token  (repeated for each held job)
 
   Returns the ids whose lock could not be renewed (ownership lost).
+  With a single pair this is also how one lock is renewed.
 ]]
+-- @include "lockIndex"
+
 local prefix, lockMs = ARGV[1], ARGV[2]
+local locksKey, lapsesAt = prefix .. "locks", redisNowMs() + tonumber(lockMs)
 local lost = {}
 for i = 3, #ARGV, 2 do
   local id, token = ARGV[i], ARGV[i + 1]
   local jobKey = prefix .. id
   if redis.call("HGET", jobKey, "tok") == token then
     redis.call("SET", jobKey .. ":lock", token, "PX", lockMs)
+    redis.call("ZADD", locksKey, "XX", lapsesAt, id)  -- XX: only ids that are in `active`
     redis.call("SREM", KEYS[1], id)
   else
     lost[#lost + 1] = id

@@ -19,6 +19,10 @@
   recover walk runs to the end before the mark walk begins, so a job marked
   in this sweep is never recovered in this sweep. An id the walk misses
   because a worker finished a job meanwhile is simply handled next sweep.
+  The recover walk is skipped when nothing is marked, and the mark walk
+  reads only the ids whose lock time has passed from the lock index (see
+  lockIndex) when the index covers `active`, so a sweep that finds nothing
+  to do costs a few lookups however long `active` is.
 
   KEYS[1] stalled        SET   the marks
   KEYS[2] wait           LIST
@@ -43,7 +47,8 @@
 
   Returns {phase, cursor, marked, recovered, failed, unmarked}: phase is
   "skipped" (the gate was closed: another sweep ran within the interval),
-  "recover" or "mark" (call again with this phase and cursor), or "done".
+  "recover", "mark" or "lapsed" (call again with this phase and cursor), or
+  "done".
   The counts are for this call only.
   Errors: "ERR echomq wrong type ..." (before any write) when a queue key
   holds the wrong Redis type.
@@ -51,6 +56,7 @@
 -- @include "emitEvent"
 -- @include "jobFields"
 -- @include "pushReady"
+-- @include "lockIndex"
 
 local stalledKey, waitKey, activeKey, failedKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local gateKey, metaKey, pausedKey, markerKey = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
@@ -64,12 +70,13 @@ local TOMBSTONE = "{recovered}"
 -- The spec fixes this script's eight keys, so the one more it may need (for a
 -- recovered job that has a priority) is built from the prefix like job keys.
 local prioritizedKey = prefix .. "prioritized"
+local locksKey = prefix .. "locks"
 local marked, recovered, failed, unmarked = 0, 0, 0, 0
 
 if phase == "start" then
   local expected = {{activeKey, "list"}, {waitKey, "list"}, {pausedKey, "list"},
     {stalledKey, "set"}, {failedKey, "zset"}, {metaKey, "hash"}, {markerKey, "zset"},
-    {prioritizedKey, "zset"}, {prefix .. "events", "stream"}}
+    {prioritizedKey, "zset"}, {locksKey, "zset"}, {prefix .. "events", "stream"}}
   for _, pair in ipairs(expected) do
     local actual = redis.call("TYPE", pair[1])["ok"]
     if actual ~= "none" and actual ~= pair[2] then
@@ -89,13 +96,13 @@ end
 local readyKey = waitKey
 if redis.call("HEXISTS", metaKey, "paused") == 1 then readyKey = pausedKey end
 
--- Recover one marked, lockless job found at `index` of `active`. Returns true
--- when the job should go back to wait/paused (the caller pushes all of those
--- with one LPUSH per call); false when it went to failed or to prioritized.
-local function recover(id, index)
+-- Recover one marked, lockless job. Returns true when the job should go back
+-- to wait/paused (the caller pushes all of those with one LPUSH per call);
+-- false when it went to failed or to prioritized. The caller takes the id out
+-- of `active`, `stalled` and the lock index.
+local function recover(id)
   local jobKey = prefix .. id
   local fields = redis.call("HMGET", jobKey, "atm", "stc", "opts", "pri")
-  redis.call("LSET", activeKey, index, TOMBSTONE)
   if not (fields[1] or fields[2] or fields[3]) and redis.call("EXISTS", jobKey) == 0 then
     moveToFailed(prefix, failedKey, id, "job hash was missing when the sweeper recovered the id", now)
     failed = failed + 1
@@ -110,8 +117,8 @@ local function recover(id, index)
     failed = failed + 1
     return false
   end
-  attemptsMade = redis.call("HINCRBY", jobKey, "atm", 1)
-  stalls = redis.call("HINCRBY", jobKey, "stc", 1)
+  attemptsMade, stalls = attemptsMade + 1, stalls + 1
+  redis.call("HSET", jobKey, "atm", attemptsMade, "stc", stalls)
   redis.call("HDEL", jobKey, "tok")
   if attemptsMade >= maxAttempts then
     moveToFailed(prefix, failedKey, id, "job stalled and reached its attempt ceiling (" ..
@@ -149,22 +156,29 @@ local function markedFlags(ids)
   return flags
 end
 
--- Mark every id of ids[from..to] whose lock key is gone. One EXISTS over all
--- their lock keys settles the common cases in a single call: every lock there
--- (the steady state) or none; a mixed range is split in two and each half
--- tested again, so k lockless ids among n cost about k * log2(n / k) calls.
-local function markLockless(ids, from, to)
+-- Call visit(from, to) for each run ids[from..to] whose lock keys are all
+-- gone. One EXISTS over all their lock keys settles the common cases in a
+-- single call: every lock there (the steady state) or none; a mixed range is
+-- split in two and each half tested again, so k lockless ids among n cost
+-- about k * log2(n / k) calls.
+local function forLockless(ids, from, to, visit)
   local lockKeys = {}
   for i = from, to do lockKeys[#lockKeys + 1] = prefix .. ids[i] .. ":lock" end
   local locked = redis.call("EXISTS", unpack(lockKeys))
   if locked == #lockKeys then return end
-  if locked == 0 or from == to then
-    marked = marked + redis.call("SADD", stalledKey, unpack(ids, from, to))
-    return
-  end
+  if locked == 0 or from == to then return visit(from, to) end
   local middle = math.floor((from + to) / 2)
-  markLockless(ids, from, middle)
-  markLockless(ids, middle + 1, to)
+  forLockless(ids, from, middle, visit)
+  forLockless(ids, middle + 1, to, visit)
+end
+
+-- Mark every lockless id of `ids`, a group at a time.
+local function markLockless(ids)
+  for from = 1, #ids, GROUP do
+    forLockless(ids, from, math.min(from + GROUP - 1, #ids), function(a, b)
+      marked = marked + redis.call("SADD", stalledKey, unpack(ids, a, b))
+    end)
+  end
 end
 
 -- Marks left after a whole recover walk belong to ids that are not in
@@ -178,15 +192,32 @@ local function dropStaleMarks()
   end
 end
 
+-- How this sweep marks: from the lock index ("lapsed") when it holds as many
+-- ids as `active` (every id there came through moveToActive), else by walking
+-- `active` and testing every lock key ("mark"), which also finds ids that
+-- another client put in `active`.
+local function markPhase(length)
+  if redis.call("ZCARD", locksKey) == length then return "lapsed" end
+  return "mark"
+end
+
 while budget > 0 and phase ~= "done" do
-  if phase == "recover" and redis.call("SCARD", stalledKey) == 0 then
-    phase, cursor = "mark", 0
-  end
   local length = redis.call("LLEN", activeKey)
-  if cursor >= length then
+  if phase == "recover" and redis.call("SCARD", stalledKey) == 0 then
+    phase, cursor = markPhase(length), 0
+  end
+  if phase == "lapsed" then
+    -- The index holds exactly the ids of `active`: only ids whose lock time
+    -- has passed can be lockless, so only those are looked at. Marked ones
+    -- stay in the index (scored in the past) until they are recovered.
+    local ids = redis.call("ZRANGEBYSCORE", locksKey, "-inf", redisNowMs(), "LIMIT", cursor, budget)
+    markLockless(ids)
+    cursor, budget = cursor + #ids, budget - #ids
+    if budget > 0 then phase = "done" end  -- fewer than asked for: that was the last of them
+  elseif cursor >= length then
     if phase == "recover" then
       dropStaleMarks()
-      phase, cursor = "mark", 0
+      phase, cursor = markPhase(length), 0
     else
       phase = "done"
     end
@@ -196,33 +227,61 @@ while budget > 0 and phase ~= "done" do
     local ids = redis.call("LRANGE", activeKey, first, first + count - 1)
     budget = budget - #ids
     if phase == "recover" then
-      local unmark, ready, removed, done = {}, {}, 0, {}
-      local isMarked = markedFlags(ids)
+      local unmark, ready, removed, done, left = {}, {}, 0, {}, {}
+      -- The marked ids of this group, and which of them are lockless.
+      local isMarked, positions = markedFlags(ids), {}
+      for i = 1, #ids do
+        if isMarked[i] then
+          unmark[#unmark + 1] = ids[i]
+          positions[#positions + 1] = i
+        end
+      end
+      local isLockless = {}
+      for from = 1, #unmark, GROUP do
+        forLockless(unmark, from, math.min(from + GROUP - 1, #unmark), function(a, b)
+          for j = a, b do isLockless[positions[j]] = true end
+        end)
+      end
+      local goes = {}  -- positions in `ids` whose entry leaves `active`
       for i, id in ipairs(ids) do
         if done[id] then
           -- The same id twice in `active` (only another client can do that):
           -- the job was recovered once; its extra entry just goes.
-          redis.call("LSET", activeKey, first + i - 1, TOMBSTONE)
-          removed = removed + 1
+          goes[#goes + 1] = i
+        elseif isLockless[i] then
+          done[id] = true
+          left[#left + 1] = id
+          goes[#goes + 1] = i
+          if recover(id) then ready[#ready + 1] = id end
         elseif isMarked[i] then
-          unmark[#unmark + 1] = id
-          if redis.call("EXISTS", prefix .. id .. ":lock") == 1 then
-            unmarked = unmarked + 1
-          else
-            done[id] = true
-            removed = removed + 1
-            if recover(id, first + i - 1) then ready[#ready + 1] = id end
-          end
+          unmarked = unmarked + 1
         end
       end
+      removed = #goes
       if #unmark > 0 then redis.call("SREM", stalledKey, unpack(unmark)) end
+      if #left > 0 then redis.call("ZREM", locksKey, unpack(left)) end
       if #ready > 0 then redis.call("LPUSH", readyKey, unpack(ready)) end
-      if removed > 0 then redis.call("LREM", activeKey, -removed, TOMBSTONE) end
+      if removed > 0 and first + #ids == length then
+        -- The group is the tail of `active`: cut it off and put back the ids
+        -- that stay, in their order; no per-id write.
+        local stays, going = {}, {}
+        for _, i in ipairs(goes) do going[i] = true end
+        for i = 1, #ids do
+          if not going[i] then stays[#stays + 1] = ids[i] end
+        end
+        if first == 0 then
+          redis.call("DEL", activeKey)
+        else
+          redis.call("LTRIM", activeKey, 0, first - 1)
+        end
+        if #stays > 0 then redis.call("RPUSH", activeKey, unpack(stays)) end
+      elseif removed > 0 then
+        for _, i in ipairs(goes) do redis.call("LSET", activeKey, first + i - 1, TOMBSTONE) end
+        redis.call("LREM", activeKey, -removed, TOMBSTONE)
+      end
       cursor = cursor + #ids - removed
     else
-      for from = 1, #ids, GROUP do
-        markLockless(ids, from, math.min(from + GROUP - 1, #ids))
-      end
+      markLockless(ids)
       cursor = cursor + #ids
     end
   end

@@ -1,7 +1,8 @@
 --[[
   moveToActive: take up to N ready jobs and lock each one with the worker's
   token in the same step, so no sweep can ever see an active job whose lock
-  was not yet set. Due delayed jobs are promoted first. Order: prioritized
+  was not yet set. Each taken id enters the lock index with the time its
+  lock lapses. Due delayed jobs are promoted first. Order: prioritized
   jobs with a priority above 0, then `wait` (priority 0, FIFO), then jobs
   with a priority below 0.
 
@@ -31,6 +32,7 @@
 -- @include "pushReady"
 -- @include "promoteDue"
 -- @include "jobFields"
+-- @include "lockIndex"
 
 local prefix, token, lockMs = ARGV[1], ARGV[2], ARGV[3]
 local now, limit, workerId = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
@@ -49,6 +51,7 @@ end
 -- else can add to `prioritized` during this script, so once it is found
 -- empty it is not looked at again.
 local PRIORITY_ZERO = 100 * 4294967296
+local locksKey, lapsesAt = prefix .. "locks", redisNowMs() + tonumber(lockMs)
 local anyPrioritized = redis.call("EXISTS", KEYS[8]) == 1
 local function takeNext()
   local best = anyPrioritized and redis.call("ZRANGE", KEYS[8], 0, 0, "WITHSCORES") or {}
@@ -90,6 +93,7 @@ while taken < limit do
     moveToFailed(prefix, KEYS[7], id, "job hash was missing when a worker fetched the id", now)
   else
     redis.call("SET", jobKey .. ":lock", token, "PX", lockMs)
+    redis.call("ZADD", locksKey, lapsesAt, id)
     local ats, wids, startedOn
     for i = 1, #flat, 2 do
       local field = flat[i]

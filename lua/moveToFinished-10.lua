@@ -54,6 +54,7 @@
 local prefix, now = ARGV[1], tonumber(ARGV[2])
 local defaultAttempts, keepTraces = tonumber(ARGV[3]), tonumber(ARGV[4])
 local completedTo, failedTo = false, false  -- whether retention has work to do
+local locksKey = prefix .. "locks"  -- the lock index (see lockIndex in moveToActive)
 
 local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final, errorClass)
   local jobKey = prefix .. id
@@ -74,6 +75,7 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
   local maxAttempts, badOpts = parseMaxAttempts(fields[4], defaultAttempts)
 
   redis.call("LREM", KEYS[1], -1, id)
+  redis.call("ZREM", locksKey, id)
   redis.call("SREM", KEYS[9], id)
   redis.call("DEL", jobKey .. ":lock")
   redis.call("HDEL", jobKey, "tok")

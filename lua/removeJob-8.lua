@@ -35,6 +35,7 @@ local found = redis.call("DEL", jobKey)
 for i = 1, 3 do found = found + redis.call("LREM", KEYS[i], 0, id) end
 for _, i in ipairs({4, 5, 6, 8}) do found = found + redis.call("ZREM", KEYS[i], id) end
 found = found + redis.call("SREM", KEYS[7], id)
+redis.call("ZREM", prefix .. "locks", id)  -- the lock index, built from the prefix
 if found == 0 then
   return 0
 end

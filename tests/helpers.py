@@ -24,8 +24,13 @@ def fetch(queue: Queue, token: str = "token-1", lock_ms: int = 30_000, count: in
 
 
 def kill_lock(queue: Queue, job_id: str) -> None:
-    """Make a job look abandoned: its worker died and the lock lapsed."""
+    """Make a job look abandoned: its worker died and the lock lapsed.
+
+    As if its lock duration had passed: the lock key goes, and the job's time
+    in the lock index moves to the past.
+    """
     queue.client.delete(queue.keys.lock(job_id))
+    queue.client.zadd(queue.keys.locks, {job_id: 0}, xx=True)
 
 
 def sweep(queue: Queue, *, force: bool = True, max_stalled_count: int = 1, budget: int = 1000,

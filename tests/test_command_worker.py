@@ -13,7 +13,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
 from demo_project.demo_app import jobs as demo
-from tests.helpers import sweep, wait_until
+from tests.helpers import kill_lock, sweep, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.django_db
@@ -120,7 +120,7 @@ def test_second_sigterm_exits_at_once_and_the_sweeper_recovers(queue, subprocess
     time.sleep(0.2)
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(5) == 0
-    queue.client.delete(queue.keys.lock(job_id))  # rather than waiting out the 30 s lock
+    kill_lock(queue, job_id)  # rather than waiting out the 30 s lock
     sweep(queue)
     assert sweep(queue).recovered == 1
 

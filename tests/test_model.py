@@ -12,6 +12,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from echomq_django.core import JobLockedError, JobOptions, LockLostError, Queue, Sweeper, connect
 from echomq_django.core.queue import now_ms
 from tests.conftest import REDIS_URL
+from tests.helpers import kill_lock
 
 MAX_STALLED = 1
 
@@ -132,7 +133,7 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def lock_expires(self, data) -> None:
         job_id = data.draw(st.sampled_from(sorted(j for j, job in self.jobs.items() if job.lock_alive)))
-        self.client.delete(self.queue.keys.lock(job_id))
+        kill_lock(self.queue, job_id)
         self.jobs[job_id].lock_alive = False
 
     @rule()
@@ -211,6 +212,14 @@ class QueueMachine(RuleBasedStateMachine):
         marked = self.queue.stalled_ids()
         assert marked <= set(self.client.lrange(self.queue.keys.active, 0, -1))
         assert marked == {job_id for job_id, job in self.jobs.items() if job.marked}
+
+    @invariant()
+    def the_lock_index_holds_exactly_the_active_ids(self) -> None:
+        if not hasattr(self, "queue"):
+            return
+        active = self.client.lrange(self.queue.keys.active, 0, -1)
+        assert set(self.client.zrange(self.queue.keys.locks, 0, -1)) == set(active)
+        assert self.client.zcard(self.queue.keys.locks) == len(active)
 
     @invariant()
     def attempts_are_exact(self) -> None:

@@ -80,7 +80,7 @@ def test_an_acl_user_limited_to_the_prefix_is_enough():
         admin.execute_command(
             "ACL", "SETUSER", "echomq", "on", ">app-pw", "resetkeys", "~sec:*", "resetchannels",
             "-@all", "+@read", "+@write", "+@scripting", "+@connection", "+@keyspace", "+@blocking",
-            "-@dangerous")
+            "-@dangerous", "+time")
         url_as_user = url.replace("redis://", "redis://echomq:app-pw@")
         full_round(url_as_user, prefix="sec")
         outsider = Queue("q", connect(url_as_user, retry=None, retry_on_error=[]), prefix="other")

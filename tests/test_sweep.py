@@ -141,7 +141,8 @@ def test_job_put_in_active_by_another_client_is_swept(queue):
 
 
 @pytest.mark.parametrize("budget", [1, 7, 1000])
-def test_a_sweep_split_into_bounded_calls_handles_every_job_once(queue, budget):
+@pytest.mark.parametrize("walk", [False, True], ids=["lock-index", "walk-of-active"])
+def test_a_sweep_split_into_bounded_calls_handles_every_job_once(queue, budget, walk):
     live, dead = [], []
     for n in range(60):
         queue.add("work", {"n": n})
@@ -149,16 +150,25 @@ def test_a_sweep_split_into_bounded_calls_handles_every_job_once(queue, budget):
         (dead if int(job_id) % 3 == 0 else live).append(job_id)
     for job_id in dead:
         kill_lock(queue, job_id)
+    if walk:  # a lockless job another client moved into `active`: the lock index does not cover it
+        queue.add("work", job_id="foreign-1")
+        queue.client.lrem(queue.keys.wait, 1, "foreign-1")
+        queue.client.lpush(queue.keys.active, "foreign-1")
+        dead.append("foreign-1")
 
     first = sweep(queue, budget=budget)
     assert (first.marked, first.recovered) == (len(dead), 0)
-    assert first.calls >= 60 // budget
+    if walk:
+        assert first.calls >= 61 // budget, "every id of active examined"
+    else:
+        assert len(dead) // budget <= first.calls <= len(dead) // budget + 3, "only the lapsed ids examined"
     second = sweep(queue, budget=budget)
     assert (second.marked, second.recovered) == (0, len(dead))
 
     waiting = queue.client.lrange(queue.keys.wait, 0, -1)
     assert sorted(waiting) == sorted(dead), "each dead job back in wait exactly once"
     assert sorted(queue.client.lrange(queue.keys.active, 0, -1)) == sorted(live)
+    assert sorted(queue.client.zrange(queue.keys.locks, 0, -1)) == sorted(live), "the index follows active"
     assert all(queue.get_job(j).attempts_made == 1 for j in dead)
     assert all(queue.get_job(j).attempts_made == 0 for j in live)
 

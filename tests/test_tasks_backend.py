@@ -24,7 +24,7 @@ from echomq_django.tasks_compat import (
     task_finished,
     task_started,
 )
-from tests.helpers import sweep, wait_until
+from tests.helpers import kill_lock, sweep, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -234,7 +234,7 @@ def test_a_task_killed_mid_run_is_recovered_with_its_attempt_recorded(default_qu
     finally:
         if worker.poll() is None:
             worker.kill()
-    default_queue.client.delete(default_queue.keys.lock(result.id))  # the 30 s lock lapses
+    kill_lock(default_queue, result.id)  # the 30 s lock lapses
     sweep(default_queue)
     assert sweep(default_queue).recovered == 1
     recovered = tasks.slow_first_attempt.get_result(result.id)

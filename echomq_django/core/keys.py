@@ -15,7 +15,7 @@ _NAME = re.compile(r"[^\s{}:\x00-\x1f\x7f]+")
 # may not be one of these names. Digit-only ids are reserved for generated ids.
 RESERVED_IDS = frozenset(
     {"wait", "paused", "active", "stalled", "failed", "completed", "delayed", "prioritized",
-     "stalled-check", "meta", "marker", "id", "events"}
+     "stalled-check", "meta", "marker", "id", "events", "locks"}
 )
 
 
@@ -95,6 +95,11 @@ class QueueKeys:
     @property
     def prioritized(self) -> str:
         return self.base + "prioritized"
+
+    @property
+    def locks(self) -> str:
+        """The lock index: each active id scored by when its lock lapses unless renewed."""
+        return self.base + "locks"
 
     @property
     def stalled_check(self) -> str:

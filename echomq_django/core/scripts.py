@@ -158,10 +158,7 @@ class Scripts:
 
     def extend_lock(self, keys: QueueKeys, job_id: str, token: str, lock_ms: int) -> bool:
         """Renew one lock; False when the token no longer owns the job."""
-        return bool(self._run(
-            "extendLock-3", [keys.stalled, keys.job(job_id), keys.lock(job_id)],
-            [token, lock_ms, job_id],
-        ))
+        return not self.extend_locks(keys, [(job_id, token)], lock_ms)
 
     def extend_locks(self, keys: QueueKeys, held: Iterable[tuple[str, str]], lock_ms: int) -> list[str]:
         """Renew many locks, given as (job id, token) pairs, in one call; returns the ids whose ownership was lost."""
