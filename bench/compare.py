@@ -151,10 +151,15 @@ def ratio_row(figure: str, ours: float, theirs: float | None, unit: str, target:
     Without a limit the row is context, with no target to meet.
     """
     if theirs is None:
-        return Row(figure, f"{ours:,.1f} {unit}", "not measured", None, target, None)
+        return Row(figure, f"{number(ours)} {unit}", "not measured", None, target, None)
     ratio = ours / theirs if theirs else math.inf
     met = None if limit is None else ratio >= limit if higher_is_better else ratio <= limit
-    return Row(figure, f"{ours:,.1f} {unit}", f"{theirs:,.1f} {unit}", ratio, target, met)
+    return Row(figure, f"{number(ours)} {unit}", f"{number(theirs)} {unit}", ratio, target, met)
+
+
+def number(value: float) -> str:
+    """Two decimals below 10 (a sweep of a fraction of a millisecond), one above."""
+    return f"{value:,.2f}" if value < 10 else f"{value:,.1f}"
 
 
 def print_table(rows: list[Row]) -> None:
