@@ -102,7 +102,13 @@ if redis.call("HEXISTS", metaKey, "paused") == 1 then readyKey = pausedKey end
 -- of `active`, `stalled` and the lock index.
 local function recover(id)
   local jobKey = prefix .. id
-  local fields = redis.call("HMGET", jobKey, "atm", "stc", "opts", "pri")
+  -- pcall: a job key of another type must not stop the sweep after earlier writes.
+  local fields = redis.pcall("HMGET", jobKey, "atm", "stc", "opts", "pri")
+  if fields["err"] then
+    failKeyOfWrongType(prefix, failedKey, id, now)
+    failed = failed + 1
+    return false
+  end
   if not (fields[1] or fields[2] or fields[3]) and redis.call("EXISTS", jobKey) == 0 then
     moveToFailed(prefix, failedKey, id, "job hash was missing when the sweeper recovered the id", now)
     failed = failed + 1
@@ -210,10 +216,11 @@ while budget > 0 and phase ~= "done" do
     -- The index holds exactly the ids of `active`: only ids whose lock time
     -- has passed can be lockless, so only those are looked at. Marked ones
     -- stay in the index (scored in the past) until they are recovered.
-    local ids = redis.call("ZRANGEBYSCORE", locksKey, "-inf", redisNowMs(), "LIMIT", cursor, budget)
+    local asked = math.min(budget, GROUP)
+    local ids = redis.call("ZRANGEBYSCORE", locksKey, "-inf", redisNowMs(), "LIMIT", cursor, asked)
     markLockless(ids)
     cursor, budget = cursor + #ids, budget - #ids
-    if budget > 0 then phase = "done" end  -- fewer than asked for: that was the last of them
+    if #ids < asked then phase = "done" end  -- fewer than asked for: that was the last of them
   elseif cursor >= length then
     if phase == "recover" then
       dropStaleMarks()
@@ -222,7 +229,9 @@ while budget > 0 and phase ~= "done" do
       phase = "done"
     end
   else
-    local count = math.min(budget, length - cursor)
+    -- At most GROUP ids at a time, whatever the budget: every list built from
+    -- them is unpacked into one command, and unpack has a limit.
+    local count = math.min(budget, length - cursor, GROUP)
     local first = length - cursor - count
     local ids = redis.call("LRANGE", activeKey, first, first + count - 1)
     budget = budget - #ids

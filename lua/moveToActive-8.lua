@@ -85,8 +85,13 @@ while taken < limit do
   local id = takeNext()
   if not id then break end
   local jobKey = prefix .. id
-  local flat = redis.call("HGETALL", jobKey)
-  if #flat == 0 then
+  local flat = redis.pcall("HGETALL", jobKey)
+  if flat["err"] then
+    -- A job key of another type (written by some other client): it cannot
+    -- run, and an error here would strand the jobs already taken.
+    redis.call("LREM", KEYS[2], 1, id)
+    failKeyOfWrongType(prefix, KEYS[7], id, now)
+  elseif #flat == 0 then
     -- An id with no job hash behind it (written by some other client):
     -- nothing can run it, so it is failed with a reason rather than dropped.
     redis.call("LREM", KEYS[2], 1, id)

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from echomq_django.core import JobOptions, QueueStateError
+from echomq_django.core import JobOptions, NewJob, QueueStateError
 from tests.helpers import fetch, kill_lock, sweep, wait_until
 
 
@@ -252,3 +252,34 @@ def test_the_sweeper_goes_on_with_other_queues_when_one_is_broken(queue, redis_c
         sweeper.stop()
         thread.join(5)
     assert any("queue broken: sweep failed" in message for message in caplog.messages)
+
+
+def test_a_budget_above_luas_unpack_limit_keeps_active_whole(queue):
+    ids = queue.add_bulk([NewJob("work") for _ in range(9000)])
+    assert len(fetch(queue, count=9000)) == 9000
+    kill_lock(queue, ids[0])  # the oldest: at the tail of active
+    sweep(queue, budget=10_000)
+    report = sweep(queue, budget=10_000)
+    assert report.recovered == 1
+    assert queue.client.llen(queue.keys.active) == 8999 == queue.client.zcard(queue.keys.locks)
+
+
+def test_a_job_key_of_another_type_fails_alone_in_fetch_and_sweep(queue):
+    good, bad = queue.add("work", opts=JobOptions(attempts=5)), queue.add("work")
+    queue.client.delete(queue.keys.job(bad))
+    queue.client.set(queue.keys.job(bad), "not a hash")
+    fetched = [job_id for job_id, _ in fetch(queue, count=2)]
+    assert fetched == [good] and queue.get_state(bad) == "failed"
+
+    third = queue.add("work", opts=JobOptions(attempts=5))
+    fetch(queue, count=1)
+    queue.client.delete(queue.keys.job(third))
+    queue.client.set(queue.keys.job(third), "broken later")
+    kill_lock(queue, good)
+    kill_lock(queue, third)
+    sweep(queue)
+    report = sweep(queue)
+    assert (report.recovered, report.failed) == (1, 1)
+    assert queue.get_state(good) == "wait" and queue.get_job(good).attempts_made == 1
+    assert queue.get_state(third) == "failed"
+    assert queue.client.llen(queue.keys.active) == 0 == queue.client.zcard(queue.keys.locks)

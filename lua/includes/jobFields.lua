@@ -28,16 +28,22 @@ local function appendToJsonList(raw, item, keep)
 end
 
 -- The job's attempt ceiling from its raw `opts`: opts.attempts, else the
--- caller's default.
+-- caller's default (one default per script call). Jobs of one kind share
+-- their opts text, so each text is decoded once per call.
+local maxAttemptsByOpts = {}
 local function parseMaxAttempts(raw, defaultAttempts)
   if not raw or raw == "" then return defaultAttempts end
-  local ok, opts = pcall(cjson.decode, raw)
-  if not ok or type(opts) ~= "table" then
-    return nil, "job field opts is not a JSON object"
+  local known = maxAttemptsByOpts[raw]
+  if not known then
+    local ok, opts = pcall(cjson.decode, raw)
+    if not ok or type(opts) ~= "table" then
+      known = {nil, "job field opts is not a JSON object"}
+    else
+      known = {tonumber(opts["attempts"]) or defaultAttempts}
+    end
+    maxAttemptsByOpts[raw] = known
   end
-  local attempts = tonumber(opts["attempts"])
-  if attempts == nil then return defaultAttempts end
-  return attempts
+  return known[1], known[2]
 end
 
 -- Put a job in `failed` for good, saying why. The caller has already taken
@@ -47,4 +53,12 @@ local function moveToFailed(prefix, failedKey, id, reason, now)
   redis.call("HDEL", prefix .. id, "tok")
   redis.call("ZADD", failedKey, now, id)
   emitEvent(prefix, "failed", id, "reason", reason)
+end
+
+-- Put an id whose job key holds another type than a hash in `failed`. Nothing
+-- can be written to that key, so the reason goes to the event only.
+local function failKeyOfWrongType(prefix, failedKey, id, now)
+  local keyType = redis.call("TYPE", prefix .. id)["ok"]
+  redis.call("ZADD", failedKey, now, id)
+  emitEvent(prefix, "failed", id, "reason", "the job key holds a " .. keyType .. ", not a hash")
 end
