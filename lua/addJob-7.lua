@@ -46,7 +46,11 @@ for i = 3, #ARGV, 6 do
   local id = ARGV[i]
   local added = 1
   if id == "" then
-    id = tostring(redis.call("INCR", KEYS[4]))
+    -- Skip any number another client already used as a key: HSET on a key of
+    -- another type would raise after this call's earlier jobs were written.
+    repeat
+      id = tostring(redis.call("INCR", KEYS[4]))
+    until redis.call("EXISTS", prefix .. id) == 0
   elseif redis.call("EXISTS", prefix .. id) == 1 then
     added = 0
   end

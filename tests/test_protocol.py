@@ -334,3 +334,10 @@ def test_error_classes_and_traces_stay_aligned_when_a_trace_is_missing(queue):
     job = queue.get_job(job_id)
     assert list(zip(job.error_classes, job.stacktrace)) == [
         ("mod.Error1", "trace 1"), ("mod.Error2", ""), ("mod.Error3", "trace 3")]
+
+
+def test_a_generated_id_skips_a_key_another_client_wrote(queue):
+    queue.client.set(queue.keys.job("2"), "someone else's string")
+    ids = queue.add_bulk([NewJob("work", {"n": n}) for n in range(3)])
+    assert ids == ["1", "3", "4"]
+    assert queue.counts()["wait"] == 3 and queue.client.get(queue.keys.job("2")) == "someone else's string"
