@@ -237,3 +237,44 @@ def test_a_job_thread_survives_a_finish_that_fails(queue, caplog):
         make_worker(queue, handler, concurrency=1).run(burst=True)
     assert queue.get_state(second) == "completed", "the one job thread lived on"
     assert any("could not finish job" in message for message in caplog.messages)
+
+
+def test_a_handler_that_raises_system_exit_fails_its_job_and_the_worker_goes_on(queue):
+    job_id = queue.add("exits", opts=JobOptions(attempts=1))
+    later = queue.add("work")
+
+    def handler(job):
+        if job.id == job_id:
+            raise SystemExit(3)
+        return "ok"
+
+    worker = make_worker(queue, handler, concurrency=1)
+    thread = start(worker, burst=True)
+    thread.join(5)
+    assert not thread.is_alive(), "burst returned: the slot was freed"
+    assert queue.get_state(later) == "completed", "the one job thread lived on"
+    job = queue.get_job(job_id)
+    assert (queue.get_state(job_id), job.failed_reason) == ("failed", "SystemExit: 3")
+    assert not queue.client.exists(queue.keys.lock(job_id))
+
+
+def test_a_worker_that_stops_hands_the_marker_on_to_an_idle_one(queue):
+    release = threading.Event()
+    a = make_worker(queue, lambda job: release.wait(10), concurrency=2, block_timeout_s=4)
+    queue.add("long")
+    a_thread = start(a)
+    assert wait_until(lambda: queue.counts()["active"] == 1, 3)
+    time.sleep(0.3)  # A's free slot has it blocked on the marker
+    a.stop()  # A takes no more jobs, but its marker thread is still blocked
+    started = {}
+    b = make_worker(queue, lambda job: started.setdefault(job.id, time.monotonic()), block_timeout_s=4)
+    b_thread = start(b)
+    time.sleep(0.3)  # B blocks on the marker after A
+    added_at = time.monotonic()
+    job_id = queue.add("quick")
+    assert wait_until(lambda: job_id in started, 3)
+    assert started[job_id] - added_at < 1.0, "B woke on the marker, not on its 4 s timeout"
+    release.set()
+    b.stop()
+    for thread in (a_thread, b_thread):
+        thread.join(6)

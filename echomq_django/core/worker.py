@@ -103,7 +103,8 @@ class Worker:
         self._jobs: threadqueue.SimpleQueue[Job | None] = threadqueue.SimpleQueue()
         # What wakes the loop: an _Outcome from a job thread, or None (marker, stop).
         self._events: threadqueue.SimpleQueue[_Outcome | None] = threadqueue.SimpleQueue()
-        self._marker_wanted = threading.Event()
+        self._marker_wanted = threading.Event()  # the loop asks the marker thread to block
+        self._idle = threading.Event()  # the loop has free slots and found nothing to take
         self._marker_timeout_s = block_timeout_s
         self._stopping = threading.Event()
         self._aborted = threading.Event()
@@ -120,6 +121,7 @@ class Worker:
         else:
             logger.info("worker %s: stopping after %d running job(s)", self.worker_id, self._running)
             self._stopping.set()
+            self._idle.clear()
         self._events.put(None)
 
     def run(self, *, burst: bool = False, max_jobs: int | None = None) -> int:
@@ -152,8 +154,11 @@ class Worker:
                 if want and not burst:
                     self._arm_marker(next_due)
                 self._collect(ended, wait_s=self.block_timeout_s + 1)
+            if ended:  # a second stop: still write what already ended, once, rather than rerun it
+                self._exchange(ended, 0)
         finally:
             self._stopping.set()
+            self._idle.clear()
             self._done.set()
             self._marker_wanted.set()
             for _ in range(self.concurrency):
@@ -205,6 +210,8 @@ class Worker:
             self._aborted.wait(1.0)
             return 0, None
         next_due, jobs = self.scripts.fetched(reply)
+        if jobs:
+            self._idle.clear()
         for job_id, flat in jobs:
             job = Job.from_flat(self.keys.queue, job_id, flat)  # job.token is this fetch's token
             self._running += 1
@@ -274,6 +281,7 @@ class Worker:
         if next_due is not None:
             timeout = min(timeout, max((next_due - now_ms()) / 1000, 0.001))
         self._marker_timeout_s = timeout
+        self._idle.set()
         self._marker_wanted.set()
 
     def _wait_for_marker(self) -> None:
@@ -282,33 +290,39 @@ class Worker:
             if self._done.is_set():
                 return
             self._marker_wanted.clear()
-            self._block(self._marker_timeout_s)
+            if self._block(self._marker_timeout_s) and not self._idle.is_set():
+                # The loop filled its slots or began stopping meanwhile: the signal
+                # is for another worker, so put it back.
+                self.client.zadd(self.keys.marker, {"0": 0})
             self._events.put(None)
 
-    def _block(self, timeout: float) -> None:
-        """Sleep until a producer signals work (the marker) or the timeout ends."""
+    def _block(self, timeout: float) -> bool:
+        """Sleep until a producer signals work (the marker) or the timeout ends; True if it took the marker."""
         # A block longer than the client's socket timeout would end in a
         # TimeoutError (and retries) instead of an empty reply.
         # (redis-py's own default socket timeout is 5 s.)
         socket_timeout = self.client.connection_pool.connection_kwargs.get("socket_timeout") or 5.0
         try:
-            self.client.bzpopmin(self.keys.marker, timeout=min(timeout, max(socket_timeout - 1, 0.1)))
+            return self.client.bzpopmin(self.keys.marker, timeout=min(timeout, max(socket_timeout - 1, 0.1))) \
+                is not None
         except (ConnectionError, TimeoutError) as error:
             logger.error("worker %s: Redis unreachable while waiting (%s); retrying",
                          self.worker_id, error)
             self._done.wait(1.0)
+            return False
 
     # -- job threads -----------------------------------------------------
 
     def _job_thread(self) -> None:
         while (job := self._jobs.get()) is not None:
+            finish = None
             try:
                 finish = self._run_job(job)
             except Exception:  # the thread must live on for the next job; the lock lapses
                 logger.exception("worker %s: could not finish job %s; the sweeper will recover it",
                                  self.worker_id, job.id)
-                finish = None
-            self._events.put(_Outcome(job, finish, time.monotonic()))
+            finally:  # even for SystemExit from a handler: the loop must free the slot
+                self._events.put(_Outcome(job, finish, time.monotonic()))
 
     def _run_job(self, job: Job) -> Finish:
         """Run the handler; returns the end of the attempt, to be written by the loop."""
@@ -316,7 +330,7 @@ class Worker:
         try:
             result = self.handler(job)
             value = encode_json(result, f"return value of job {job.id}")
-        except Exception as error:  # the job's own failure: recorded on the job, not raised
+        except BaseException as error:  # the job's own failure (SystemExit too): recorded on the job, not raised
             return Finish(
                 job.id, token, completed=False, value=f"{type(error).__name__}: {error}",
                 stacktrace="" if isinstance(error, PayloadError) else "".join(traceback.format_exception(error)),
