@@ -26,8 +26,10 @@ local lost = {}
 for i = 3, #ARGV, 2 do
   local id, token = ARGV[i], ARGV[i + 1]
   local jobKey = prefix .. id
-  if redis.call("HGET", jobKey, "tok") == token then
-    redis.call("SET", jobKey .. ":lock", token, "PX", lockMs)
+  -- pcall: a job key another client overwrote must not stop the other renewals.
+  if redis.pcall("HGET", jobKey, "tok") == token then
+    -- PXAT: the lock lapses at exactly the time the index records.
+    redis.call("SET", jobKey .. ":lock", token, "PXAT", lapsesAt)
     redis.call("ZADD", locksKey, "XX", lapsesAt, id)  -- XX: only ids that are in `active`
     redis.call("SREM", KEYS[1], id)
   else

@@ -278,3 +278,20 @@ def test_a_worker_that_stops_hands_the_marker_on_to_an_idle_one(queue):
     b.stop()
     for thread in (a_thread, b_thread):
         thread.join(6)
+
+
+def test_renewal_goes_on_when_another_clients_write_breaks_one_job(queue):
+    broken, healthy = queue.add("work"), queue.add("work")
+    release = threading.Event()
+    worker = make_worker(queue, lambda job: release.wait(10), concurrency=2, lock_duration_ms=600,
+                         renew_interval_ms=150)
+    thread = start(worker)
+    assert wait_until(lambda: queue.counts()["active"] == 2, 3)
+    queue.client.delete(queue.keys.job(broken))
+    queue.client.set(queue.keys.job(broken), "overwritten")
+    time.sleep(1.2)  # two lock durations: only renewals keep the healthy job's lock
+    assert queue.client.exists(queue.keys.lock(healthy)), "the renewal thread lived on"
+    release.set()
+    assert wait_until(lambda: queue.get_state(healthy) == "completed", 3)
+    worker.stop()
+    thread.join(5)

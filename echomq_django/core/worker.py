@@ -350,7 +350,7 @@ class Worker:
                 continue
             try:
                 lost = self.scripts.extend_locks(self.keys, held, self.lock_duration_ms)
-            except (ConnectionError, TimeoutError) as error:
+            except Exception as error:  # an outage, OOM, a failover's READONLY: try again next round
                 logger.error("worker %s: could not renew locks (%s)", self.worker_id, error)
                 continue
             for job_id in lost:
