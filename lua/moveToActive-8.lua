@@ -97,7 +97,8 @@ while taken < limit do
     redis.call("LREM", KEYS[2], 1, id)
     moveToFailed(prefix, KEYS[7], id, "job hash was missing when a worker fetched the id", now)
   else
-    redis.call("SET", jobKey .. ":lock", token, "PX", lockMs)
+    -- PXAT: the lock lapses at exactly the time the index records.
+    redis.call("SET", jobKey .. ":lock", token, "PXAT", lapsesAt)
     redis.call("ZADD", locksKey, lapsesAt, id)
     local ats, wids, startedOn
     for i = 1, #flat, 2 do

@@ -218,8 +218,11 @@ class QueueMachine(RuleBasedStateMachine):
         if not hasattr(self, "queue"):
             return
         active = self.client.lrange(self.queue.keys.active, 0, -1)
-        assert set(self.client.zrange(self.queue.keys.locks, 0, -1)) == set(active)
-        assert self.client.zcard(self.queue.keys.locks) == len(active)
+        scores = dict(self.client.zrange(self.queue.keys.locks, 0, -1, withscores=True))
+        assert set(scores) == set(active) and len(scores) == len(active)
+        for job_id, score in scores.items():  # a live lock never lapses after its recorded time
+            expires_at = self.client.execute_command("PEXPIRETIME", self.queue.keys.lock(job_id))
+            assert expires_at < 0 or expires_at <= score, f"job {job_id}: lock lapses at {expires_at}, index {score}"
 
     @invariant()
     def attempts_are_exact(self) -> None:
