@@ -61,9 +61,12 @@ def _write(queue: Queue, state: str, scored_ids: list[tuple[str, int | None]]) -
     for job_id, _score in scored_ids:
         pipe.hgetall(queue.keys.job(job_id))
     records = []
-    for (job_id, score), fields in zip(scored_ids, pipe.execute()):
-        job = Job.from_hash(queue.name, job_id, fields)
-        if not fields:
+    for (job_id, score), fields in zip(scored_ids, pipe.execute(raise_on_error=False)):
+        wrong_type = isinstance(fields, Exception)  # a key another client overwrote
+        job = Job.from_hash(queue.name, job_id, {} if wrong_type else fields)
+        if wrong_type:
+            job.failed_reason = "the job key holds another type than a hash"
+        elif not fields:
             job.failed_reason = "the job hash no longer exists in Redis"
         records.append(_record(job, state, score))
     JobRecord.objects.bulk_create(records, update_conflicts=True, unique_fields=["queue", "job_id"],

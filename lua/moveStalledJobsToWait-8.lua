@@ -194,6 +194,9 @@ local function dropStaleMarks()
   for _, id in ipairs(redis.call("SRANDMEMBER", stalledKey, 10)) do
     if redis.call("LPOS", activeKey, id) == false then
       redis.call("SREM", stalledKey, id)
+      -- An index entry whose id left `active` behind the scripts' back goes
+      -- too, so the counts differ and the next sweep walks `active`.
+      redis.call("ZREM", locksKey, id)
     end
   end
 end

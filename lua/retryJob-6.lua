@@ -14,15 +14,20 @@
   ARGV[1] key prefix of the queue
   ARGV[2] job id
 
-  Returns 1 when the job was moved, 0 when it is not in `failed`.
+  Returns 1 when the job was moved, 0 when it is not in `failed`, -1 when its
+  key holds no job hash (nothing could run it; it stays in `failed`).
 ]]
 -- @include "emitEvent"
 -- @include "pushReady"
 
 local prefix, id = ARGV[1], ARGV[2]
-if redis.call("ZREM", KEYS[1], id) == 0 then
+if not redis.call("ZSCORE", KEYS[1], id) then
   return 0
 end
+if redis.call("TYPE", prefix .. id)["ok"] ~= "hash" then
+  return -1  -- no job hash to run (missing, or another type): it stays failed
+end
+redis.call("ZREM", KEYS[1], id)
 redis.call("HDEL", prefix .. id, "finishedOn", "failedReason", "processedOn")
 pushReady(prefix, KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], id)
 emitEvent(prefix, "retried", id, "by", "retryJob")

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from echomq_django.core import JobOptions, NewJob, QueueStateError
-from tests.helpers import fetch, kill_lock, sweep, wait_until
+from tests.helpers import fetch, finish, kill_lock, sweep, wait_until
 
 
 def stalled_job(queue, attempts=3, **add):
@@ -283,3 +283,30 @@ def test_a_job_key_of_another_type_fails_alone_in_fetch_and_sweep(queue):
     assert queue.get_state(good) == "wait" and queue.get_job(good).attempts_made == 1
     assert queue.get_state(third) == "failed"
     assert queue.client.llen(queue.keys.active) == 0 == queue.client.zcard(queue.keys.locks)
+
+
+def test_a_failed_id_whose_key_is_not_a_hash_stays_failed_and_visible(queue):
+    good, bad = queue.add("work", opts=JobOptions(attempts=1)), queue.add("work")
+    queue.client.delete(queue.keys.job(bad))
+    queue.client.set(queue.keys.job(bad), "not a hash")
+    fetch(queue, count=2)  # the bad one goes to failed at once
+    finish(queue, good, "token-1", completed=False, value="boom")
+    assert {job.id for job in queue.get_jobs("failed")} == {good}, "listed without the unreadable one"
+    assert queue.retry(bad) is False and queue.get_state(bad) == "failed"
+    assert queue.retry_all_failed() == 1
+    assert (queue.get_state(good), queue.get_state(bad)) == ("wait", "failed")
+
+
+def test_an_index_entry_whose_id_left_active_behind_the_scripts_back_is_dropped(queue):
+    job_id = queue.add("work")
+    fetch(queue)
+    kill_lock(queue, job_id)
+    sweep(queue)  # marked
+    queue.client.lrem(queue.keys.active, 1, job_id)  # another client takes it out of active only
+    queue.add("work", job_id="foreign-1")
+    queue.client.lrem(queue.keys.wait, 1, "foreign-1")
+    queue.client.lpush(queue.keys.active, "foreign-1")  # and puts an unindexed id in: counts equal
+    sweep(queue)  # drops the stale mark and the ghost entry; the counts differ, so it walks active
+    assert queue.client.zcard(queue.keys.locks) == 0
+    assert queue.stalled_ids() == {"foreign-1"}, "the walk found the id the index never covered"
+    assert sweep(queue).recovered == 1

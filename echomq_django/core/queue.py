@@ -120,10 +120,11 @@ class Queue:
         pipe = self.client.pipeline(transaction=False)
         for job_id in ids:
             pipe.hgetall(self.keys.job(job_id))
+        # A key of another type (written by some other client) is skipped like a missing one.
         return [
             Job.from_hash(self.name, job_id, fields)
-            for job_id, fields in zip(ids, pipe.execute())
-            if fields
+            for job_id, fields in zip(ids, pipe.execute(raise_on_error=False))
+            if fields and not isinstance(fields, Exception)
         ]
 
     def counts(self) -> dict[str, int]:
@@ -132,7 +133,7 @@ class Queue:
 
     def retry(self, job_id: str) -> bool:
         """Send a failed job back to wait; False when it is not in `failed` (any more)."""
-        return bool(self.scripts.retry_job(self.keys, validate_name(job_id, "job id")))
+        return self.scripts.retry_job(self.keys, validate_name(job_id, "job id")) == 1
 
     def remove(self, job_id: str, *, only_from: str | None = None) -> bool:
         """Delete a job wherever it is (or only while in `only_from`: "failed", ...).
@@ -143,14 +144,15 @@ class Queue:
 
     def retry_all_failed(self, batch: int = 1000) -> int:
         """Send every failed job back to wait, `batch` per pipelined round trip; returns how many."""
-        retried = 0
-        while ids := self.client.zrange(self.keys.failed, 0, batch - 1):
+        retried = stuck = 0  # stuck: ids with no job hash to run, which stay at the head of failed
+        while ids := self.client.zrange(self.keys.failed, stuck, stuck + batch - 1):
             pipe = self.client.pipeline(transaction=False)
             for job_id in ids:
                 self.scripts.retry_job(self.keys, job_id, client=pipe)
-            moved = sum(1 for result in pipe.execute() if result)
-            retried += moved
-            if not moved:
+            codes = pipe.execute()
+            retried += codes.count(1)
+            stuck += codes.count(-1)
+            if 1 not in codes and -1 not in codes:
                 break
         return retried
 

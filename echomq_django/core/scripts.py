@@ -232,7 +232,7 @@ class Scripts:
         return (reply[0], int(reply[1]), int(reply[2]), int(reply[3]), int(reply[4]), int(reply[5]))
 
     def retry_job(self, keys: QueueKeys, job_id: str, client: Any = None) -> Any:
-        """Move a job that is still in `failed` back to wait: 1, or 0 if it was not there.
+        """Move a job that is still in `failed` back to wait: 1; 0 if it was not there; -1 if it has no job hash.
 
         Inside a pipeline (`client=pipe`) the answer comes from `pipe.execute()`.
         """

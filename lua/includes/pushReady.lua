@@ -19,7 +19,10 @@ end
 
 local function pushReady(prefix, waitKey, pausedKey, metaKey, markerKey, prioritizedKey, id)
   local paused = redis.call("HEXISTS", metaKey, "paused") == 1
-  local priority = parsePriority(redis.call("HGET", prefix .. id, "pri"))
+  -- pcall: a job key of another type counts as priority 0 here; the worker
+  -- that fetches the id sends it to failed.
+  local raw = redis.pcall("HGET", prefix .. id, "pri")
+  local priority = parsePriority(type(raw) == "string" and raw or nil)
   if priority ~= 0 then
     redis.call("ZADD", prioritizedKey, priorityScore(metaKey, priority), id)
   elseif paused then
