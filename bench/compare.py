@@ -46,7 +46,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH), str(BENCH.parent)]
 
-from measure import ScriptTime, drop, script_time, slowlog_on, used_memory  # noqa: E402
+from measure import ScriptTime, drop, parse_rate, script_time, slowlog_on, used_memory  # noqa: E402
 from sweep_cost import stage  # noqa: E402
 
 from echomq_django.core import NewJob, Queue, Sweeper, connect  # noqa: E402
@@ -137,16 +137,6 @@ def echomq_worker_rate(url: str, jobs: int, concurrency: int) -> float:
 def median_run(measure: Callable[[], ScriptTime], runs: int = 3) -> ScriptTime:
     """The run with the median Redis time of `runs` runs."""
     return sorted((measure() for _ in range(runs)), key=lambda t: t.total_ms)[runs // 2]
-
-
-def parse_rate(proc: subprocess.CompletedProcess) -> float:
-    """The rate a worker subprocess printed as 'RATE <jobs/s>'."""
-    if proc.returncode != 0:
-        raise RuntimeError(f"worker exited {proc.returncode}: {proc.stderr[-2000:]}")
-    for line in proc.stdout.splitlines():
-        if line.startswith("RATE "):
-            return float(line.split()[1])
-    raise RuntimeError(f"worker printed no rate: {proc.stdout[-2000:]} {proc.stderr[-2000:]}")
 
 
 # ---------------------------------------------------------------- the table

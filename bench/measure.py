@@ -7,6 +7,7 @@ Both are Redis-wide, so measure one thing at a time on a Redis nobody else uses.
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -75,3 +76,13 @@ def drop(client: Any, pattern: str) -> None:
             batch = []
     if batch:
         client.unlink(*batch)
+
+
+def parse_rate(proc: subprocess.CompletedProcess) -> float:
+    """The rate a worker subprocess printed as 'RATE <jobs/s>'."""
+    if proc.returncode != 0:
+        raise RuntimeError(f"worker exited {proc.returncode}: {proc.stderr[-2000:]}")
+    for line in proc.stdout.splitlines():
+        if line.startswith("RATE "):
+            return float(line.split()[1])
+    raise RuntimeError(f"worker printed no rate: {proc.stdout[-2000:]} {proc.stderr[-2000:]}")

@@ -45,7 +45,7 @@ from bullmq import Queue
 from bullmq.redis_connection import RedisConnection, loadScript
 from bullmq.scripts import Scripts
 
-from measure import ScriptTime, drop, script_time, slowlog_on, used_memory
+from measure import ScriptTime, drop, parse_rate, script_time, slowlog_on, used_memory
 
 STAGE_BATCH = 5000
 ADD_BULK_CHUNK = 1000
@@ -200,15 +200,6 @@ asyncio.run(main())
 """
 
 
-def _parse_rate(proc: subprocess.CompletedProcess) -> float:
-    if proc.returncode != 0:
-        raise RuntimeError(f"worker exited {proc.returncode}: {proc.stderr[-2000:]}")
-    for line in proc.stdout.splitlines():
-        if line.startswith("RATE "):
-            return float(line.split()[1])
-    raise RuntimeError(f"worker printed no rate: {proc.stdout[-2000:]} {proc.stderr[-2000:]}")
-
-
 def bullmq_worker_rate(url: str, jobs: int, concurrency: int) -> float:
     """jobs/s of one bullmq Worker (own process) draining `jobs` pre-enqueued no-op jobs."""
     client = _client(url)
@@ -218,7 +209,7 @@ def bullmq_worker_rate(url: str, jobs: int, concurrency: int) -> float:
         proc = subprocess.run(
             [sys.executable, "-c", _BULLMQ_WORKER, url, prefix, QUEUE, str(jobs), str(concurrency)],
             capture_output=True, text=True, timeout=jobs / 200 + 60)
-        return _parse_rate(proc)
+        return parse_rate(proc)
     finally:
         drop(client, f"{prefix}:*")
         client.close()
@@ -269,7 +260,7 @@ def rq_worker_rate(url: str, jobs: int) -> float:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (module_dir, env.get("PYTHONPATH")) if p)
             proc = subprocess.run([sys.executable, "-c", _RQ_WORKER, rq_url, tag, f"{tag}-worker", str(jobs)],
                                   capture_output=True, text=True, timeout=jobs / 20 + 60, env=env, cwd=module_dir)
-            rate = _parse_rate(proc)
+            rate = parse_rate(proc)
             finished, failed = FinishedJobRegistry(queue=queue).count, FailedJobRegistry(queue=queue).count
             if finished != jobs:
                 raise RuntimeError(f"RQ finished {finished} of {jobs} jobs ({failed} failed)")
