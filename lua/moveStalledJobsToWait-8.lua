@@ -147,23 +147,21 @@ local function recover(id)
   return true
 end
 
--- Ids are looked up in groups of at most this many (Lua's unpack has a limit).
+-- Each step of a call handles at most this many ids: every list built from
+-- them is unpacked into one command, and Lua's unpack has a limit.
 local GROUP = 1000
 
--- Whether each of `ids` is marked: one SMISMEMBER per group.
+-- Whether each of `ids` (at most GROUP, at least one) is marked: one SMISMEMBER.
 local function markedFlags(ids)
   local flags = {}
-  for from = 1, #ids, GROUP do
-    local to = math.min(from + GROUP - 1, #ids)
-    for _, flag in ipairs(redis.call("SMISMEMBER", stalledKey, unpack(ids, from, to))) do
-      flags[#flags + 1] = flag == 1
-    end
+  for i, flag in ipairs(redis.call("SMISMEMBER", stalledKey, unpack(ids))) do
+    flags[i] = flag == 1
   end
   return flags
 end
 
--- Call visit(from, to) for each run ids[from..to] whose lock keys are all
--- gone. One EXISTS over all their lock keys settles the common cases in a
+-- Call visit(from, to) for each run ids[from..to] (at most GROUP ids) whose
+-- lock keys are all gone. One EXISTS over all their lock keys settles the common cases in a
 -- single call: every lock there (the steady state) or none; a mixed range is
 -- split in two and each half tested again, so k lockless ids among n cost
 -- about k * log2(n / k) calls.
@@ -178,13 +176,12 @@ local function forLockless(ids, from, to, visit)
   forLockless(ids, middle + 1, to, visit)
 end
 
--- Mark every lockless id of `ids`, a group at a time.
+-- Mark every lockless id of `ids` (at most GROUP).
 local function markLockless(ids)
-  for from = 1, #ids, GROUP do
-    forLockless(ids, from, math.min(from + GROUP - 1, #ids), function(a, b)
-      marked = marked + redis.call("SADD", stalledKey, unpack(ids, a, b))
-    end)
-  end
+  if #ids == 0 then return end
+  forLockless(ids, 1, #ids, function(a, b)
+    marked = marked + redis.call("SADD", stalledKey, unpack(ids, a, b))
+  end)
 end
 
 -- Marks left after a whole recover walk belong to ids that are not in
@@ -232,9 +229,7 @@ while budget > 0 and phase ~= "done" do
       phase = "done"
     end
   else
-    -- At most GROUP ids at a time, whatever the budget: every list built from
-    -- them is unpacked into one command, and unpack has a limit.
-    local count = math.min(budget, length - cursor, GROUP)
+    local count = math.min(budget, length - cursor, GROUP)  -- at most GROUP, whatever the budget
     local first = length - cursor - count
     local ids = redis.call("LRANGE", activeKey, first, first + count - 1)
     budget = budget - #ids
@@ -249,8 +244,8 @@ while budget > 0 and phase ~= "done" do
         end
       end
       local isLockless = {}
-      for from = 1, #unmark, GROUP do
-        forLockless(unmark, from, math.min(from + GROUP - 1, #unmark), function(a, b)
+      if #unmark > 0 then
+        forLockless(unmark, 1, #unmark, function(a, b)
           for j = a, b do isLockless[positions[j]] = true end
         end)
       end
