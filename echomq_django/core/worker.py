@@ -174,7 +174,6 @@ class Worker:
         results stay in `ended` to be sent again (a finish sent twice is
         answered "already done"), until their lock would have lapsed anyway.
         """
-        token = f"{self.worker_id}:{uuid.uuid4().hex}"
         writing = [outcome for outcome in ended if outcome.finish]
         calls = []
         if writing:
@@ -183,6 +182,7 @@ class Worker:
                 default_attempts=self.default_attempts,
                 keep_completed=(self.keep_completed.count, self.keep_completed.age_ms),
                 keep_failed=(self.keep_failed.count, self.keep_failed.age_ms)))
+        token = f"{self.worker_id}:{uuid.uuid4().hex}" if want else ""  # the lock token of this fetch
         if want:
             calls.append(self.scripts.fetch_call(self.keys, token, self.lock_duration_ms, now_ms(), want,
                                                  self.worker_id))
