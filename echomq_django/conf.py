@@ -24,6 +24,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from .core import DEFAULT_REDIS_URL, Backoff, InvalidNameError, Retention, validate_name
+from .core.connection import RedisURLError, parse_redis_url
 from .core.queue import DEFAULT_MAX_PAYLOAD_BYTES
 
 TOP_LEVEL_DEFAULTS: dict[str, Any] = {
@@ -43,7 +44,6 @@ QUEUE_DEFAULTS: dict[str, Any] = {
     "KEEP_COMPLETED": {"COUNT": 1000, "AGE": None},  # None = no limit; AGE in seconds
     "KEEP_FAILED": {"COUNT": None, "AGE": None},
 }
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 @dataclass(frozen=True)
@@ -181,9 +181,12 @@ def parse_settings(raw: Any) -> tuple[EchoMQSettings, list[Problem]]:
                                 f"Known keys: {', '.join(TOP_LEVEL_DEFAULTS)}.", warning=True))
     values = {**TOP_LEVEL_DEFAULTS, **raw}
     url = values["REDIS_URL"]
-    if not isinstance(url, str) or not url.startswith(REDIS_SCHEMES):
-        problems.append(Problem("echomq.E002", f"ECHOMQ['REDIS_URL'] must be a Redis URL, not {url!r}.",
-                                "Use redis://host:port/db, rediss:// for TLS, or unix:///path.sock."))
+    try:
+        parse_redis_url(url)
+    except RedisURLError as error:
+        problems.append(Problem("echomq.E002", f"ECHOMQ['REDIS_URL'] is wrong: {error}.",
+                                "Use redis://host:port/db (rediss:// for TLS, unix:///path.sock), "
+                                "redis+cluster://host:port,host:port or redis+sentinel://host:port/service."))
         url = DEFAULT_REDIS_URL
     prefix = values["PREFIX"]
     try:

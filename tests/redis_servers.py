@@ -1,5 +1,6 @@
 """Throwaway redis-server processes on free loopback ports, for tests that need their own."""
 
+import random
 import shutil
 import socket
 import subprocess
@@ -13,10 +14,20 @@ import pytest
 import redis
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+def free_port(*, with_bus: bool = False) -> int:
+    """A free loopback port; `with_bus`: one whose cluster bus port (+10000) is free too."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", random.randrange(20000, 55000) if with_bus else 0))
+            port = probe.getsockname()[1]
+            if not with_bus:
+                return port
+            with socket.socket() as bus:
+                try:
+                    bus.bind(("127.0.0.1", port + 10000))
+                except OSError:
+                    continue
+            return port
 
 
 class RedisServer:
@@ -26,13 +37,14 @@ class RedisServer:
     only TLS on that port, and `url` is a rediss:// URL trusting that CA.
     """
 
-    def __init__(self, *config: str, tls: Path | None = None) -> None:
+    def __init__(self, *config: str, tls: Path | None = None, port: int | None = None) -> None:
         self.binary = shutil.which("redis-server")
         if self.binary is None:
             pytest.fail("redis-server is not installed (.ci/run installs it)")
-        self.port = free_port()
+        self.port = port or free_port()
         self.workdir = tempfile.TemporaryDirectory(prefix="echomq-test-redis-")
         self.process: subprocess.Popen | None = None
+        self.config_file: list[str] = []  # a config file must come first on the command line
         if tls is None:
             self.args = ["--port", str(self.port), *config]
             self.url = f"redis://127.0.0.1:{self.port}/0"
@@ -44,7 +56,7 @@ class RedisServer:
 
     def start(self) -> None:
         self.process = subprocess.Popen(
-            [self.binary, "--bind", "127.0.0.1", "--save", "", "--dir", self.workdir.name, *self.args],
+            [self.binary, *self.config_file, "--bind", "127.0.0.1", "--save", "", "--dir", self.workdir.name, *self.args],
             stdout=subprocess.DEVNULL)
         client = redis.Redis.from_url(self.url)
         deadline = time.monotonic() + 10
@@ -75,3 +87,109 @@ def redis_server(*config: str) -> Iterator[str]:
     finally:
         server.stop()
         server.workdir.cleanup()
+
+
+class ClusterServers:
+    """A Redis Cluster on free loopback ports: `masters` masters with `replicas` replicas each.
+
+    Built with CLUSTER ADDSLOTSRANGE, MEET and REPLICATE rather than
+    `redis-cli --cluster create`, which refuses fewer than three masters.
+    `url` is the redis+cluster:// URL naming every master.
+    """
+
+    def __init__(self, masters: int = 3, replicas: int = 1, *config: str) -> None:
+        cluster = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                   "--cluster-node-timeout", "2000", "--appendonly", "no", *config)
+        self.masters = [RedisServer(*cluster, port=free_port(with_bus=True)) for _ in range(masters)]
+        self.replicas = [RedisServer(*cluster, port=free_port(with_bus=True)) for _ in range(masters * replicas)]
+        self.url = "redis+cluster://" + ",".join(f"127.0.0.1:{node.port}" for node in self.masters)
+
+    @property
+    def nodes(self) -> list[RedisServer]:
+        return self.masters + self.replicas
+
+    def start(self) -> None:
+        for node in self.nodes:
+            node.start()
+        clients = [redis.Redis(port=node.port, decode_responses=True) for node in self.nodes]
+        per_master = 16384 // len(self.masters)
+        for i, client in enumerate(clients[:len(self.masters)]):
+            last = 16383 if i == len(self.masters) - 1 else (i + 1) * per_master - 1
+            client.execute_command("CLUSTER ADDSLOTSRANGE", i * per_master, last)
+        for client in clients[1:]:
+            client.execute_command("CLUSTER MEET", "127.0.0.1", self.nodes[0].port)
+        wait_for(lambda: all(int(c.execute_command("CLUSTER INFO")["cluster_known_nodes"]) == len(clients) for c in clients),
+                 "every node to know every other")
+        for i, client in enumerate(clients[len(self.masters):]):
+            master = clients[i % len(self.masters)]
+            client.execute_command("CLUSTER REPLICATE", master.execute_command("CLUSTER MYID"))
+        self.wait_ok()
+        for client in clients:
+            client.close()
+
+    def wait_ok(self, timeout: float = 20) -> None:
+        """Wait until every live node reports cluster_state:ok and every replica has synced."""
+        def healthy() -> bool:
+            for node in self.nodes:
+                if node.process is None or node.process.poll() is not None:
+                    continue
+                with redis.Redis(port=node.port, decode_responses=True) as client:
+                    if client.execute_command("CLUSTER INFO")["cluster_state"] != "ok":
+                        return False
+                    info = client.info("replication")
+                    if info["role"] == "slave" and info.get("master_link_status") != "up":
+                        return False
+            return True
+        wait_for(healthy, "the cluster to be ok", timeout)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+            node.workdir.cleanup()
+
+
+class SentinelServers:
+    """A primary, one replica and one Sentinel watching them as `service`, on free loopback ports."""
+
+    def __init__(self, service: str = "echomq", *config: str) -> None:
+        self.service = service
+        self.primary = RedisServer("--appendonly", "no", *config)
+        self.replica = RedisServer("--replicaof", "127.0.0.1", str(self.primary.port), *config)
+        self.sentinel = RedisServer()
+        self.url = f"redis+sentinel://127.0.0.1:{self.sentinel.port}/{service}"
+
+    def start(self) -> None:
+        self.primary.start()
+        self.replica.start()
+        conf = Path(self.sentinel.workdir.name) / "sentinel.conf"
+        conf.write_text(
+            f"sentinel monitor {self.service} 127.0.0.1 {self.primary.port} 1\n"
+            f"sentinel down-after-milliseconds {self.service} 1000\n"
+            f"sentinel failover-timeout {self.service} 10000\n"
+            f"sentinel resolve-hostnames no\n")
+        self.sentinel.config_file = [str(conf)]
+        self.sentinel.args = ["--sentinel", "--port", str(self.sentinel.port)]
+        self.sentinel.start()
+        with redis.Redis(port=self.replica.port, decode_responses=True) as replica:
+            wait_for(lambda: replica.info("replication").get("master_link_status") == "up",
+                     "the replica to sync")
+        with redis.Redis(port=self.sentinel.port, decode_responses=True) as sentinel:
+            wait_for(lambda: sentinel.execute_command("SENTINEL REPLICAS", self.service),
+                     "the Sentinel to find the replica")
+
+    def primary_port(self) -> int:
+        with redis.Redis(port=self.sentinel.port, decode_responses=True) as sentinel:
+            return int(sentinel.execute_command("SENTINEL GET-MASTER-ADDR-BY-NAME", self.service)[1])
+
+    def stop(self) -> None:
+        for server in (self.sentinel, self.replica, self.primary):
+            server.stop()
+            server.workdir.cleanup()
+
+
+def wait_for(predicate, what: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)

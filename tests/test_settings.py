@@ -37,11 +37,15 @@ def test_per_queue_options_and_rereading_on_change():
 
 def test_a_correct_setting_passes_the_checks():
     assert check_ids(REDIS_URL="rediss://cache:6380/1", QUEUES={"a": {"LOCK_DURATION": 5}}) == set()
+    assert check_ids(REDIS_URL="redis+cluster://a:7000,b:7001") == set()
+    assert check_ids(REDIS_URL="redis+sentinel://a:26379,b:26379/mymaster/2") == set()
 
 
 @pytest.mark.parametrize("echomq, expected", [
     ({"QUEUES": []}, "echomq.E001"),
     ({"REDIS_URL": "http://localhost"}, "echomq.E002"),
+    ({"REDIS_URL": "redis+sentinel://127.0.0.1:26379"}, "echomq.E002"),
+    ({"REDIS_URL": "redis+cluster://127.0.0.1:7000/3"}, "echomq.E002"),
     ({"QUEUES": {"bad:name": {}}}, "echomq.E003"),
     ({"PREFIX": "a b"}, "echomq.E003"),
     ({"QUEUES": {"a": {"LOCK_DURATION": 10, "LOCK_RENEW_INTERVAL": 10}}}, "echomq.E004"),

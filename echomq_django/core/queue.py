@@ -78,10 +78,9 @@ class Queue:
         """
         encoded = [self._encode(job) for job in jobs]
         timestamp = now_ms()
-        pipe = self.client.pipeline(transaction=False)
-        for chunk in batched(encoded, JOBS_PER_CALL):
-            self.scripts.add_jobs(self.keys, timestamp, chunk, client=pipe)
-        return [job_id for reply in pipe.execute() for job_id, _added in pairs(reply)]
+        calls = [self.scripts.add_jobs_call(self.keys, timestamp, chunk) for chunk in batched(encoded, JOBS_PER_CALL)]
+        replies = self.scripts.run_batch(calls, raise_on_error=True)
+        return [job_id for reply in replies for job_id, _added in pairs(reply)]
 
     def get_job(self, job_id: str) -> Job | None:
         """The job with this id, or None."""
@@ -146,10 +145,8 @@ class Queue:
         """Send every failed job back to wait, `batch` per pipelined round trip; returns how many."""
         retried = stuck = 0  # stuck: ids with no job hash to run, which stay at the head of failed
         while ids := self.client.zrange(self.keys.failed, stuck, stuck + batch - 1):
-            pipe = self.client.pipeline(transaction=False)
-            for job_id in ids:
-                self.scripts.retry_job(self.keys, job_id, client=pipe)
-            codes = pipe.execute()
+            codes = self.scripts.run_batch([self.scripts.retry_call(self.keys, job_id) for job_id in ids],
+                                           raise_on_error=True)
             retried += codes.count(1)
             stuck += codes.count(-1)
             if 1 not in codes and -1 not in codes:

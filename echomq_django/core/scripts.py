@@ -81,23 +81,26 @@ class Scripts:
         """Load every script into Redis now (SCRIPT LOAD); returns name -> SHA1."""
         return {name: self.client.script_load(script.script) for name, script in self._scripts.items()}
 
-    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any], client: Any = None) -> Any:
+    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         script = self._scripts[name]
         for _ in range(2):
             try:
-                return script(keys=list(keys), args=list(args), client=client or self.client)
+                return script(keys=list(keys), args=list(args), client=self.client)
             except NoScriptError:
                 # redis-py reloads once on NOSCRIPT; a SCRIPT FLUSH racing that reload
                 # surfaces here, and one more round settles it.
                 continue
-        return script(keys=list(keys), args=list(args), client=client or self.client)
+        return script(keys=list(keys), args=list(args), client=self.client)
 
-    def run_batch(self, calls: Sequence[Call]) -> list[Any]:
+    def run_batch(self, calls: Sequence[Call], *, raise_on_error: bool = False) -> list[Any]:
         """Run several script calls in one pipelined round trip; their replies in order.
 
-        A call that failed comes back as its exception instead of being raised.
-        Calls refused with NOSCRIPT (after a SCRIPT FLUSH or a restart) did
-        nothing, so they are sent again once their script is loaded.
+        A call that failed comes back as its exception, or with
+        `raise_on_error` the first such exception is raised.
+        Calls refused with NOSCRIPT (after a SCRIPT FLUSH, a restart or a
+        failover) did nothing, so they are sent again once their script is
+        loaded. On a cluster every call goes to the node owning its keys (a
+        queue's keys share one slot, so one queue's batch is one round trip).
         """
         replies: list[Any] = [None] * len(calls)
         pending = list(range(len(calls)))
@@ -105,7 +108,10 @@ class Scripts:
             pipe = self.client.pipeline(transaction=False)
             for i in pending:
                 name, keys, args = calls[i]
-                pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+                # Not pipe.evalsha: redis-py's cluster pipeline refuses that method
+                # (it cannot load a script for you), while the command itself routes
+                # by its keys; a NOSCRIPT reply is handled here instead.
+                pipe.execute_command("EVALSHA", self._scripts[name].sha, len(keys), *keys, *args)
             refused = []
             for i, reply in zip(pending, pipe.execute(raise_on_error=False)):
                 replies[i] = reply
@@ -116,24 +122,27 @@ class Scripts:
             for name in {calls[i][0] for i in refused}:
                 self.client.script_load(self._scripts[name].script)
             pending = refused
+        if raise_on_error:
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
         return replies
 
-    def add_jobs(
-        self, keys: QueueKeys, timestamp: int, jobs: Sequence[Sequence[Any]], client: Any = None,
-    ) -> Any:
-        """Add jobs given as [id or "", name, data, opts, delay_ms, priority] in one call.
+    def add_jobs_call(self, keys: QueueKeys, timestamp: int, jobs: Sequence[Sequence[Any]]) -> Call:
+        """The addJob call for jobs given as [id or "", name, data, opts, delay_ms, priority].
 
-        Returns [(id, added), ...] in order; inside a pipeline, returns the pipeline.
+        Its reply, read by `pairs`, is [(id, added), ...] in order.
         """
         args: list[Any] = [keys.base, timestamp]
         for job in jobs:
             args += job
-        reply = self._run(
-            "addJob-7",
-            [keys.wait, keys.paused, keys.meta, keys.id_counter, keys.delayed, keys.marker, keys.prioritized],
-            args, client,
-        )
-        return reply if client is not None else pairs(reply)
+        return ("addJob-7",
+                [keys.wait, keys.paused, keys.meta, keys.id_counter, keys.delayed, keys.marker, keys.prioritized],
+                args)
+
+    def add_jobs(self, keys: QueueKeys, timestamp: int, jobs: Sequence[Sequence[Any]]) -> list[tuple[str, bool]]:
+        """Add jobs in one call; returns [(id, added), ...] in order."""
+        return pairs(self._run(*self.add_jobs_call(keys, timestamp, jobs)))
 
     def fetch_call(
         self, keys: QueueKeys, token: str, lock_ms: int, now: int, count: int, worker_id: str,
@@ -231,15 +240,14 @@ class Scripts:
             raise
         return (reply[0], int(reply[1]), int(reply[2]), int(reply[3]), int(reply[4]), int(reply[5]))
 
-    def retry_job(self, keys: QueueKeys, job_id: str, client: Any = None) -> Any:
-        """Move a job that is still in `failed` back to wait: 1; 0 if it was not there; -1 if it has no job hash.
+    def retry_call(self, keys: QueueKeys, job_id: str) -> Call:
+        """The retryJob call for one job: 1 if it moved from `failed` to wait, 0 if it was not there, -1 if it has no job hash."""
+        return ("retryJob-6", [keys.failed, keys.wait, keys.paused, keys.meta, keys.marker, keys.prioritized],
+                [keys.base, job_id])
 
-        Inside a pipeline (`client=pipe`) the answer comes from `pipe.execute()`.
-        """
-        return self._run(
-            "retryJob-6", [keys.failed, keys.wait, keys.paused, keys.meta, keys.marker, keys.prioritized],
-            [keys.base, job_id], client,
-        )
+    def retry_job(self, keys: QueueKeys, job_id: str) -> int:
+        """Move a job that is still in `failed` back to wait (codes as for `retry_call`)."""
+        return int(self._run(*self.retry_call(keys, job_id)))
 
     def remove_job(self, keys: QueueKeys, job_id: str, only_from: str | None = None) -> bool:
         """Delete a job from every state; False if there was no such job.

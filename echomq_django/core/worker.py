@@ -16,6 +16,7 @@ from typing import Any
 
 from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
+from .connection import socket_timeout
 from .errors import JobNotFoundError, LockLostError, PayloadError, QueueStateError, UnrecoverableError
 from .job import DEFAULT_ATTEMPTS, Job, encode_json
 from .keys import QueueKeys
@@ -301,9 +302,9 @@ class Worker:
         # A block longer than the client's socket timeout would end in a
         # TimeoutError (and retries) instead of an empty reply.
         # (redis-py's own default socket timeout is 5 s.)
-        socket_timeout = self.client.connection_pool.connection_kwargs.get("socket_timeout") or 5.0
+        timeout_s = socket_timeout(self.client) or 5.0
         try:
-            return self.client.bzpopmin(self.keys.marker, timeout=min(timeout, max(socket_timeout - 1, 0.1))) \
+            return self.client.bzpopmin(self.keys.marker, timeout=min(timeout, max(timeout_s - 1, 0.1))) \
                 is not None
         except (ConnectionError, TimeoutError) as error:
             logger.error("worker %s: Redis unreachable while waiting (%s); retrying",
