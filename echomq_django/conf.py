@@ -4,6 +4,8 @@
         "REDIS_URL": "redis://127.0.0.1:6379/0",
         "PREFIX": "emq",
         "MAX_PAYLOAD_BYTES": 524288,
+        "CONFIRM_REPLICAS": 0,  # WAIT for this many replicas after adds and finishes
+        "CONFIRM_TIMEOUT": 1,
         "QUEUES": {"default": {"LOCK_DURATION": 30, "SWEEP_INTERVAL": 30, ...}},
     }
 
@@ -23,7 +25,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from .core import DEFAULT_REDIS_URL, Backoff, InvalidNameError, Retention, validate_name
+from .core import DEFAULT_REDIS_URL, Backoff, Confirm, InvalidNameError, Retention, validate_name
 from .core.connection import RedisURLError, parse_redis_url
 from .core.queue import DEFAULT_MAX_PAYLOAD_BYTES
 
@@ -31,6 +33,8 @@ TOP_LEVEL_DEFAULTS: dict[str, Any] = {
     "REDIS_URL": DEFAULT_REDIS_URL,
     "PREFIX": "emq",
     "MAX_PAYLOAD_BYTES": DEFAULT_MAX_PAYLOAD_BYTES,
+    "CONFIRM_REPLICAS": 0,  # replicas that must have an added job or a result before it counts (WAIT)
+    "CONFIRM_TIMEOUT": 1,  # seconds to wait for them
     "QUEUES": {"default": {}},
 }
 QUEUE_DEFAULTS: dict[str, Any] = {
@@ -78,6 +82,7 @@ class EchoMQSettings:
     prefix: str
     max_payload_bytes: int
     queues: dict[str, QueueConfig]
+    confirm: Confirm | None = None  # None: writes are not confirmed by replicas
 
     def queue(self, name: str) -> QueueConfig:
         """The configuration of `name`; a queue that is not configured gets the defaults."""
@@ -195,6 +200,8 @@ def parse_settings(raw: Any) -> tuple[EchoMQSettings, list[Problem]]:
         problems.append(Problem("echomq.E003", f"{error}.", "Use letters, digits, '-', '_' or '.'."))
         prefix = "emq"
     max_payload = _count(values["MAX_PAYLOAD_BYTES"], "ECHOMQ['MAX_PAYLOAD_BYTES']", problems, minimum=1)
+    replicas = _count(values["CONFIRM_REPLICAS"], "ECHOMQ['CONFIRM_REPLICAS']", problems, minimum=0)
+    confirm_ms = _seconds_to_ms(values["CONFIRM_TIMEOUT"], "ECHOMQ['CONFIRM_TIMEOUT']", problems)
     queues: dict[str, QueueConfig] = {}
     raw_queues = values["QUEUES"]
     if not isinstance(raw_queues, dict) or not raw_queues:
@@ -211,7 +218,8 @@ def parse_settings(raw: Any) -> tuple[EchoMQSettings, list[Problem]]:
         queues[name], queue_problems = _queue_config(name, options)
         problems += queue_problems
     resolved = EchoMQSettings(redis_url=url, prefix=prefix,
-                              max_payload_bytes=max_payload or DEFAULT_MAX_PAYLOAD_BYTES, queues=queues)
+                              max_payload_bytes=max_payload or DEFAULT_MAX_PAYLOAD_BYTES, queues=queues,
+                              confirm=Confirm(replicas, confirm_ms or 1000) if replicas else None)
     return resolved, problems
 
 

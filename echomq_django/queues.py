@@ -31,7 +31,7 @@ def get_queue(name: str) -> Queue:
     config = settings.queue(name)
     return Queue(name, get_client(), prefix=settings.prefix,
                  default_opts=JobOptions(attempts=config.attempts, backoff=config.backoff),
-                 max_payload_bytes=settings.max_payload_bytes)
+                 max_payload_bytes=settings.max_payload_bytes, confirm=settings.confirm)
 
 
 def queue_names(requested: Iterable[str] | None = None) -> list[str]:
@@ -71,6 +71,7 @@ def make_worker(name: str, handler: Handler, **overrides: Any) -> Worker:
         "default_attempts": config.attempts,
         "keep_completed": config.keep_completed,
         "keep_failed": config.keep_failed,
+        "confirm": settings.confirm,
     }
     options.update({key: value for key, value in overrides.items() if value is not None})
     return Worker(name, handler, get_client(), **options)

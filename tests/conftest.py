@@ -1,4 +1,9 @@
-"""Fixtures: a real Redis, and a key prefix of each test's own that is deleted afterwards."""
+"""Fixtures: a real Redis, and a key prefix of each test's own that is deleted afterwards.
+
+The Redis is the one ECHOMQ_TEST_REDIS_URL names (any URL `connect` reads),
+127.0.0.1:6379 by default. ECHOMQ_TEST_REDIS_URL=cluster starts a 3-master
+Redis Cluster on free loopback ports for the run and runs everything on it.
+"""
 
 import os
 import uuid
@@ -7,24 +12,43 @@ from collections.abc import Iterator
 import pytest
 
 from echomq_django.core import Queue, Scripts, connect
+from tests.redis_servers import ClusterServers
 
-REDIS_URL = os.environ.get("ECHOMQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+_cluster: ClusterServers | None = None
+
+
+def pytest_configure(config) -> None:
+    global _cluster
+    if os.environ.get("ECHOMQ_TEST_REDIS_URL") == "cluster":
+        _cluster = ClusterServers(masters=3, replicas=0)
+        _cluster.start()
+        os.environ["ECHOMQ_TEST_REDIS_URL"] = _cluster.url  # child processes see it too
+
+
+def pytest_unconfigure(config) -> None:
+    if _cluster is not None:
+        _cluster.stop()
+
+
+def current_redis_url() -> str:
+    return os.environ.get("ECHOMQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 @pytest.fixture(scope="session")
 def redis_url() -> str:
-    return REDIS_URL
+    return current_redis_url()
 
 
 @pytest.fixture
 def redis_client():
-    client = connect(REDIS_URL, retry=None, retry_on_error=[])
+    url = current_redis_url()
+    client = connect(url, retry=None, retry_on_error=[])
     try:
         client.ping()
     except Exception as error:  # a clear reason instead of a stack of retries
-        pytest.fail(f"the tests need a Redis at {REDIS_URL} (set ECHOMQ_TEST_REDIS_URL): {error}")
+        pytest.fail(f"the tests need a Redis at {url} (set ECHOMQ_TEST_REDIS_URL): {error}")
     client.close()
-    client = connect(REDIS_URL)
+    client = connect(url)
     yield client
     client.close()
 

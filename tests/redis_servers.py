@@ -56,7 +56,8 @@ class RedisServer:
 
     def start(self) -> None:
         self.process = subprocess.Popen(
-            [self.binary, *self.config_file, "--bind", "127.0.0.1", "--save", "", "--dir", self.workdir.name, *self.args],
+            [self.binary, *self.config_file, "--bind", "127.0.0.1", "--save", "", "--dir", self.workdir.name,
+             "--logfile", "redis.log", *self.args],
             stdout=subprocess.DEVNULL)
         client = redis.Redis.from_url(self.url)
         deadline = time.monotonic() + 10
@@ -99,7 +100,8 @@ class ClusterServers:
 
     def __init__(self, masters: int = 3, replicas: int = 1, *config: str) -> None:
         cluster = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                   "--cluster-node-timeout", "2000", "--appendonly", "no", *config)
+                   "--cluster-node-timeout", "2000", "--appendonly", "no",
+                   "--repl-diskless-sync-delay", "0", *config)
         self.masters = [RedisServer(*cluster, port=free_port(with_bus=True)) for _ in range(masters)]
         self.replicas = [RedisServer(*cluster, port=free_port(with_bus=True)) for _ in range(masters * replicas)]
         self.url = "redis+cluster://" + ",".join(f"127.0.0.1:{node.port}" for node in self.masters)
@@ -142,6 +144,26 @@ class ClusterServers:
             return True
         wait_for(healthy, "the cluster to be ok", timeout)
 
+    def promote(self, replica: RedisServer, timeout: float = 40) -> None:
+        """Make `replica` a master with CLUSTER FAILOVER (its master alive and agreeing).
+
+        Asked again every few seconds: masters refuse a second vote about the
+        same master's replicas within two node timeouts, and then the manual
+        failover expires.
+        """
+        deadline = time.monotonic() + timeout
+        with redis.Redis(port=replica.port, decode_responses=True) as client:
+            wait_for(lambda: client.info("replication").get("master_link_status") == "up", "the replica to sync")
+            while client.info("replication")["role"] != "master":
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{replica.port} did not become a master in {timeout} s")
+                client.execute_command("CLUSTER FAILOVER")
+                try:
+                    wait_for(lambda: client.info("replication")["role"] == "master", "the failover", 6)
+                except TimeoutError:
+                    continue
+        self.wait_ok()
+
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
@@ -153,8 +175,9 @@ class SentinelServers:
 
     def __init__(self, service: str = "echomq", *config: str) -> None:
         self.service = service
-        self.primary = RedisServer("--appendonly", "no", *config)
-        self.replica = RedisServer("--replicaof", "127.0.0.1", str(self.primary.port), *config)
+        self.primary = RedisServer("--repl-diskless-sync-delay", "0", *config)
+        self.replica = RedisServer("--replicaof", "127.0.0.1", str(self.primary.port),
+                                   "--repl-diskless-sync-delay", "0", *config)
         self.sentinel = RedisServer()
         self.url = f"redis+sentinel://127.0.0.1:{self.sentinel.port}/{service}"
 

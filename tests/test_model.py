@@ -11,7 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from echomq_django.core import JobLockedError, JobOptions, LockLostError, Queue, Sweeper, connect
 from echomq_django.core.queue import now_ms
-from tests.conftest import REDIS_URL
+from tests.conftest import current_redis_url
 from tests.helpers import kill_lock
 
 MAX_STALLED = 1
@@ -38,7 +38,7 @@ class ModelJob:
 class QueueMachine(RuleBasedStateMachine):
     @initialize()
     def start(self) -> None:
-        self.client = connect(REDIS_URL)
+        self.client = connect(current_redis_url())
         self.queue = Queue("m", self.client, prefix=f"m{uuid.uuid4().hex[:10]}")
         self.sweeper = Sweeper(self.client, ["m"], prefix=self.queue.keys.prefix, max_stalled_count=MAX_STALLED,
                                budget=3, scripts=self.queue.scripts)

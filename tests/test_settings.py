@@ -54,6 +54,8 @@ def test_a_correct_setting_passes_the_checks():
     ({"QUEUES": {"a": {"ATTEMPTS": 0}}}, "echomq.E005"),
     ({"QUEUES": {"a": {"BACKOFF": {"TYPE": "linear"}}}}, "echomq.E006"),
     ({"QUEUES": {"a": "fast"}}, "echomq.E006"),
+    ({"CONFIRM_REPLICAS": -1}, "echomq.E005"),
+    ({"CONFIRM_REPLICAS": 1, "CONFIRM_TIMEOUT": 0}, "echomq.E005"),
     ({"REDIS_ULR": "redis://x"}, "echomq.W001"),
     ({"QUEUES": {"a": {"LOCK_DURATON": 5}}}, "echomq.W002"),
 ])

@@ -4,13 +4,14 @@ Everything a producer, a worker or a sweeper needs is importable from here;
 the Django app around it only adds settings, commands, models and the admin.
 """
 
-from .connection import DEFAULT_REDIS_URL, connect
+from .connection import DEFAULT_REDIS_URL, RedisURLError, connect
 from .errors import (
     EchoMQError,
     InvalidNameError,
     JobLockedError,
     JobNotFoundError,
     LockLostError,
+    NotConfirmedError,
     PayloadError,
     QueueStateError,
     UnrecoverableError,
@@ -18,13 +19,13 @@ from .errors import (
 from .job import Backoff, Job, JobOptions
 from .keys import QueueKeys, validate_job_id, validate_name
 from .queue import NewJob, Queue
-from .scripts import Scripts
+from .scripts import Confirm, Scripts
 from .sweeper import SweepReport, Sweeper, SweepTarget
 from .worker import Retention, Worker
 
 __all__ = [
-    "DEFAULT_REDIS_URL", "Backoff", "EchoMQError", "InvalidNameError", "Job", "JobLockedError",
-    "JobNotFoundError", "JobOptions", "LockLostError", "NewJob", "PayloadError", "Queue",
-    "QueueKeys", "QueueStateError", "Retention", "Scripts", "SweepReport", "SweepTarget", "Sweeper", "UnrecoverableError", "Worker",
+    "DEFAULT_REDIS_URL", "Backoff", "Confirm", "EchoMQError", "InvalidNameError", "Job", "JobLockedError",
+    "JobNotFoundError", "JobOptions", "LockLostError", "NewJob", "NotConfirmedError", "PayloadError",
+    "Queue", "QueueKeys", "QueueStateError", "RedisURLError", "Retention", "Scripts", "SweepReport", "SweepTarget", "Sweeper", "UnrecoverableError", "Worker",
     "connect", "validate_job_id", "validate_name",
 ]

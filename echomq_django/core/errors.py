@@ -34,3 +34,16 @@ class QueueStateError(EchoMQError):
 
 class UnrecoverableError(EchoMQError):
     """Raised by a job to fail it for good: no retry, whatever attempts are left."""
+
+
+class NotConfirmedError(EchoMQError):
+    """Jobs were added, but fewer replicas than asked confirmed them in time.
+
+    They are in the queue on the primary; only a failover before they reach
+    a replica could lose them. `job_ids` names them, so a caller that gave
+    its own ids can add them again safely.
+    """
+
+    def __init__(self, message: str, job_ids: list[str]) -> None:
+        super().__init__(message)
+        self.job_ids = job_ids

@@ -8,9 +8,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from .errors import NotConfirmedError
 from .job import Job, JobOptions, encode_json
 from .keys import QueueKeys, validate_job_id, validate_name
-from .scripts import Scripts, pairs
+from .scripts import Confirm, Scripts, pairs
 
 # Which structure holds each state, and how to list it newest-first.
 _LISTS = ("wait", "paused", "active")
@@ -38,13 +39,18 @@ def now_ms() -> int:
 
 
 class Queue:
-    """A named queue on one Redis: the producer's and the operator's handle."""
+    """A named queue on one Redis: the producer's and the operator's handle.
+
+    With `confirm`, an add returns only once that many replicas have the new
+    jobs (Redis WAIT), and raises NotConfirmedError when they do not within
+    the timeout: then a failover cannot lose a job whose add returned.
+    """
 
     def __init__(
         self, name: str, client: Any, *, prefix: str = "emq",
         default_opts: JobOptions | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-        scripts: Scripts | None = None,
+        scripts: Scripts | None = None, confirm: Confirm | None = None,
     ) -> None:
         self.name = name
         self.client = client
@@ -52,6 +58,7 @@ class Queue:
         self.default_opts = default_opts or JobOptions()
         self.max_payload_bytes = max_payload_bytes
         self.scripts = scripts or Scripts(client)
+        self.confirm = confirm
 
     def __repr__(self) -> str:
         return f"<Queue {self.name!r} prefix={self.keys.prefix!r}>"
@@ -68,7 +75,7 @@ class Queue:
         job_id: str | None = None,
     ) -> str:
         """Add one job and return its id (an existing caller-given id is returned as is)."""
-        [(new_id, _added)] = self.scripts.add_jobs(self.keys, now_ms(), [self._encode(NewJob(name, data, opts, job_id))])
+        [new_id] = self._add([self._encode(NewJob(name, data, opts, job_id))])
         return new_id
 
     def add_bulk(self, jobs: Iterable[NewJob]) -> list[str]:
@@ -76,11 +83,22 @@ class Queue:
 
         Every job is validated before anything is sent, so bad input adds nothing.
         """
-        encoded = [self._encode(job) for job in jobs]
+        return self._add([self._encode(job) for job in jobs])
+
+    def _add(self, encoded: list[list[Any]]) -> list[str]:
         timestamp = now_ms()
         calls = [self.scripts.add_jobs_call(self.keys, timestamp, chunk) for chunk in batched(encoded, JOBS_PER_CALL)]
-        replies = self.scripts.run_batch(calls, raise_on_error=True)
-        return [job_id for reply in replies for job_id, _added in pairs(reply)]
+        if self.confirm is None:
+            replies, acked = self.scripts.run_batch(calls, raise_on_error=True), 0
+        else:
+            replies, acked = self.scripts.run_confirmed(calls, self.confirm, raise_on_error=True)
+        ids = [job_id for reply in replies for job_id, _added in pairs(reply)]
+        if self.confirm is not None and acked < self.confirm.replicas:
+            raise NotConfirmedError(
+                f"{len(ids)} job(s) were added to queue {self.name!r}, but {acked} of {self.confirm.replicas} "
+                f"replicas confirmed them within {self.confirm.timeout_ms} ms; a failover now could lose them",
+                ids)
+        return ids
 
     def get_job(self, job_id: str) -> Job | None:
         """The job with this id, or None."""

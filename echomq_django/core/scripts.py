@@ -10,12 +10,23 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import re
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from redis.exceptions import NoScriptError, ResponseError
+from redis.cluster import RedisCluster
+from redis.exceptions import (
+    ClusterDownError,
+    ConnectionError,
+    MovedError,
+    NoScriptError,
+    RedisClusterException,
+    ResponseError,
+    TimeoutError,
+    TryAgainError,
+)
 
 from .errors import JobLockedError, JobNotFoundError, LockLostError, QueueStateError
 from .keys import QueueKeys
@@ -54,6 +65,22 @@ def script_source(name: str) -> str:
         return (directory / "includes" / f"{match.group(1)}.lua").read_text(encoding="utf-8")
 
     return _INCLUDE.sub(include, text)
+
+
+@dataclass(frozen=True)
+class Confirm:
+    """Count writes as done only once `replicas` replicas have them (Redis WAIT), waiting up to `timeout_ms`."""
+
+    replicas: int
+    timeout_ms: int = 1000
+
+
+# Replies that mean "this node does not own the slot (any more)": the command
+# did nothing, and the cluster's map must be read again.
+_ROUTING_ERRORS = (MovedError, ClusterDownError, TryAgainError)
+# How long a confirmed write keeps looking for the owner of its slot, about as
+# long as connect()'s retries wait for a failover.
+_REROUTE_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -96,24 +123,35 @@ class Scripts:
         """Run several script calls in one pipelined round trip; their replies in order.
 
         A call that failed comes back as its exception, or with
-        `raise_on_error` the first such exception is raised.
-        Calls refused with NOSCRIPT (after a SCRIPT FLUSH, a restart or a
-        failover) did nothing, so they are sent again once their script is
-        loaded. On a cluster every call goes to the node owning its keys (a
-        queue's keys share one slot, so one queue's batch is one round trip).
+        `raise_on_error` the first such exception is raised. On a cluster
+        every call goes to the node owning its keys (a queue's keys share one
+        slot, so one queue's batch is one round trip to one node).
         """
+        replies, _acked = self._send(calls, None, raise_on_error)
+        return replies
+
+    def run_confirmed(
+        self, calls: Sequence[Call], confirm: Confirm, *, raise_on_error: bool = False,
+    ) -> tuple[list[Any], int]:
+        """`run_batch` followed by WAIT: (replies, how many replicas confirmed the writes).
+
+        All calls must touch one queue: WAIT confirms the writes made on its
+        own connection, so calls and WAIT go down one connection to the
+        server (or, on a cluster, the node) that owns the queue.
+        """
+        return self._send(calls, confirm, raise_on_error)
+
+    def _send(self, calls: Sequence[Call], confirm: Confirm | None, raise_on_error: bool) -> tuple[list[Any], int]:
+        # Calls refused with NOSCRIPT (after a SCRIPT FLUSH, a restart or a
+        # failover) did nothing, so they are sent again once their script is loaded.
         replies: list[Any] = [None] * len(calls)
         pending = list(range(len(calls)))
+        acked = 0
         for _ in range(3):
-            pipe = self.client.pipeline(transaction=False)
-            for i in pending:
-                name, keys, args = calls[i]
-                # Not pipe.evalsha: redis-py's cluster pipeline refuses that method
-                # (it cannot load a script for you), while the command itself routes
-                # by its keys; a NOSCRIPT reply is handled here instead.
-                pipe.execute_command("EVALSHA", self._scripts[name].sha, len(keys), *keys, *args)
+            sent = [calls[i] for i in pending]
+            answers, acked = self._pipelined(sent) if confirm is None else self._pipelined_on_owner(sent, confirm)
             refused = []
-            for i, reply in zip(pending, pipe.execute(raise_on_error=False)):
+            for i, reply in zip(pending, answers):
                 replies[i] = reply
                 if isinstance(reply, NoScriptError):
                     refused.append(i)
@@ -126,7 +164,53 @@ class Scripts:
             for reply in replies:
                 if isinstance(reply, Exception):
                     raise reply
-        return replies
+        return replies, acked
+
+    def _pipeline_of(self, pipe: Any, calls: Sequence[Call]) -> Any:
+        for name, keys, args in calls:
+            # Not pipe.evalsha: redis-py's cluster pipeline refuses that method
+            # (it cannot load a script for you), while the command itself routes
+            # by its keys; a NOSCRIPT reply is handled by _send instead.
+            pipe.execute_command("EVALSHA", self._scripts[name].sha, len(keys), *keys, *args)
+        return pipe
+
+    def _pipelined(self, calls: Sequence[Call]) -> tuple[list[Any], int]:
+        pipe = self._pipeline_of(self.client.pipeline(transaction=False), calls)
+        return pipe.execute(raise_on_error=False), 0
+
+    def _pipelined_on_owner(self, calls: Sequence[Call], confirm: Confirm) -> tuple[list[Any], int]:
+        if not isinstance(self.client, RedisCluster):
+            # One pipeline is one connection; the client's own retries cover outages.
+            return self._waited(self.client, calls, confirm)
+        # On a cluster, the pipeline goes to the owning node's own client, so
+        # moved slots and failovers are this loop's to handle: read the map
+        # again and resend (a refused or unsent call did nothing).
+        deadline = time.monotonic() + _REROUTE_S
+        delay = 0.05
+        while True:
+            try:
+                node = self.client.get_redis_connection(self.client.get_node_from_key(calls[0][1][0]))
+                answers, acked = self._waited(node, calls, confirm)
+                moved = [answer for answer in answers if isinstance(answer, _ROUTING_ERRORS)]
+                if not moved:
+                    return answers, acked
+                problem: Exception = moved[0]
+            except (ConnectionError, TimeoutError, RedisClusterException) as error:
+                problem = error
+            if time.monotonic() > deadline:
+                raise problem
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+            try:
+                self.client.nodes_manager.initialize()
+            except (ConnectionError, TimeoutError, RedisClusterException):
+                pass  # the failover is still under way; try again after the next pause
+
+    def _waited(self, client: Any, calls: Sequence[Call], confirm: Confirm) -> tuple[list[Any], int]:
+        pipe = self._pipeline_of(client.pipeline(transaction=False), calls)
+        pipe.execute_command("WAIT", confirm.replicas, confirm.timeout_ms)
+        *answers, acked = pipe.execute(raise_on_error=False)
+        return answers, acked if isinstance(acked, int) else 0
 
     def add_jobs_call(self, keys: QueueKeys, timestamp: int, jobs: Sequence[Sequence[Any]]) -> Call:
         """The addJob call for jobs given as [id or "", name, data, opts, delay_ms, priority].
@@ -139,10 +223,6 @@ class Scripts:
         return ("addJob-7",
                 [keys.wait, keys.paused, keys.meta, keys.id_counter, keys.delayed, keys.marker, keys.prioritized],
                 args)
-
-    def add_jobs(self, keys: QueueKeys, timestamp: int, jobs: Sequence[Sequence[Any]]) -> list[tuple[str, bool]]:
-        """Add jobs in one call; returns [(id, added), ...] in order."""
-        return pairs(self._run(*self.add_jobs_call(keys, timestamp, jobs)))
 
     def fetch_call(
         self, keys: QueueKeys, token: str, lock_ms: int, now: int, count: int, worker_id: str,

@@ -21,7 +21,7 @@ from .errors import JobNotFoundError, LockLostError, PayloadError, QueueStateErr
 from .job import DEFAULT_ATTEMPTS, Job, encode_json
 from .keys import QueueKeys
 from .queue import now_ms
-from .scripts import Finish, Scripts
+from .scripts import Confirm, Finish, Scripts
 
 logger = logging.getLogger("echomq.worker")
 
@@ -60,6 +60,8 @@ class Worker:
     `renew_interval_ms` (half the lock duration by default). A job's result is
     written with the token it was fetched with, so a worker whose lock lapsed
     and whose job was recovered gets LockLostError and overwrites nothing.
+    With `confirm`, each round trip ends with a WAIT for that many replicas,
+    so a failover cannot undo a finish (and run the job a second time).
 
     Shutdown has two stages: the first `stop()` stops fetching and lets
     running jobs finish; a second `stop()` makes `run()` return at once, and
@@ -72,7 +74,7 @@ class Worker:
         renew_interval_ms: int | None = None, block_timeout_s: float = 1.0,
         default_attempts: int = DEFAULT_ATTEMPTS,
         keep_completed: Retention = Retention(count=1000), keep_failed: Retention = Retention(),
-        worker_id: str | None = None, scripts: Scripts | None = None,
+        worker_id: str | None = None, scripts: Scripts | None = None, confirm: Confirm | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, not {concurrency}")
@@ -86,6 +88,7 @@ class Worker:
         self.handler = handler
         self.client = client
         self.scripts = scripts or Scripts(client)
+        self.confirm = confirm
         self.concurrency = concurrency
         self.lock_duration_ms = lock_duration_ms
         self.renew_interval_ms = renew_interval_ms
@@ -188,7 +191,14 @@ class Worker:
             calls.append(self.scripts.fetch_call(self.keys, token, self.lock_duration_ms, now_ms(), want,
                                                  self.worker_id))
         try:
-            replies = self.scripts.run_batch(calls)
+            if self.confirm is None:
+                replies = self.scripts.run_batch(calls)
+            else:
+                replies, acked = self.scripts.run_confirmed(calls, self.confirm)
+                if writing and acked < self.confirm.replicas:
+                    logger.warning("worker %s: %d of %d replicas confirmed the results of %d job(s) within %d ms",
+                                   self.worker_id, acked, self.confirm.replicas, len(writing),
+                                   self.confirm.timeout_ms)
         except (ConnectionError, TimeoutError) as error:
             logger.error("worker %s: Redis unreachable (%s); retrying", self.worker_id, error)
             self._give_up_on_lapsed(ended)
@@ -306,8 +316,10 @@ class Worker:
         try:
             return self.client.bzpopmin(self.keys.marker, timeout=min(timeout, max(timeout_s - 1, 0.1))) \
                 is not None
-        except (ConnectionError, TimeoutError) as error:
-            logger.error("worker %s: Redis unreachable while waiting (%s); retrying",
+        except (ConnectionError, TimeoutError, ResponseError) as error:
+            # ResponseError: UNBLOCKED, when a failover turns the server we wait
+            # on into a replica; the next wait goes to the new primary.
+            logger.error("worker %s: Redis unreachable or failing over while waiting (%s); retrying",
                          self.worker_id, error)
             self._done.wait(1.0)
             return False
