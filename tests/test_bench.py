@@ -18,3 +18,12 @@ def test_compare_runs_and_prints_every_row():
     assert proc.returncode == 0, proc.stderr[-3000:]
     for row in ("steady sweep", "recover", "worker, no-op jobs/s", "bulk enqueue", "memory per waiting job"):
         assert row in proc.stdout, f"{row!r} missing from:\n{proc.stdout}"
+
+
+@pytest.mark.slow
+def test_cluster_throughput_runs_for_one_and_three_masters():
+    proc = subprocess.run([sys.executable, "bench/cluster_throughput.py", "--masters", "1,3", "--queues", "3",
+                           "--jobs", "200", "--runs", "1"], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [row for row in map(str.split, proc.stdout.splitlines()) if len(row) == 5 and row[0].isdigit()]
+    assert [row[0] for row in rows] == ["1", "3"], proc.stdout
