@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
@@ -88,16 +89,30 @@ def check_redis() -> list[str]:
 
     Raises redis.exceptions.ConnectionError (or TimeoutError) when it does not answer.
     """
-    client = connect(get_settings().redis_url, retry=None, retry_on_error=[], socket_connect_timeout=3)
+    settings = get_settings()
+    client = connect(settings.redis_url, retry=None, retry_on_error=[], socket_connect_timeout=3)
+    warnings = []
     try:
         client.ping()
+        if settings.confirm and (replicas := fewest_replicas(client)) < settings.confirm.replicas:
+            warnings.append(f"ECHOMQ['CONFIRM_REPLICAS'] is {settings.confirm.replicas}, but a primary has only "
+                            f"{replicas} connected replica(s): adds will wait CONFIRM_TIMEOUT and then raise "
+                            "NotConfirmedError")
         try:
             policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
         except redis.exceptions.ResponseError:  # CONFIG may be renamed or denied by an ACL
-            return []
+            return warnings
         if policy and policy != "noeviction":
-            return [f"Redis runs with maxmemory-policy {policy!r}, not 'noeviction': under memory pressure "
-                    "it may evict lock keys, and live jobs would then be recovered as stalled and run twice"]
-        return []
+            warnings.append(f"Redis runs with maxmemory-policy {policy!r}, not 'noeviction': under memory pressure "
+                            "it may evict lock keys, and live jobs would then be recovered as stalled and run twice")
+        return warnings
     finally:
         client.close()
+
+
+def fewest_replicas(client: Any) -> int:
+    """The number of replicas connected to the primary (on a cluster, to the master with fewest)."""
+    if isinstance(client, RedisCluster):
+        return min(client.get_redis_connection(node).info("replication")["connected_slaves"]
+                   for node in client.get_primaries())
+    return client.info("replication")["connected_slaves"]

@@ -7,12 +7,15 @@ import pytest
 
 from echomq_django.core import (
     Backoff,
+    Confirm,
     JobLockedError,
     JobNotFoundError,
     JobOptions,
     LockLostError,
     NewJob,
+    NotConfirmedError,
     PayloadError,
+    Queue,
 )
 from echomq_django.core.queue import now_ms
 from tests.helpers import fetch, finish, kill_lock, sweep
@@ -54,6 +57,19 @@ def test_add_bulk_keeps_order_across_calls_and_each_kind_of_job(queue):
     order = [job_id for job_id, _ in fetch(queue, count=JOBS_PER_CALL + 5)]
     assert order == [ids[JOBS_PER_CALL + 4]] + ids[:JOBS_PER_CALL + 3] + ["mine-1"]
     assert queue.get_job(ids[JOBS_PER_CALL + 3]).opts.delay_ms == 60_000
+
+
+def test_an_add_no_replica_confirms_raises_and_names_the_jobs_it_added(queue):
+    # The test Redis has no replicas, so WAIT 1 can only time out.
+    confirmed = Queue("q", queue.client, prefix=queue.keys.prefix, confirm=Confirm(replicas=1, timeout_ms=50))
+    with pytest.raises(NotConfirmedError, match=r"0 of 1 replicas confirmed them within 50 ms") as caught:
+        confirmed.add("one", job_id="mine")
+    assert caught.value.job_ids == ["mine"] and queue.get_job("mine").name == "one", "added all the same"
+    with pytest.raises(NotConfirmedError) as caught:
+        confirmed.add_bulk([NewJob("many") for _ in range(3)])
+    assert len(caught.value.job_ids) == 3 and queue.counts()["wait"] == 4
+    nobody = Queue("q", queue.client, prefix=queue.keys.prefix, confirm=Confirm(replicas=0))
+    assert nobody.add("none-needed")
 
 
 def test_add_bulk_to_a_paused_queue_wakes_nobody(queue):

@@ -94,6 +94,13 @@ def test_an_evicting_redis_gets_a_loud_warning(settings, capsys):
 
 
 @pytest.mark.django_db
+def test_confirming_more_replicas_than_connected_gets_a_warning(settings, capsys, redis_url, prefix):
+    settings.ECHOMQ = {"REDIS_URL": redis_url, "PREFIX": prefix, "CONFIRM_REPLICAS": 2, "CONFIRM_TIMEOUT": 0.05}
+    call_command("echomq_sweep", "--once")
+    assert "CONFIRM_REPLICAS'] is 2, but a primary has only 0 connected replica(s)" in capsys.readouterr().err
+
+
+@pytest.mark.django_db
 def test_the_project_passes_django_checks_and_has_every_migration():
     call_command("check", fail_level="WARNING")
     call_command("makemigrations", "--check", "--dry-run", verbosity=0)

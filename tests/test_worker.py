@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from echomq_django.core import Backoff, JobOptions, NewJob, Worker
+from echomq_django.core import Backoff, Confirm, JobOptions, NewJob, Worker
 from tests.helpers import kill_lock, sweep, wait_until
 
 
@@ -295,3 +295,11 @@ def test_renewal_goes_on_when_another_clients_write_breaks_one_job(queue):
     assert wait_until(lambda: queue.get_state(healthy) == "completed", 3)
     worker.stop()
     thread.join(5)
+
+
+def test_a_worker_whose_results_no_replica_confirms_says_so_and_goes_on(queue, caplog):
+    queue.add_bulk([NewJob("x") for _ in range(3)])
+    worker = make_worker(queue, lambda job: None, confirm=Confirm(replicas=1, timeout_ms=20))
+    assert worker.run(burst=True) == 3
+    assert queue.counts()["completed"] == 3
+    assert "0 of 1 replicas confirmed the results" in caplog.text
