@@ -14,20 +14,26 @@ import pytest
 import redis
 
 
+_handed_out: set[int] = set()  # cluster ports given to this process's servers (and their bus ports)
+
+
 def free_port(*, with_bus: bool = False) -> int:
     """A free loopback port; `with_bus`: one whose cluster bus port (+10000) is free too."""
     while True:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", random.randrange(20000, 55000) if with_bus else 0))
-            port = probe.getsockname()[1]
-            if not with_bus:
-                return port
-            with socket.socket() as bus:
-                try:
+        port = random.randrange(20000, 55000) if with_bus else 0
+        if port in _handed_out or port + 10000 in _handed_out:
+            continue
+        try:
+            with socket.socket() as probe, socket.socket() as bus:
+                probe.bind(("127.0.0.1", port))
+                port = probe.getsockname()[1]
+                if with_bus:
                     bus.bind(("127.0.0.1", port + 10000))
-                except OSError:
-                    continue
-            return port
+        except OSError:
+            continue
+        if with_bus:
+            _handed_out.update((port, port + 10000))
+        return port
 
 
 class RedisServer:
@@ -72,6 +78,11 @@ class RedisServer:
                     raise
                 time.sleep(0.05)
 
+    def log_tail(self, lines: int = 40) -> str:
+        log = Path(self.workdir.name) / "redis.log"
+        text = log.read_text(errors="replace").splitlines()[-lines:] if log.exists() else ["(no log)"]
+        return "\n".join(line for line in text if "Memory overcommit" not in line)
+
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
             self.process.kill()
@@ -94,13 +105,14 @@ class ClusterServers:
     """A Redis Cluster on free loopback ports: `masters` masters with `replicas` replicas each.
 
     Built with CLUSTER ADDSLOTSRANGE, MEET and REPLICATE rather than
-    `redis-cli --cluster create`, which refuses fewer than three masters.
+    `redis-cli --cluster create`, which refuses fewer than three masters. A
+    node counts as failed after 3 s without answers (see SentinelServers).
     `url` is the redis+cluster:// URL naming every master.
     """
 
     def __init__(self, masters: int = 3, replicas: int = 1, *config: str) -> None:
         cluster = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                   "--cluster-node-timeout", "2000", "--appendonly", "no",
+                   "--cluster-node-timeout", "3000", "--appendonly", "no",
                    "--repl-diskless-sync-delay", "0", *config)
         self.masters = [RedisServer(*cluster, port=free_port(with_bus=True)) for _ in range(masters)]
         self.replicas = [RedisServer(*cluster, port=free_port(with_bus=True)) for _ in range(masters * replicas)]
@@ -118,6 +130,9 @@ class ClusterServers:
         for i, client in enumerate(clients[:len(self.masters)]):
             last = 16383 if i == len(self.masters) - 1 else (i + 1) * per_master - 1
             client.execute_command("CLUSTER ADDSLOTSRANGE", i * per_master, last)
+            # Distinct epochs, as redis-cli gives them: a failover must be able
+            # to outbid every other master's claim.
+            client.execute_command("CLUSTER SET-CONFIG-EPOCH", i + 1)
         for client in clients[1:]:
             client.execute_command("CLUSTER MEET", "127.0.0.1", self.nodes[0].port)
         wait_for(lambda: all(int(c.execute_command("CLUSTER INFO")["cluster_known_nodes"]) == len(clients) for c in clients),
@@ -129,7 +144,7 @@ class ClusterServers:
         for client in clients:
             client.close()
 
-    def wait_ok(self, timeout: float = 20) -> None:
+    def wait_ok(self, timeout: float = 30) -> None:
         """Wait until every live node reports cluster_state:ok and every replica has synced."""
         def healthy() -> bool:
             for node in self.nodes:
@@ -171,7 +186,11 @@ class ClusterServers:
 
 
 class SentinelServers:
-    """A primary, one replica and one Sentinel watching them as `service`, on free loopback ports."""
+    """A primary, one replica and one Sentinel watching them as `service`, on free loopback ports.
+
+    Failure detection takes 3 s: with less, a busy 2-core machine can miss a
+    PING reply from a just-promoted primary and start a second failover.
+    """
 
     def __init__(self, service: str = "echomq", *config: str) -> None:
         self.service = service
@@ -187,7 +206,7 @@ class SentinelServers:
         conf = Path(self.sentinel.workdir.name) / "sentinel.conf"
         conf.write_text(
             f"sentinel monitor {self.service} 127.0.0.1 {self.primary.port} 1\n"
-            f"sentinel down-after-milliseconds {self.service} 1000\n"
+            f"sentinel down-after-milliseconds {self.service} 3000\n"
             f"sentinel failover-timeout {self.service} 10000\n"
             f"sentinel resolve-hostnames no\n")
         self.sentinel.config_file = [str(conf)]
@@ -208,6 +227,17 @@ class SentinelServers:
         for server in (self.sentinel, self.replica, self.primary):
             server.stop()
             server.workdir.cleanup()
+
+
+@contextmanager
+def logs_on_failure(servers: list[RedisServer]) -> Iterator[None]:
+    """Print the end of each server's log when the block fails, to show what the servers did."""
+    try:
+        yield
+    except BaseException:
+        for server in servers:
+            print(f"----- redis-server on port {server.port}:\n{server.log_tail()}")
+        raise
 
 
 def wait_for(predicate, what: str, timeout: float = 20) -> None:

@@ -22,13 +22,16 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.connection import parse_url
-from redis.exceptions import ConnectionError, TimeoutError
+from redis.exceptions import ConnectionError, RedisClusterException, TimeoutError
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from .errors import EchoMQError
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+# What "Redis cannot be reached right now" looks like: a failed connection or
+# reply, or a cluster of which no node answers.
+UNREACHABLE = (ConnectionError, TimeoutError, RedisClusterException)
 SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "redis+sentinel")
 
 

@@ -78,8 +78,8 @@ class Confirm:
 # Replies that mean "this node does not own the slot (any more)": the command
 # did nothing, and the cluster's map must be read again.
 _ROUTING_ERRORS = (MovedError, ClusterDownError, TryAgainError)
-# How long a confirmed write keeps looking for the owner of its slot, about as
-# long as connect()'s retries wait for a failover.
+# How long a batch keeps looking for the owner of its slot on a cluster, about
+# as long as connect()'s retries wait for a failover.
 _REROUTE_S = 15.0
 
 
@@ -120,12 +120,12 @@ class Scripts:
         return script(keys=list(keys), args=list(args), client=self.client)
 
     def run_batch(self, calls: Sequence[Call], *, raise_on_error: bool = False) -> list[Any]:
-        """Run several script calls in one pipelined round trip; their replies in order.
+        """Run several script calls of one queue in one pipelined round trip; their replies in order.
 
         A call that failed comes back as its exception, or with
-        `raise_on_error` the first such exception is raised. On a cluster
-        every call goes to the node owning its keys (a queue's keys share one
-        slot, so one queue's batch is one round trip to one node).
+        `raise_on_error` the first such exception is raised. The calls must
+        all touch one queue: on a cluster they go, in one pipeline, to the
+        node that owns the queue's slot.
         """
         replies, _acked = self._send(calls, None, raise_on_error)
         return replies
@@ -135,82 +135,80 @@ class Scripts:
     ) -> tuple[list[Any], int]:
         """`run_batch` followed by WAIT: (replies, how many replicas confirmed the writes).
 
-        All calls must touch one queue: WAIT confirms the writes made on its
-        own connection, so calls and WAIT go down one connection to the
-        server (or, on a cluster, the node) that owns the queue.
+        WAIT confirms the writes made on its own connection, and a pipeline
+        is one connection, so the WAIT simply ends the pipeline.
         """
         return self._send(calls, confirm, raise_on_error)
 
     def _send(self, calls: Sequence[Call], confirm: Confirm | None, raise_on_error: bool) -> tuple[list[Any], int]:
         # Calls refused with NOSCRIPT (after a SCRIPT FLUSH, a restart or a
-        # failover) did nothing, so they are sent again once their script is loaded.
+        # failover) or, on a cluster, with MOVED (the slot has a new owner) did
+        # nothing, so they are sent again: after loading the script, or after
+        # reading the cluster's map again.
+        cluster = isinstance(self.client, RedisCluster)
+        if cluster and len({self.client.keyslot(keys[0]) for _name, keys, _args in calls}) > 1:
+            raise ValueError("a batch of script calls must stay within one queue (one cluster slot)")
         replies: list[Any] = [None] * len(calls)
         pending = list(range(len(calls)))
-        acked = 0
-        for _ in range(3):
-            sent = [calls[i] for i in pending]
-            answers, acked = self._pipelined(sent) if confirm is None else self._pipelined_on_owner(sent, confirm)
-            refused = []
+        acked: int | None = None  # the fewest replicas any round's writes reached
+        reloads, deadline, pause = 0, time.monotonic() + _REROUTE_S, 0.05
+        while pending:
+            try:
+                answers, round_acked = self._pipelined([calls[i] for i in pending], confirm)
+            except (ConnectionError, TimeoutError, RedisClusterException):
+                # A plain client has already retried; a cluster's pipeline to a dead
+                # node has not, and a failover takes seconds: wait, look again.
+                if not cluster or time.monotonic() > deadline:
+                    raise
+                pause = self._reread_map(pause)
+                continue
+            acked = round_acked if acked is None else min(acked, round_acked)
+            refused = [i for i, reply in zip(pending, answers) if isinstance(reply, NoScriptError)]
+            moved = [i for i, reply in zip(pending, answers) if cluster and isinstance(reply, _ROUTING_ERRORS)]
             for i, reply in zip(pending, answers):
                 replies[i] = reply
-                if isinstance(reply, NoScriptError):
-                    refused.append(i)
-            if not refused:
-                break
-            for name in {calls[i][0] for i in refused}:
-                self.client.script_load(self._scripts[name].script)
-            pending = refused
+            if refused and reloads < 2:
+                reloads += 1
+                for name in {calls[i][0] for i in refused}:
+                    self.client.script_load(self._scripts[name].script)
+            else:
+                refused = []
+            if moved and time.monotonic() < deadline:
+                pause = self._reread_map(pause)
+            else:
+                moved = []
+            pending = sorted(refused + moved)
         if raise_on_error:
             for reply in replies:
                 if isinstance(reply, Exception):
                     raise reply
-        return replies, acked
+        return replies, acked or 0
 
-    def _pipeline_of(self, pipe: Any, calls: Sequence[Call]) -> Any:
+    def _pipelined(self, calls: Sequence[Call], confirm: Confirm | None) -> tuple[list[Any], int]:
+        """One pipeline of `calls`, ended by a WAIT with `confirm`: (replies, replicas the WAIT counted)."""
+        client = self.client
+        if isinstance(client, RedisCluster):
+            # Straight to the node that owns the queue's slot: redis-py's cluster
+            # pipeline refuses EVALSHA and retries a dead node without pausing,
+            # which is over long before a failover is.
+            client = client.get_redis_connection(client.get_node_from_key(calls[0][1][0]))
+        pipe = client.pipeline(transaction=False)
         for name, keys, args in calls:
-            # Not pipe.evalsha: redis-py's cluster pipeline refuses that method
-            # (it cannot load a script for you), while the command itself routes
-            # by its keys; a NOSCRIPT reply is handled by _send instead.
-            pipe.execute_command("EVALSHA", self._scripts[name].sha, len(keys), *keys, *args)
-        return pipe
-
-    def _pipelined(self, calls: Sequence[Call]) -> tuple[list[Any], int]:
-        pipe = self._pipeline_of(self.client.pipeline(transaction=False), calls)
-        return pipe.execute(raise_on_error=False), 0
-
-    def _pipelined_on_owner(self, calls: Sequence[Call], confirm: Confirm) -> tuple[list[Any], int]:
-        if not isinstance(self.client, RedisCluster):
-            # One pipeline is one connection; the client's own retries cover outages.
-            return self._waited(self.client, calls, confirm)
-        # On a cluster, the pipeline goes to the owning node's own client, so
-        # moved slots and failovers are this loop's to handle: read the map
-        # again and resend (a refused or unsent call did nothing).
-        deadline = time.monotonic() + _REROUTE_S
-        delay = 0.05
-        while True:
-            try:
-                node = self.client.get_redis_connection(self.client.get_node_from_key(calls[0][1][0]))
-                answers, acked = self._waited(node, calls, confirm)
-                moved = [answer for answer in answers if isinstance(answer, _ROUTING_ERRORS)]
-                if not moved:
-                    return answers, acked
-                problem: Exception = moved[0]
-            except (ConnectionError, TimeoutError, RedisClusterException) as error:
-                problem = error
-            if time.monotonic() > deadline:
-                raise problem
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
-            try:
-                self.client.nodes_manager.initialize()
-            except (ConnectionError, TimeoutError, RedisClusterException):
-                pass  # the failover is still under way; try again after the next pause
-
-    def _waited(self, client: Any, calls: Sequence[Call], confirm: Confirm) -> tuple[list[Any], int]:
-        pipe = self._pipeline_of(client.pipeline(transaction=False), calls)
+            pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+        if confirm is None:
+            return pipe.execute(raise_on_error=False), 0
         pipe.execute_command("WAIT", confirm.replicas, confirm.timeout_ms)
         *answers, acked = pipe.execute(raise_on_error=False)
         return answers, acked if isinstance(acked, int) else 0
+
+    def _reread_map(self, pause: float) -> float:
+        """Pause, then ask the cluster again which node owns which slot; returns the next, longer pause."""
+        time.sleep(pause)
+        try:
+            self.client.nodes_manager.initialize()
+        except (ConnectionError, TimeoutError, RedisClusterException):
+            pass  # the failover is still under way; the next round tries again
+        return min(pause * 2, 1.0)
 
     def add_jobs_call(self, keys: QueueKeys, timestamp: int, jobs: Sequence[Sequence[Any]]) -> Call:
         """The addJob call for jobs given as [id or "", name, data, opts, delay_ms, priority].

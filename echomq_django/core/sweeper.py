@@ -11,8 +11,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from redis.exceptions import ConnectionError, ResponseError, TimeoutError
+from redis.exceptions import ResponseError
 
+from .connection import UNREACHABLE
 from .errors import QueueStateError
 from .job import DEFAULT_ATTEMPTS
 from .keys import QueueKeys
@@ -158,7 +159,7 @@ class Sweeper:
                     continue
                 try:
                     report = self.sweep(target, force=force)
-                except (ConnectionError, TimeoutError) as error:
+                except UNREACHABLE as error:
                     if outage_since is None:
                         outage_since = time.monotonic()
                         logger.error("Redis unreachable (%s); the sweeper keeps retrying", error)

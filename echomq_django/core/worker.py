@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import ConnectionError, ResponseError, TimeoutError
+from redis.exceptions import ResponseError
 
-from .connection import socket_timeout
+from .connection import UNREACHABLE, socket_timeout
 from .errors import JobNotFoundError, LockLostError, PayloadError, QueueStateError, UnrecoverableError
 from .job import DEFAULT_ATTEMPTS, Job, encode_json
 from .keys import QueueKeys
@@ -199,7 +199,7 @@ class Worker:
                     logger.warning("worker %s: %d of %d replicas confirmed the results of %d job(s) within %d ms",
                                    self.worker_id, acked, self.confirm.replicas, len(writing),
                                    self.confirm.timeout_ms)
-        except (ConnectionError, TimeoutError) as error:
+        except UNREACHABLE as error:
             logger.error("worker %s: Redis unreachable (%s); retrying", self.worker_id, error)
             self._give_up_on_lapsed(ended)
             self._aborted.wait(1.0)
@@ -316,7 +316,7 @@ class Worker:
         try:
             return self.client.bzpopmin(self.keys.marker, timeout=min(timeout, max(timeout_s - 1, 0.1))) \
                 is not None
-        except (ConnectionError, TimeoutError, ResponseError) as error:
+        except (*UNREACHABLE, ResponseError) as error:
             # ResponseError: UNBLOCKED, when a failover turns the server we wait
             # on into a replica; the next wait goes to the new primary.
             logger.error("worker %s: Redis unreachable or failing over while waiting (%s); retrying",

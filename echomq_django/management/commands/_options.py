@@ -4,10 +4,9 @@ import signal
 from collections.abc import Callable
 
 from django.core.management.base import CommandError
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from echomq_django.conf import get_settings
+from echomq_django.core.connection import UNREACHABLE
 from echomq_django.queues import check_redis
 
 
@@ -37,7 +36,7 @@ def connect_or_fail(warn: Callable[[str], None]) -> None:
     url = get_settings().redis_url
     try:
         warnings = check_redis()
-    except (RedisConnectionError, RedisTimeoutError) as error:
+    except UNREACHABLE as error:
         raise CommandError(f"cannot reach Redis at {url}: {error}") from None
     for warning in warnings:
         warn(f"WARNING: {warning}")

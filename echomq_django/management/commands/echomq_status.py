@@ -5,9 +5,9 @@ import time
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from echomq_django.core import InvalidNameError
+from echomq_django.core.connection import UNREACHABLE
 from echomq_django.core.sweeper import last_sweep
 from echomq_django.queues import get_queue, queue_names
 
@@ -35,7 +35,7 @@ class Command(BaseCommand):
             statuses = [queue_status(name) for name in queue_names(queues)]
         except InvalidNameError as error:
             raise CommandError(str(error)) from None
-        except RedisConnectionError as error:
+        except UNREACHABLE as error:
             raise CommandError(f"cannot reach Redis: {error}") from None
         if as_json:
             self.stdout.write(json.dumps(statuses))
