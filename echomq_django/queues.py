@@ -12,7 +12,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from .conf import get_settings
-from .core import JobOptions, Queue, Sweeper, SweepTarget, connect
+from .core import Confirm, JobOptions, Queue, Sweeper, SweepTarget, connect
 from .core.worker import Handler, Worker
 
 
@@ -87,27 +87,40 @@ def _forget_clients(*, setting: str, **kwargs: Any) -> None:
 def check_redis() -> list[str]:
     """Ping the configured Redis once, without retries; return warnings about its configuration.
 
-    Raises redis.exceptions.ConnectionError (or TimeoutError) when it does not answer.
+    Raises one of core.connection.UNREACHABLE when it does not answer.
     """
     settings = get_settings()
     client = connect(settings.redis_url, retry=None, retry_on_error=[], socket_connect_timeout=3)
-    warnings = []
     try:
         client.ping()
-        if settings.confirm and (replicas := fewest_replicas(client)) < settings.confirm.replicas:
-            warnings.append(f"ECHOMQ['CONFIRM_REPLICAS'] is {settings.confirm.replicas}, but a primary has only "
-                            f"{replicas} connected replica(s): adds will wait CONFIRM_TIMEOUT and then raise "
-                            "NotConfirmedError")
-        try:
-            policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
-        except redis.exceptions.ResponseError:  # CONFIG may be renamed or denied by an ACL
-            return warnings
-        if policy and policy != "noeviction":
-            warnings.append(f"Redis runs with maxmemory-policy {policy!r}, not 'noeviction': under memory pressure "
-                            "it may evict lock keys, and live jobs would then be recovered as stalled and run twice")
-        return warnings
+        return [warning for warning in (_eviction_warning(client), _replicas_warning(client, settings.confirm))
+                if warning]
     finally:
         client.close()
+
+
+def _eviction_warning(client: Any) -> str | None:
+    try:
+        policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
+    except redis.exceptions.ResponseError:  # CONFIG may be renamed or denied by an ACL
+        return None
+    if policy and policy != "noeviction":
+        return (f"Redis runs with maxmemory-policy {policy!r}, not 'noeviction': under memory pressure "
+                "it may evict lock keys, and live jobs would then be recovered as stalled and run twice")
+    return None
+
+
+def _replicas_warning(client: Any, confirm: Confirm | None) -> str | None:
+    if confirm is None:
+        return None
+    try:
+        replicas = fewest_replicas(client)
+    except redis.exceptions.ResponseError:  # INFO may be denied by an ACL
+        return None
+    if replicas < confirm.replicas:
+        return (f"ECHOMQ['CONFIRM_REPLICAS'] is {confirm.replicas}, but a primary has only {replicas} connected "
+                "replica(s): adds will wait CONFIRM_TIMEOUT and then raise NotConfirmedError")
+    return None
 
 
 def fewest_replicas(client: Any) -> int:
