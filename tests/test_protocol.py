@@ -68,6 +68,7 @@ def test_an_add_no_replica_confirms_raises_and_names_the_jobs_it_added(queue):
     with pytest.raises(NotConfirmedError) as caught:
         confirmed.add_bulk([NewJob("many") for _ in range(3)])
     assert len(caught.value.job_ids) == 3 and queue.counts()["wait"] == 4
+    assert confirmed.add_bulk([]) == [], "nothing to confirm"
     nobody = Queue("q", queue.client, prefix=queue.keys.prefix, confirm=Confirm(replicas=0))
     assert nobody.add("none-needed")
 

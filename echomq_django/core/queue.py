@@ -86,6 +86,8 @@ class Queue:
         return self._add([self._encode(job) for job in jobs])
 
     def _add(self, encoded: list[list[Any]]) -> list[str]:
+        if not encoded:
+            return []
         timestamp = now_ms()
         calls = [self.scripts.add_jobs_call(self.keys, timestamp, chunk) for chunk in batched(encoded, JOBS_PER_CALL)]
         if self.confirm is None:

@@ -17,17 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from redis.cluster import RedisCluster
-from redis.exceptions import (
-    ClusterDownError,
-    ConnectionError,
-    MovedError,
-    NoScriptError,
-    RedisClusterException,
-    ResponseError,
-    TimeoutError,
-    TryAgainError,
-)
+from redis.exceptions import ClusterDownError, MovedError, NoScriptError, ResponseError, TryAgainError
 
+from .connection import UNREACHABLE
 from .errors import JobLockedError, JobNotFoundError, LockLostError, QueueStateError
 from .keys import QueueKeys
 
@@ -155,7 +147,7 @@ class Scripts:
         while pending:
             try:
                 answers, round_acked = self._pipelined([calls[i] for i in pending], confirm)
-            except (ConnectionError, TimeoutError, RedisClusterException):
+            except UNREACHABLE:
                 # A plain client has already retried; a cluster's pipeline to a dead
                 # node has not, and a failover takes seconds: wait, look again.
                 if not cluster or time.monotonic() > deadline:
@@ -206,7 +198,7 @@ class Scripts:
         time.sleep(pause)
         try:
             self.client.nodes_manager.initialize()
-        except (ConnectionError, TimeoutError, RedisClusterException):
+        except UNREACHABLE:
             pass  # the failover is still under way; the next round tries again
         return min(pause * 2, 1.0)
 
