@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.helpers import wait_until
 
 _handed_out: set[int] = set()  # cluster ports given to this process's servers (and their bus ports)
 
@@ -173,10 +174,7 @@ class ClusterServers:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{replica.port} did not become a master in {timeout} s")
                 client.execute_command("CLUSTER FAILOVER")
-                try:
-                    wait_for(lambda: client.info("replication")["role"] == "master", "the failover", 6)
-                except TimeoutError:
-                    continue
+                wait_until(lambda: client.info("replication")["role"] == "master", 6, 0.05)
         self.wait_ok()
 
     def stop(self) -> None:
@@ -241,8 +239,6 @@ def logs_on_failure(servers: list[RedisServer]) -> Iterator[None]:
 
 
 def wait_for(predicate, what: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
+    """`wait_until`, with a timeout as an error that names what was awaited."""
+    if not wait_until(predicate, timeout, 0.05):
+        raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
