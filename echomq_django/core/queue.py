@@ -90,10 +90,7 @@ class Queue:
             return []
         timestamp = now_ms()
         calls = [self.scripts.add_jobs_call(self.keys, timestamp, chunk) for chunk in batched(encoded, JOBS_PER_CALL)]
-        if self.confirm is None:
-            replies, acked = self.scripts.run_batch(calls, raise_on_error=True), 0
-        else:
-            replies, acked = self.scripts.run_confirmed(calls, self.confirm, raise_on_error=True)
+        replies, acked = self.scripts.run_confirmed(calls, self.confirm, raise_on_error=True)
         ids = [job_id for reply in replies for job_id, _added in pairs(reply)]
         if self.confirm is not None and acked < self.confirm.replicas:
             raise NotConfirmedError(

@@ -123,12 +123,13 @@ class Scripts:
         return replies
 
     def run_confirmed(
-        self, calls: Sequence[Call], confirm: Confirm, *, raise_on_error: bool = False,
+        self, calls: Sequence[Call], confirm: Confirm | None, *, raise_on_error: bool = False,
     ) -> tuple[list[Any], int]:
         """`run_batch` followed by WAIT: (replies, how many replicas confirmed the writes).
 
         WAIT confirms the writes made on its own connection, and a pipeline
-        is one connection, so the WAIT simply ends the pipeline.
+        is one connection, so the WAIT simply ends the pipeline. Without
+        `confirm` there is no WAIT, and the count is 0.
         """
         return self._send(calls, confirm, raise_on_error)
 

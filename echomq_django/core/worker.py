@@ -191,14 +191,10 @@ class Worker:
             calls.append(self.scripts.fetch_call(self.keys, token, self.lock_duration_ms, now_ms(), want,
                                                  self.worker_id))
         try:
-            if self.confirm is None:
-                replies = self.scripts.run_batch(calls)
-            else:
-                replies, acked = self.scripts.run_confirmed(calls, self.confirm)
-                if writing and acked < self.confirm.replicas:
-                    logger.warning("worker %s: %d of %d replicas confirmed the results of %d job(s) within %d ms",
-                                   self.worker_id, acked, self.confirm.replicas, len(writing),
-                                   self.confirm.timeout_ms)
+            replies, acked = self.scripts.run_confirmed(calls, self.confirm)
+            if self.confirm and writing and acked < self.confirm.replicas:
+                logger.warning("worker %s: %d of %d replicas confirmed the results of %d job(s) within %d ms",
+                               self.worker_id, acked, self.confirm.replicas, len(writing), self.confirm.timeout_ms)
         except UNREACHABLE as error:
             logger.error("worker %s: Redis unreachable (%s); retrying", self.worker_id, error)
             self._give_up_on_lapsed(ended)
