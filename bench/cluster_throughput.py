@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import redis  # noqa: E402
 
-from echomq_django.core import NewJob, Queue, QueueKeys, Retention, Worker, connect  # noqa: E402
+from echomq_django.core import NewJob, Queue, Retention, Worker, connect  # noqa: E402
 from tests.redis_servers import ClusterServers  # noqa: E402
 
 PREFIX = "bench"
@@ -39,19 +39,6 @@ def drain(url: str, name: str, concurrency: int, start: multiprocessing.Event) -
                     keep_completed=Retention(count=0))
     start.wait()
     worker.run(burst=True)
-
-
-def spread_queues(client, masters: int, queues: int) -> list[str]:
-    """`queues` names, as many on each master as on the next."""
-    per_node: dict[int, list[str]] = {}
-    n = 0
-    while sum(len(names) for names in per_node.values()) < queues:
-        name = f"q{n}"
-        names = per_node.setdefault(client.get_node_from_key(QueueKeys(name, PREFIX).wait).port, [])
-        if len(names) < queues // masters:
-            names.append(name)
-        n += 1
-    return [name for names in per_node.values() for name in names]
 
 
 def cpu_seconds(port: int) -> float:
@@ -66,7 +53,7 @@ def measure(masters: int, queues: int, jobs: int, concurrency: int) -> tuple[flo
     cluster.start()
     try:
         client = connect(cluster.url)
-        names = spread_queues(client, masters, queues)
+        names = cluster.queues_on_each_master(client, PREFIX, queues // masters)
         for name in names:
             queue = Queue(name, client, prefix=PREFIX)
             for start in range(0, jobs, 5000):

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from echomq_django.core import QueueKeys
 from tests.helpers import wait_until
 
 _handed_out: set[int] = set()  # cluster ports given to this process's servers (and their bus ports)
@@ -159,6 +160,17 @@ class ClusterServers:
                         return False
             return True
         wait_for(healthy, "the cluster to be ok", timeout)
+
+    def queues_on_each_master(self, client, prefix: str, per_master: int = 1) -> list[str]:
+        """Queue names `q0`, `q1`, ... chosen so that each master owns `per_master` of them, in master order."""
+        names: dict[int, list[str]] = {master.port: [] for master in self.masters}
+        n = 0
+        while any(len(owned) < per_master for owned in names.values()):
+            owned = names[client.get_node_from_key(QueueKeys(f"q{n}", prefix).wait).port]
+            if len(owned) < per_master:
+                owned.append(f"q{n}")
+            n += 1
+        return [name for owned in names.values() for name in owned]
 
     def promote(self, replica: RedisServer, timeout: float = 40) -> None:
         """Make `replica` a master with CLUSTER FAILOVER (its master alive and agreeing).

@@ -28,7 +28,7 @@ from echomq_django.core import (
 )
 from tests.conftest import current_redis_url
 from tests.helpers import wait_until
-from tests.redis_servers import ClusterServers, RedisServer, SentinelServers, logs_on_failure
+from tests.redis_servers import ClusterServers, SentinelServers, logs_on_failure
 
 pytestmark = pytest.mark.slow
 LOCK_MS = 2000
@@ -45,20 +45,6 @@ def cluster():  # one per test: a failover leaves a cluster in a state of its ow
 @pytest.fixture
 def own_prefix() -> str:  # no cleanup: every test stops its own servers, keys and all
     return f"c{uuid.uuid4().hex[:10]}"
-
-
-def owner_port(client: RedisCluster, name: str, prefix: str) -> int:
-    return client.get_node_from_key(QueueKeys(name, prefix).wait).port
-
-
-def queue_per_master(client: RedisCluster, prefix: str, masters: list[RedisServer]) -> list[str]:
-    """One queue name whose slot each master owns, in the order of `masters`."""
-    names: dict[int, str] = {}
-    n = 0
-    while len(names) < len(masters):
-        names.setdefault(owner_port(client, f"q{n}", prefix), f"q{n}")
-        n += 1
-    return [names[master.port] for master in masters]
 
 
 class Load:
@@ -155,7 +141,7 @@ class Load:
 def test_queues_spread_over_the_masters_and_each_queue_lives_on_one(cluster, own_prefix):
     client = connect(cluster.url)
     assert isinstance(client, RedisCluster)
-    names = queue_per_master(client, own_prefix, cluster.masters)
+    names = cluster.queues_on_each_master(client, own_prefix)
     load = Load(cluster.url, own_prefix, names)
     load.start()
     assert load.each_acknowledged(200)
@@ -172,7 +158,7 @@ def test_queues_spread_over_the_masters_and_each_queue_lives_on_one(cluster, own
 @pytest.mark.parametrize("how", ["CLUSTER FAILOVER", "kill -9"])
 def test_a_master_failover_loses_no_acknowledged_job(cluster, own_prefix, how):
     client = connect(cluster.url)
-    names = queue_per_master(client, own_prefix, cluster.masters)
+    names = cluster.queues_on_each_master(client, own_prefix)
     load = Load(cluster.url, own_prefix, names)
     # The first queue's master hands over to its replica, or dies.
     master, replica = cluster.masters[0], cluster.replicas[0]
