@@ -63,7 +63,7 @@ def test_max_stalled_count_zero_fails_a_job_on_its_first_stall(echomq_settings, 
 
 
 def test_invalid_queue_name_is_a_command_error(echomq_settings):
-    with pytest.raises(CommandError, match="may not contain"):
+    with pytest.raises(CommandError, match="may hold only"):
         sweep_command("--queue", "bad{name}")
 
 

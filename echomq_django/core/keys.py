@@ -1,15 +1,26 @@
 """Every Redis key name of the protocol is built here and nowhere else."""
 
 import re
+import unicodedata
 from dataclasses import dataclass
 
 from .errors import InvalidNameError
 
 MAX_NAME_LENGTH = 128
 
-# Printable, no whitespace, no control characters, and none of "{", "}" (the
-# cluster hash tag) or ":" (the key separator).
-_NAME = re.compile(r"[^\s{}:\x00-\x1f\x7f]+")
+# Names become Redis keys and admin URL path segments, so they are kept to an
+# alphabet that means the same thing in both and looks the same to everyone:
+# ASCII letters, digits and `_ . @ + = -`, starting with a letter, a digit or
+# `_`. That leaves out the key separator ":" and the hash tag "{}", URL syntax
+# ("/", "?", "#", "%", "." and ".." as a path segment), whitespace, control
+# characters and every non-ASCII character (bidi overrides, zero-width spaces,
+# look-alike letters).
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@+=-]*")
+ALPHABET = "ASCII letters, digits and _ . @ + = - (starting with a letter, a digit or _)"
+# Job names are never part of a key or a URL path, so any printable text
+# without whitespace goes (a dotted function path, "send-welcome",
+# "<b>"; pages escape it), but not characters that hide or reorder text.
+_JOB_NAME = re.compile(r"[^\s\x00-\x1f\x7f]+")
 
 # Job hashes live beside the queue's own keys (emq:{q}:<id>), so a caller's id
 # may not be one of these names. Digit-only ids are reserved for generated ids.
@@ -31,9 +42,21 @@ def validate_name(value: object, what: str) -> str:
         )
     if not _NAME.fullmatch(value):
         raise InvalidNameError(
-            f"{what} {value!r} may not contain '{{', '}}', ':', whitespace or control characters"
+            f"{what} {value!r} may hold only {ALPHABET}"
         )
     return value
+
+
+def validate_job_name(name: object) -> str:
+    """Return a job name if it is valid, else raise InvalidNameError."""
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME_LENGTH:
+        return validate_name(name, "job name")  # raises with the reason
+    if not _JOB_NAME.fullmatch(name) or not name.isascii() and any(
+            unicodedata.category(c) in ("Cf", "Cs", "Co", "Cn") for c in name):
+        raise InvalidNameError(
+            f"job name {name!r} may not contain whitespace, control, format (bidi, zero-width) "
+            "or unassigned characters")
+    return name
 
 
 def validate_job_id(job_id: object) -> str:
@@ -120,6 +143,19 @@ class QueueKeys:
     @property
     def events(self) -> str:
         return self.base + "events"
+
+    def fetch_record(self, token: str) -> str:
+        """What one fetch took, under its lock token (moveToActive's re-send answer).
+
+        moveToFinished builds this name itself from the prefix and each
+        attempt's token (one call finishes attempts of many fetches) to
+        delete the record once its token finishes a job.
+        """
+        return self.base + "fetch:" + token
+
+    def add_record(self, token: str) -> str:
+        """One add call's reply, under its add token (addJob's re-send answer)."""
+        return self.base + "add:" + token
 
     def job(self, job_id: str) -> str:
         return self.base + job_id

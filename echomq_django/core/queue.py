@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from .errors import NotConfirmedError
 from .job import Job, JobOptions, encode_json
-from .keys import QueueKeys, validate_job_id, validate_name
+from .keys import QueueKeys, validate_job_id, validate_job_name, validate_name
 from .scripts import Confirm, Scripts, pairs
 
 # Which structure holds each state, and how to list it newest-first.
@@ -64,7 +64,7 @@ class Queue:
         return f"<Queue {self.name!r} prefix={self.keys.prefix!r}>"
 
     def _encode(self, job: NewJob) -> list[Any]:
-        validate_name(job.name, "job name")
+        validate_job_name(job.name)
         job_id = "" if job.job_id is None else validate_job_id(job.job_id)
         opts = job.opts or self.default_opts
         data = encode_json(job.data, f"data of job {job.name!r}", self.max_payload_bytes)
