@@ -12,6 +12,24 @@ from typing import Any
 from .errors import PayloadError
 
 DEFAULT_ATTEMPTS = 3
+# The bounds of the numbers a job may carry. The Lua scripts check attempts
+# against the same bound (MAX_ATTEMPTS in lua/includes/jobFields.lua), so a
+# value one side refuses is never used by the other.
+MAX_ATTEMPTS = 1_000_000
+MAX_DELAY_MS = 10 * 365 * 86_400_000  # ten years: any delay or backoff, exact in a double
+# Deeper JSON than this is refused at enqueue: SQLite's JSON functions (the
+# admin's mirror) stop at 1,000 levels, Python's decoder near its recursion
+# limit, and no real payload comes close.
+MAX_JSON_DEPTH = 100
+
+
+def whole_number(value: Any, what: str, low: int, high: int) -> int:
+    """`value` if it is a whole number from `low` to `high` (an integral float counts), else PayloadError."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise PayloadError(f"{what} must be a whole number from {low} to {high}, not {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -24,13 +42,13 @@ class Backoff:
     def __post_init__(self) -> None:
         if self.kind not in ("fixed", "exponential"):
             raise PayloadError(f"backoff type must be 'fixed' or 'exponential', not {self.kind!r}")
-        if not isinstance(self.delay_ms, int) or self.delay_ms < 0:
-            raise PayloadError(f"backoff delay must be a whole number of ms >= 0, not {self.delay_ms!r}")
+        whole_number(self.delay_ms, "backoff delay (ms)", 0, MAX_DELAY_MS)
 
     def delay_before(self, attempts_made: int) -> int:
-        """The wait (ms) before the next attempt, after `attempts_made` attempts."""
+        """The wait (ms) before the next attempt, after `attempts_made` attempts (at most MAX_DELAY_MS)."""
         if self.kind == "exponential":
-            return self.delay_ms * 2 ** max(attempts_made - 1, 0)
+            # The exponent is capped first: 2 ** (a huge attempt count) would hold the interpreter.
+            return min(self.delay_ms * 2 ** min(max(attempts_made - 1, 0), 64), MAX_DELAY_MS)
         return self.delay_ms
 
     def to_json(self) -> dict[str, Any]:
@@ -40,10 +58,11 @@ class Backoff:
     def from_json(cls, value: Any) -> Backoff:
         if value is None:
             return cls()
-        if isinstance(value, int):
-            return cls("fixed", value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return cls("fixed", whole_number(value, "backoff delay (ms)", 0, MAX_DELAY_MS))
         if isinstance(value, Mapping):
-            return cls(str(value.get("type", "fixed")), value.get("delay", 0))
+            return cls(str(value.get("type", "fixed")),
+                       whole_number(value.get("delay", 0), "backoff delay (ms)", 0, MAX_DELAY_MS))
         raise PayloadError(f"backoff must be a number of ms or {{type, delay}}, not {value!r}")
 
 
@@ -57,12 +76,9 @@ class JobOptions:
     priority: int = 0  # -100..100; higher runs first
 
     def __post_init__(self) -> None:
-        if not isinstance(self.attempts, int) or self.attempts < 1:
-            raise PayloadError(f"attempts must be a whole number >= 1, not {self.attempts!r}")
-        if not isinstance(self.priority, int) or not -100 <= self.priority <= 100:
-            raise PayloadError(f"priority must be a whole number from -100 to 100, not {self.priority!r}")
-        if not isinstance(self.delay_ms, int) or self.delay_ms < 0:
-            raise PayloadError(f"delay must be a whole number of ms >= 0, not {self.delay_ms!r}")
+        whole_number(self.attempts, "attempts", 1, MAX_ATTEMPTS)
+        whole_number(self.priority, "priority", -100, 100)
+        whole_number(self.delay_ms, "delay (ms)", 0, MAX_DELAY_MS)
 
     def overridden(self, *, attempts: int | None = None, backoff: Backoff | None = None,
                    delay_ms: int = 0, priority: int = 0) -> JobOptions:
@@ -86,12 +102,15 @@ class JobOptions:
         return _encoded_options(self)
 
     @classmethod
-    def from_json(cls, value: Mapping[str, Any]) -> JobOptions:
+    def from_json(cls, value: Any) -> JobOptions:
+        """Options from decoded `opts` JSON; PayloadError saying what is wrong when they are malformed."""
+        if not isinstance(value, Mapping):
+            raise PayloadError(f"opts must be a JSON object, not {type(value).__name__}")
         return cls(
-            attempts=int(value.get("attempts", DEFAULT_ATTEMPTS)),
+            attempts=whole_number(value.get("attempts", DEFAULT_ATTEMPTS), "attempts", 1, MAX_ATTEMPTS),
             backoff=Backoff.from_json(value.get("backoff")),
-            delay_ms=int(value.get("delay", 0)),
-            priority=int(value.get("priority", 0)),
+            delay_ms=whole_number(value.get("delay", 0), "delay (ms)", 0, MAX_DELAY_MS),
+            priority=whole_number(value.get("priority", 0), "priority", -100, 100),
         )
 
 
@@ -123,7 +142,7 @@ def options_from_json(value: Any) -> JobOptions:
     """JobOptions from decoded `opts` JSON; the defaults when it is malformed."""
     try:
         return JobOptions.from_json(value if isinstance(value, Mapping) else {})
-    except (TypeError, ValueError):
+    except PayloadError:
         return JobOptions()
 
 
@@ -138,8 +157,20 @@ def _json(value: str | None, default: Any) -> Any:
         return default
     try:
         return json.loads(value)
-    except ValueError:
-        return value  # not JSON: shown as the text it is
+    except (ValueError, RecursionError):
+        return value  # not JSON (or nested too deeply to decode): shown as the text it is
+
+
+def _strict_json(value: str | None, what: str) -> Any:
+    """Decoded JSON for a job that is about to run; PayloadError when it cannot be decoded."""
+    if value in (None, ""):
+        return None
+    try:
+        return json.loads(value)
+    except RecursionError:
+        raise PayloadError(f"{what} is nested too deeply to decode") from None
+    except ValueError as error:
+        raise PayloadError(f"{what} is not JSON: {error}") from None
 
 
 @dataclass
@@ -196,10 +227,29 @@ class Job:
         """Decode the flat field/value list a script returns."""
         return cls.from_hash(queue, job_id, dict(zip(flat[::2], flat[1::2])))
 
+    @classmethod
+    def runnable(cls, queue: str, job_id: str, flat: list[str]) -> Job:
+        """Decode a job a worker just fetched, refusing what the lenient reader would paper over.
+
+        Raises PayloadError when its data is not JSON or its options are
+        malformed (a hash written by another client): such a job must fail
+        with that reason, not run with the text or with default options.
+        """
+        job = cls.from_flat(queue, job_id, flat)
+        fields = dict(zip(flat[::2], flat[1::2]))
+        job.data = _strict_json(fields.get("data"), "the job's data")
+        job.opts = JobOptions.from_json(_strict_json(fields.get("opts"), "the job's opts") or {})
+        return job
+
 
 def datetime_from_ms(ms: int | None) -> datetime | None:
     """An aware UTC datetime from a protocol timestamp (ms), or None."""
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc) if ms else None
+    if not ms:
+        return None
+    try:
+        return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    except (OverflowError, OSError, ValueError):  # out of datetime's range: a hash another client wrote
+        return None
 
 
 @functools.lru_cache(maxsize=256)
@@ -208,13 +258,43 @@ def _encoded_options(options: JobOptions) -> str:
 
 
 def encode_json(value: Any, what: str, max_bytes: int | None = None) -> str:
-    """Serialize `value` as compact JSON, or raise PayloadError saying why not."""
+    """Serialize `value` as compact JSON, or raise PayloadError saying why not.
+
+    Refused besides what JSON cannot hold: nesting deeper than MAX_JSON_DEPTH
+    and strings that are not valid Unicode (lone surrogates), which Redis and
+    the database could not store either.
+    """
+    too_deep = f"{what} is nested more than {MAX_JSON_DEPTH} levels deep"
     try:
         text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except RecursionError:
+        raise PayloadError(too_deep) from None
     except (TypeError, ValueError) as error:
         raise PayloadError(f"{what} must be JSON-serializable: {error}") from None
-    if max_bytes is not None and len(text.encode()) > max_bytes:
-        raise PayloadError(
-            f"{what} is {len(text.encode())} bytes of JSON; the limit is {max_bytes}"
-        )
+    # Counting brackets is cheap and bounds the depth from above; only a text
+    # with many of them is walked.
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _deeper_than(value, MAX_JSON_DEPTH):
+        raise PayloadError(too_deep)
+    size = len(text)
+    if not text.isascii():
+        try:
+            size = len(text.encode())
+        except UnicodeEncodeError as error:
+            raise PayloadError(f"{what} is not valid Unicode: {error.reason} at {error.start}") from None
+    if max_bytes is not None and size > max_bytes:
+        raise PayloadError(f"{what} is {size} bytes of JSON; the limit is {max_bytes}")
     return text
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether lists and dicts nest more than `limit` levels in `value` (without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, (list, tuple)) else ()
+        for child in children:
+            if isinstance(child, (dict, list, tuple)):
+                if depth + 1 > limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
