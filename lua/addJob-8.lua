@@ -4,6 +4,12 @@
   few hundred per call, so the per-call costs (the pause check, the marker)
   are paid once per call rather than once per job.
 
+  A call that generates ids is idempotent per add token: its reply is
+  recorded under the token (KEYS[8]) for ARGV[4] ms, longer than a client
+  re-sends a call whose reply was lost, and a call that finds the record
+  answers with it instead of adding the jobs a second time. (Caller-given
+  ids need no record: an id that exists is never added again.)
+
   KEYS[1] wait      LIST
   KEYS[2] paused    LIST
   KEYS[3] meta      HASH   (field `paused` present = queue paused)
@@ -11,9 +17,12 @@
   KEYS[5] delayed   ZSET   score = due time (ms)
   KEYS[6] marker    ZSET   wakes blocked workers
   KEYS[7] prioritized ZSET ready jobs with a priority
+  KEYS[8] add record STRING: this call's reply, JSON, when it generated ids
 
   ARGV[1] key prefix of the queue, e.g. "emq:{default}:"
   ARGV[2] timestamp, ms (the same for every job of the call)
+  ARGV[3] add token: unique to this call (a re-send carries the same one)
+  ARGV[4] how long the record of a call that generated ids is kept, ms
   then six values per job, in order:
     id chosen by the caller, or "" to generate one (INCR KEYS[4])
     name
@@ -30,6 +39,8 @@
 -- @include "pushReady"
 
 local prefix, timestamp = ARGV[1], tonumber(ARGV[2])
+local record = redis.call("GET", KEYS[8])
+if record then return cjson.decode(record) end
 local paused = redis.call("HEXISTS", KEYS[3], "paused") == 1
 local readyKey = paused and KEYS[2] or KEYS[1]
 local result, ready, wake = {}, {}, false
@@ -42,10 +53,12 @@ local function flushReady()
   end
 end
 
-for i = 3, #ARGV, 6 do
+local generated = false
+for i = 5, #ARGV, 6 do
   local id = ARGV[i]
   local added = 1
   if id == "" then
+    generated = true
     -- Skip any number another client already used as a key: HSET on a key of
     -- another type would raise after this call's earlier jobs were written.
     repeat
@@ -81,6 +94,9 @@ for i = 3, #ARGV, 6 do
   result[#result + 1] = added
 end
 flushReady()
+if generated then
+  redis.call("SET", KEYS[8], cjson.encode(result), "PX", ARGV[4])
+end
 
 if wake then
   redis.call("ZADD", KEYS[6], 0, "0")

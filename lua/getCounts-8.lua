@@ -12,9 +12,17 @@
   KEYS[8] prioritized ZSET
 
   Returns {wait, paused, active, delayed, completed, failed, stalled, prioritized}.
+  Errors: "ERR echomq wrong type ..." naming the first key that holds another
+  Redis type than the protocol's.
 ]]
-return {
-  redis.call("LLEN", KEYS[1]), redis.call("LLEN", KEYS[2]), redis.call("LLEN", KEYS[3]),
-  redis.call("ZCARD", KEYS[4]), redis.call("ZCARD", KEYS[5]), redis.call("ZCARD", KEYS[6]),
-  redis.call("SCARD", KEYS[7]), redis.call("ZCARD", KEYS[8]),
-}
+local counters = {"LLEN", "LLEN", "LLEN", "ZCARD", "ZCARD", "ZCARD", "SCARD", "ZCARD"}
+local counts = {}
+for i, command in ipairs(counters) do
+  local count = redis.pcall(command, KEYS[i])
+  if type(count) ~= "number" then
+    return redis.error_reply("ERR echomq wrong type: " .. KEYS[i] .. " holds a " ..
+      redis.call("TYPE", KEYS[i])["ok"] .. ", which " .. command .. " cannot count")
+  end
+  counts[i] = count
+end
+return counts

@@ -24,6 +24,18 @@
   lockIndex) when the index covers `active`, so a sweep that finds nothing
   to do costs a few lookups however long `active` is.
 
+  The hold: a lapsed lock means "dead worker" only if the worker could reach
+  Redis for a whole lock duration and did not renew. After Redis was
+  unreachable (restarted, failed over, cut off) every lock may have lapsed
+  while the workers were alive and retrying. So each call records Redis's
+  time in meta `sweptAt`; a call that finds the previous one more than
+  interval + half a lock duration ago (sweeps stopped for longer than a
+  live worker's lock can go unrenewed: Redis was away, or no sweeper ran)
+  opens a hold of one lock duration (meta
+  `sweepHoldUntil`, Redis's clock), and until it ends every sweep, forced
+  or not, marks and recovers nothing. Live workers renew as soon as they
+  reach Redis again, which clears their marks.
+
   KEYS[1] stalled        SET   the marks
   KEYS[2] wait           LIST
   KEYS[3] active         LIST
@@ -44,9 +56,11 @@
   ARGV[9] "1" = forced sweep: run whatever the gate says, and close the gate
           for a whole interval from now, so that no regular sweep follows it
           within the interval and recovers what this one just marked
+  ARGV[10] lock duration, ms: how long the hold after a gap in sweeping lasts
 
   Returns {phase, cursor, marked, recovered, failed, unmarked}: phase is
   "skipped" (the gate was closed: another sweep ran within the interval),
+  "held" (the hold above: cursor is how many ms it still lasts),
   "recover", "mark" or "lapsed" (call again with this phase and cursor), or
   "done".
   The counts are for this call only.
@@ -62,7 +76,7 @@ local stalledKey, waitKey, activeKey, failedKey = KEYS[1], KEYS[2], KEYS[3], KEY
 local gateKey, metaKey, pausedKey, markerKey = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local prefix, maxStalled, now = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local phase, cursor, budget = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
-local defaultAttempts = tonumber(ARGV[8])
+local defaultAttempts, interval, lockMs = tonumber(ARGV[8]), tonumber(ARGV[4]), tonumber(ARGV[10])
 
 -- Written over an id in `active` that this call recovers, then all removed in
 -- one LREM, instead of one full-list LREM per job. No job id contains "{".
@@ -84,12 +98,29 @@ if phase == "start" then
         ", expected a " .. pair[2] .. "; the sweep of this queue did nothing")
     end
   end
+end
+
+-- The hold (see the header), decided on every call, so that a sweep that
+-- spans an outage stops there too. Only the meta hash is written before it.
+local redisNow = redisNowMs()
+local sweptAt = tonumber(redis.call("HGET", metaKey, "sweptAt") or "")
+local holdUntil = tonumber(redis.call("HGET", metaKey, "sweepHoldUntil") or "") or 0
+if sweptAt and redisNow - sweptAt > interval + lockMs / 2 then
+  holdUntil = math.max(holdUntil, redisNow + lockMs)
+  redis.call("HSET", metaKey, "sweepHoldUntil", holdUntil)
+end
+redis.call("HSET", metaKey, "sweptAt", redisNow)
+
+if phase == "start" then
   if ARGV[9] == "1" then
     redis.call("SET", gateKey, now, "PX", ARGV[4])
   elseif not redis.call("SET", gateKey, now, "NX", "PX", ARGV[4]) then
     return {"skipped", 0, 0, 0, 0, 0}
   end
   phase, cursor = "recover", 0
+end
+if redisNow < holdUntil then
+  return {"held", holdUntil - redisNow, 0, 0, 0, 0}
 end
 
 -- Where recovered jobs go: the queue's pause state cannot change during this call.

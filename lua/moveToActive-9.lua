@@ -6,6 +6,12 @@
   jobs with a priority above 0, then `wait` (priority 0, FIFO), then jobs
   with a priority below 0.
 
+  A fetch is idempotent per token: the ids it took are recorded under the
+  token (KEYS[9], for one lock duration), and a call that finds that record
+  is a re-send whose reply was lost. It takes nothing new and answers with
+  the jobs the first call took that this token still owns, so no job is
+  locked by a reply nobody read (it would stall and lose an attempt).
+
   KEYS[1] wait      LIST  (taken from the right: FIFO)
   KEYS[2] active    LIST  (pushed on the left)
   KEYS[3] meta      HASH
@@ -14,9 +20,11 @@
   KEYS[6] paused    LIST
   KEYS[7] failed    ZSET  (where an id without a job hash is sent)
   KEYS[8] prioritized ZSET (score: see pushReady)
+  KEYS[9] fetch record STRING, PX = the lock duration: JSON list of the ids
+          this token took
 
   ARGV[1] key prefix of the queue
-  ARGV[2] worker token (also the lock value)
+  ARGV[2] worker token (also the lock value); a new one for every fetch
   ARGV[3] lock duration, ms
   ARGV[4] now, ms
   ARGV[5] how many jobs to take at most
@@ -42,6 +50,22 @@ promoteDue(prefix, KEYS[4], KEYS[1], KEYS[6], KEYS[3], KEYS[5], KEYS[8], now, 10
 local result = {false}
 local first = redis.call("ZRANGE", KEYS[4], 0, 0, "WITHSCORES")
 if first[2] then result[1] = first[2] end
+
+local record = redis.call("GET", KEYS[9])
+if record then
+  for _, id in ipairs(cjson.decode(record)) do
+    local flat = redis.pcall("HGETALL", prefix .. id)
+    if not flat["err"] then
+      for i = 1, #flat, 2 do
+        if flat[i] == "tok" and flat[i + 1] == token then
+          result[#result + 1] = id
+          result[#result + 1] = flat
+        end
+      end
+    end
+  end
+  return result
+end
 
 if redis.call("HEXISTS", KEYS[3], "paused") == 1 then
   return result
@@ -80,7 +104,7 @@ local function setFlat(flat, field, value)
   flat[#flat + 1] = value
 end
 
-local taken = 0
+local taken, takenIds = 0, {}
 while taken < limit do
   local id = takeNext()
   if not id then break end
@@ -121,7 +145,11 @@ while taken < limit do
     result[#result + 1] = id
     result[#result + 1] = flat
     taken = taken + 1
+    takenIds[taken] = id
   end
+end
+if taken > 0 then
+  redis.call("SET", KEYS[9], cjson.encode(takenIds), "PX", lockMs)
 end
 
 -- The marker was consumed by whoever woke us; leave one behind while work

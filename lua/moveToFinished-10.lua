@@ -4,7 +4,9 @@
   round trip in one call. `atm` (attempts made) grows by one. A failed attempt
   with attempts left is retried: to `delayed` after the backoff, or straight
   to `wait`/`paused`/`prioritized`. Retention then trims the finished sets the
-  jobs went to.
+  jobs went to. A finish also deletes its token's fetch record (see
+  moveToActive): a worker that finishes with a token has read the fetch's
+  reply, so that fetch will not be sent again.
 
   KEYS[1] active     LIST
   KEYS[2] completed  ZSET
@@ -74,6 +76,7 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
   local attemptsMade, badAtm = parseCounter(fields[3], "atm")
   local maxAttempts, badOpts = parseMaxAttempts(fields[4], defaultAttempts)
 
+  redis.call("DEL", prefix .. "fetch:" .. token)  -- keys.py's fetch_record(token)
   redis.call("LREM", KEYS[1], -1, id)
   redis.call("ZREM", locksKey, id)
   redis.call("SREM", KEYS[9], id)

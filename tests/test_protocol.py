@@ -211,9 +211,9 @@ def test_retention_keeps_the_newest_by_count_and_drops_by_age(queue):
     assert not queue.client.exists(queue.keys.job(ids[0]))
 
     other = queue.add("work")
-    fetch(queue)
+    fetch(queue, token="token-2")  # a new fetch, a new token: a token's second fetch only repeats its first
     queue.client.zadd(queue.keys.completed, {ids[3]: now_ms() - 60_000})
-    finish(queue, other, "token-1", keep_age_ms=30_000)
+    finish(queue, other, "token-2", keep_age_ms=30_000)
     assert queue.client.zrange(queue.keys.completed, 0, -1) == [ids[4], other]
 
 

@@ -272,7 +272,7 @@ def test_a_job_key_of_another_type_fails_alone_in_fetch_and_sweep(queue):
     assert fetched == [good] and queue.get_state(bad) == "failed"
 
     third = queue.add("work", opts=JobOptions(attempts=5))
-    fetch(queue, count=1)
+    fetch(queue, token="token-2", count=1)
     queue.client.delete(queue.keys.job(third))
     queue.client.set(queue.keys.job(third), "broken later")
     kill_lock(queue, good)

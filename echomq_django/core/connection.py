@@ -40,9 +40,11 @@ class RedisURLError(EchoMQError, ValueError):
 
 
 def _retry() -> Retry:
-    # Exponential backoff, up to about 15 s in all: long enough for a restart
-    # or a failover (Sentinel or Cluster) to finish.
-    return Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=12)
+    # Backoff growing to 0.5 s between tries, about 15 s in all: long enough
+    # for a restart or a failover (Sentinel or Cluster) to finish, and short
+    # steps, so a worker's renewal lands within half a second of Redis coming
+    # back (the sweep's hold gives it one lock duration; see protocol.md).
+    return Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=32)
 
 
 def connect(url: str = DEFAULT_REDIS_URL, **options: Any) -> Any:

@@ -11,6 +11,7 @@ import functools
 import importlib.resources
 import re
 import time
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +68,11 @@ class Confirm:
     timeout_ms: int = 1000
 
 
+# How long addJob keeps the reply of a call that generated ids, for a re-send
+# after a lost reply: twice the client's own retries (connection.py) when
+# Redis refuses connections. A lost reply re-sent later than that (a network
+# that swallows packets for longer) can still add the jobs twice.
+ADD_RECORD_MS = 30_000
 # Replies that mean "this node does not own the slot (any more)": the command
 # did nothing, and the cluster's map must be read again.
 _ROUTING_ERRORS = (MovedError, ClusterDownError, TryAgainError)
@@ -102,14 +108,19 @@ class Scripts:
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         script = self._scripts[name]
-        for _ in range(2):
-            try:
-                return script(keys=list(keys), args=list(args), client=self.client)
-            except NoScriptError:
-                # redis-py reloads once on NOSCRIPT; a SCRIPT FLUSH racing that reload
-                # surfaces here, and one more round settles it.
-                continue
-        return script(keys=list(keys), args=list(args), client=self.client)
+        try:
+            for _ in range(2):
+                try:
+                    return script(keys=list(keys), args=list(args), client=self.client)
+                except NoScriptError:
+                    # redis-py reloads once on NOSCRIPT; a SCRIPT FLUSH racing that reload
+                    # surfaces here, and one more round settles it.
+                    continue
+            return script(keys=list(keys), args=list(args), client=self.client)
+        except ResponseError as error:
+            if "echomq wrong type" in str(error):
+                raise QueueStateError(str(error).removeprefix("echomq ")) from error
+            raise
 
     def run_batch(self, calls: Sequence[Call], *, raise_on_error: bool = False) -> list[Any]:
         """Run several script calls of one queue in one pipelined round trip; their replies in order.
@@ -206,28 +217,39 @@ class Scripts:
     def add_jobs_call(self, keys: QueueKeys, timestamp: int, jobs: Sequence[Sequence[Any]]) -> Call:
         """The addJob call for jobs given as [id or "", name, data, opts, delay_ms, priority].
 
-        Its reply, read by `pairs`, is [(id, added), ...] in order.
+        Its reply, read by `pairs`, is [(id, added), ...] in order. The call
+        carries an add token of its own, so a re-send (after a lost reply)
+        is answered with the first reply instead of adding the jobs again.
         """
-        args: list[Any] = [keys.base, timestamp]
+        token = uuid.uuid4().hex
+        args: list[Any] = [keys.base, timestamp, token, ADD_RECORD_MS]
         for job in jobs:
             args += job
-        return ("addJob-7",
-                [keys.wait, keys.paused, keys.meta, keys.id_counter, keys.delayed, keys.marker, keys.prioritized],
+        return ("addJob-8",
+                [keys.wait, keys.paused, keys.meta, keys.id_counter, keys.delayed, keys.marker, keys.prioritized,
+                 keys.add_record(token)],
                 args)
 
     def fetch_call(
         self, keys: QueueKeys, token: str, lock_ms: int, now: int, count: int, worker_id: str,
     ) -> Call:
-        """The moveToActive call that takes up to `count` ready jobs locked with `token`."""
-        return ("moveToActive-8",
+        """The moveToActive call that takes up to `count` ready jobs locked with `token`.
+
+        Sent again with the same token (its reply was lost), it answers with
+        the jobs the first call took and takes no others.
+        """
+        return ("moveToActive-9",
                 [keys.wait, keys.active, keys.meta, keys.delayed, keys.marker, keys.paused, keys.failed,
-                 keys.prioritized],
+                 keys.prioritized, keys.fetch_record(token)],
                 [keys.base, token, lock_ms, now, count, worker_id])
 
     @staticmethod
     def fetched(reply: list[Any]) -> tuple[int | None, list[tuple[str, list[str]]]]:
         """moveToActive's reply as (next delayed due time or None, [(id, flat job hash), ...])."""
-        next_due = int(float(reply[0])) if reply[0] else None
+        try:
+            next_due = int(float(reply[0])) if reply[0] else None
+        except (ValueError, OverflowError):  # a delayed score another client wrote (inf, nan)
+            next_due = None
         return next_due, list(zip(reply[1::2], reply[2::2]))
 
     def move_to_active(
@@ -237,15 +259,22 @@ class Scripts:
         return self.fetched(self._run(*self.fetch_call(keys, token, lock_ms, now, count, worker_id)))
 
     def extend_lock(self, keys: QueueKeys, job_id: str, token: str, lock_ms: int) -> bool:
-        """Renew one lock; False when the token no longer owns the job."""
-        return not self.extend_locks(keys, [(job_id, token)], lock_ms)
+        """Renew one lock; False when the token does not own the job (any more)."""
+        return self._extend(keys, [(job_id, token)], lock_ms) == [1]
 
     def extend_locks(self, keys: QueueKeys, held: Iterable[tuple[str, str]], lock_ms: int) -> list[str]:
-        """Renew many locks, given as (job id, token) pairs, in one call; returns the ids whose ownership was lost."""
+        """Renew many locks, given as (job id, token) pairs, in one call; returns the ids whose ownership was lost.
+
+        A job that its own token already finished is not lost (a renewal that raced the finish).
+        """
+        held = list(held)
+        return [job_id for (job_id, _token), code in zip(held, self._extend(keys, held, lock_ms)) if code == -1]
+
+    def _extend(self, keys: QueueKeys, held: Sequence[tuple[str, str]], lock_ms: int) -> list[int]:
         args: list[Any] = [keys.base, lock_ms]
         for job_id, token in held:
             args += [job_id, token]
-        return list(self._run("extendLocks-1", [keys.stalled], args))
+        return [int(code) for code in self._run("extendLocks-1", [keys.stalled], args)]
 
     def finish_call(
         self, keys: QueueKeys, attempts: Sequence[Finish], now: int, *, default_attempts: int,
@@ -294,21 +323,20 @@ class Scripts:
 
     def move_stalled_jobs_to_wait(
         self, keys: QueueKeys, *, max_stalled_count: int, now: int, interval_ms: int,
-        phase: str, cursor: int, budget: int, default_attempts: int, force: bool,
+        phase: str, cursor: int, budget: int, default_attempts: int, force: bool, lock_ms: int,
     ) -> tuple[str, int, int, int, int, int]:
-        """One call of the sweep: (phase, cursor, marked, recovered, failed, unmarked)."""
-        try:
-            reply = self._run(
-                "moveStalledJobsToWait-8",
-                [keys.stalled, keys.wait, keys.active, keys.failed, keys.stalled_check,
-                 keys.meta, keys.paused, keys.marker],
-                [keys.base, max_stalled_count, now, interval_ms, phase, cursor, budget,
-                 default_attempts, "1" if force else "0"],
-            )
-        except ResponseError as error:
-            if "echomq wrong type" in str(error):
-                raise QueueStateError(str(error).removeprefix("echomq ")) from error
-            raise
+        """One call of the sweep: (phase, cursor, marked, recovered, failed, unmarked).
+
+        Phase "held": sweeps stopped for a while (Redis was away), and for
+        `cursor` more ms no sweep marks or recovers anything.
+        """
+        reply = self._run(
+            "moveStalledJobsToWait-8",
+            [keys.stalled, keys.wait, keys.active, keys.failed, keys.stalled_check,
+             keys.meta, keys.paused, keys.marker],
+            [keys.base, max_stalled_count, now, interval_ms, phase, cursor, budget,
+             default_attempts, "1" if force else "0", lock_ms],
+        )
         return (reply[0], int(reply[1]), int(reply[2]), int(reply[3]), int(reply[4]), int(reply[5]))
 
     def retry_call(self, keys: QueueKeys, job_id: str) -> Call:

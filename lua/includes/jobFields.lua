@@ -28,8 +28,11 @@ local function appendToJsonList(raw, item, keep)
 end
 
 -- The job's attempt ceiling from its raw `opts`: opts.attempts, else the
--- caller's default (one default per script call). Jobs of one kind share
--- their opts text, so each text is decoded once per call.
+-- caller's default (one default per script call). Only a whole number from 1
+-- to MAX_ATTEMPTS counts, the same rule as the Python side's (job.py), so
+-- 1e999 or "3" fails the job instead of retrying it forever. Jobs of one kind
+-- share their opts text, so each text is decoded once per call.
+local MAX_ATTEMPTS = 1000000
 local maxAttemptsByOpts = {}
 local function parseMaxAttempts(raw, defaultAttempts)
   if not raw or raw == "" then return defaultAttempts end
@@ -39,7 +42,15 @@ local function parseMaxAttempts(raw, defaultAttempts)
     if not ok or type(opts) ~= "table" then
       known = {nil, "job field opts is not a JSON object"}
     else
-      known = {tonumber(opts["attempts"]) or defaultAttempts}
+      local attempts = opts["attempts"]
+      if attempts == nil then
+        known = {defaultAttempts}
+      elseif type(attempts) ~= "number" or attempts ~= math.floor(attempts) or attempts < 1
+          or attempts > MAX_ATTEMPTS then
+        known = {nil, "job field opts has attempts that are not a whole number from 1 to " .. MAX_ATTEMPTS}
+      else
+        known = {attempts}
+      end
     end
     maxAttemptsByOpts[raw] = known
   end
