@@ -19,6 +19,7 @@ from .job import DEFAULT_ATTEMPTS
 from .keys import QueueKeys
 from .queue import now_ms
 from .scripts import Scripts
+from .worker import DEFAULT_LOCK_DURATION_MS
 
 logger = logging.getLogger("echomq.sweeper")
 
@@ -39,10 +40,15 @@ class SweepTarget:
     interval_ms: int = DEFAULT_INTERVAL_MS
     max_stalled_count: int = DEFAULT_MAX_STALLED_COUNT
     default_attempts: int = DEFAULT_ATTEMPTS
+    # The workers' lock duration: after a gap in sweeping (Redis was away) no
+    # sweep marks or recovers for this long, so live workers can renew first.
+    lock_duration_ms: int = DEFAULT_LOCK_DURATION_MS
 
     def __post_init__(self) -> None:
         if self.interval_ms < 1:
             raise ValueError(f"the sweep interval must be at least 1 ms, not {self.interval_ms}")
+        if self.lock_duration_ms < 1:
+            raise ValueError(f"the lock duration must be at least 1 ms, not {self.lock_duration_ms}")
         if self.max_stalled_count < 0:
             raise ValueError(f"max_stalled_count must be >= 0, not {self.max_stalled_count}")
 
@@ -53,6 +59,7 @@ class SweepReport:
 
     queue: str
     skipped: bool
+    held_ms: int = 0  # > 0: the hold after a gap in sweeping; nothing was marked or recovered
     marked: int = 0
     recovered: int = 0
     failed: int = 0
@@ -66,6 +73,10 @@ class SweepReport:
         """One line for a log or a terminal."""
         if self.skipped:
             return f"queue {self.queue}: skipped, another sweep ran within the interval"
+        if self.held_ms:
+            return (f"queue {self.queue}: held for {self.held_ms / 1000:.1f} s more: sweeps stopped for a while "
+                    "(Redis was unreachable, or no sweeper ran), so live workers get one lock duration to "
+                    "renew before anything is marked or recovered")
         return (
             f"queue {self.queue}: marked {self.marked}, recovered {self.recovered} to wait, "
             f"failed {self.failed}, unmarked {self.unmarked} "
@@ -82,6 +93,8 @@ class Sweeper:
     many run. `force=True` sweeps whatever the gate says, as an operator's
     "sweep now" does, and closes the gate for an interval afterwards.
     Queues given by name use the sweeper's own interval and ceilings.
+    After a gap in sweeping (Redis restarted or unreachable), the script holds
+    every sweep for one lock duration: see SweepTarget.lock_duration_ms.
     """
 
     def __init__(
@@ -89,12 +102,12 @@ class Sweeper:
         interval_ms: int = DEFAULT_INTERVAL_MS,
         max_stalled_count: int = DEFAULT_MAX_STALLED_COUNT,
         default_attempts: int = DEFAULT_ATTEMPTS, budget: int = DEFAULT_BUDGET,
-        scripts: Scripts | None = None,
+        lock_duration_ms: int = DEFAULT_LOCK_DURATION_MS, scripts: Scripts | None = None,
     ) -> None:
         self.client = client
         self.targets = [
             queue if isinstance(queue, SweepTarget)
-            else SweepTarget(queue, interval_ms, max_stalled_count, default_attempts)
+            else SweepTarget(queue, interval_ms, max_stalled_count, default_attempts, lock_duration_ms)
             for queue in queues
         ]
         if not self.targets:
@@ -110,7 +123,7 @@ class Sweeper:
     def sweep(self, target: SweepTarget, *, force: bool = False) -> SweepReport:
         """Run one whole sweep of one queue (one or more atomic script calls)."""
         keys = self._keys[target.queue]
-        phase, cursor = "start", 0
+        phase, cursor, held_ms = "start", 0, 0
         totals = [0, 0, 0, 0]
         calls, longest, started = 0, 0.0, time.perf_counter()
         while phase != "done" and not self._aborted.is_set():
@@ -118,16 +131,19 @@ class Sweeper:
             phase, cursor, *counts = self.scripts.move_stalled_jobs_to_wait(
                 keys, max_stalled_count=target.max_stalled_count, now=now_ms(),
                 interval_ms=target.interval_ms, phase=phase, cursor=cursor, budget=self.budget,
-                default_attempts=target.default_attempts, force=force,
+                default_attempts=target.default_attempts, force=force, lock_ms=target.lock_duration_ms,
             )
             calls += 1
             longest = max(longest, (time.perf_counter() - call_started) * 1000)
             if phase == "skipped":
                 return SweepReport(target.queue, skipped=True, calls=calls, finished_at_ms=now_ms())
+            if phase == "held":
+                phase = "done"
+                held_ms = cursor
             totals = [total + count for total, count in zip(totals, counts)]
         marked, recovered, failed, unmarked = totals
         report = SweepReport(
-            target.queue, skipped=False, marked=marked, recovered=recovered, failed=failed,
+            target.queue, skipped=False, held_ms=held_ms, marked=marked, recovered=recovered, failed=failed,
             unmarked=unmarked, duration_ms=(time.perf_counter() - started) * 1000,
             calls=calls, longest_call_ms=longest, finished_at_ms=now_ms(),
         )
@@ -157,13 +173,17 @@ class Sweeper:
             for target in self.targets:
                 if self._stopping.is_set() or time.monotonic() < due[target.queue]:
                     continue
+                # The one place that decides "Redis is unreachable, wait and retry":
+                # the sweep and whatever `on_report` does with Redis (the mirror) both
+                # go through it, so no outage of any length ends the loop.
                 try:
                     report = self.sweep(target, force=force)
+                    report_to(report)
                 except UNREACHABLE as error:
                     if outage_since is None:
                         outage_since = time.monotonic()
                         logger.error("Redis unreachable (%s); the sweeper keeps retrying", error)
-                    self._stopping.wait(min(30.0, 1.0 + time.monotonic() - outage_since))
+                    self._stopping.wait(min(5.0, 1.0 + time.monotonic() - outage_since))
                     break
                 except (QueueStateError, ResponseError) as error:
                     # One broken queue must not stop the sweeps of the others.
@@ -174,7 +194,6 @@ class Sweeper:
                     logger.warning("Redis is back after %.0f s; sweeping again", time.monotonic() - outage_since)
                     outage_since = None
                 due[target.queue] = time.monotonic() + target.interval_ms / 1000 + 0.005
-                report_to(report)
             else:
                 self._stopping.wait(max(0.0, min(due.values()) - time.monotonic()))
 
@@ -188,4 +207,8 @@ class Sweeper:
 def last_sweep(client: Any, keys: QueueKeys) -> dict[str, Any] | None:
     """The report the most recent sweep of this queue left, by any sweeper, or None."""
     raw = client.hget(keys.meta, LAST_SWEEP_FIELD)
-    return json.loads(raw) if raw else None
+    try:
+        report = json.loads(raw) if raw else None
+    except ValueError:  # written by some other client
+        return None
+    return report if isinstance(report, dict) else None

@@ -18,7 +18,7 @@ from redis.exceptions import ResponseError
 
 from .connection import UNREACHABLE, socket_timeout
 from .errors import JobNotFoundError, LockLostError, PayloadError, QueueStateError, UnrecoverableError
-from .job import DEFAULT_ATTEMPTS, Job, encode_json
+from .job import DEFAULT_ATTEMPTS, Job, JobOptions, encode_json
 from .keys import QueueKeys
 from .queue import now_ms
 from .scripts import Confirm, Finish, Scripts
@@ -27,6 +27,9 @@ logger = logging.getLogger("echomq.worker")
 
 Handler = Callable[[Job], Any]
 DEFAULT_LOCK_DURATION_MS = 30_000
+# How soon a thread tries Redis again after a call failed (the client's own
+# retries, about 15 s, are over by then).
+RETRY_PAUSE_S = 0.2
 # moveToFinished's status codes for a failed attempt, in words.
 _FAILURE_OUTCOMES = {2: "no attempts left", 3: "retrying now", 4: "retrying after its backoff"}
 
@@ -110,6 +113,11 @@ class Worker:
         self._marker_wanted = threading.Event()  # the loop asks the marker thread to block
         self._idle = threading.Event()  # the loop has free slots and found nothing to take
         self._marker_timeout_s = block_timeout_s
+        # The token of a fetch whose reply never came: sent again with the next
+        # fetch, so the script answers with the jobs it took (see moveToActive).
+        self._unanswered_token: str | None = None
+        self._unreachable = False  # the last round trip failed to reach Redis
+        self._renew_now = threading.Event()  # wakes the renewal thread before its interval
         self._stopping = threading.Event()
         self._aborted = threading.Event()
         self._done = threading.Event()
@@ -146,10 +154,11 @@ class Worker:
                     want = self.concurrency - self._running + len(ended)
                     if max_jobs is not None:
                         want = min(want, max_jobs - fetched)
-                if not want and not self._running and not ended:
+                if not want and not self._running and not ended and not self._unanswered_token:
                     break  # stopping, or max_jobs reached, and nothing left to write
                 wrote = bool(ended)
-                got, next_due = self._exchange(ended, want) if want or ended else (0, None)
+                exchange = want or ended or self._unanswered_token
+                got, next_due = self._exchange(ended, want) if exchange else (0, None)
                 fetched += got
                 if got or wrote or self._collect(ended, wait_s=None):
                     continue  # slots may have freed, more may be ready: go round again
@@ -164,6 +173,7 @@ class Worker:
             self._stopping.set()
             self._idle.clear()
             self._done.set()
+            self._renew_now.set()
             self._marker_wanted.set()
             for _ in range(self.concurrency):
                 self._jobs.put(None)
@@ -186,8 +196,9 @@ class Worker:
                 default_attempts=self.default_attempts,
                 keep_completed=(self.keep_completed.count, self.keep_completed.age_ms),
                 keep_failed=(self.keep_failed.count, self.keep_failed.age_ms)))
-        token = f"{self.worker_id}:{uuid.uuid4().hex}" if want else ""  # the lock token of this fetch
-        if want:
+        # The lock token of this fetch: the unanswered one first, whatever `want` is now.
+        token = self._unanswered_token or (f"{self.worker_id}:{uuid.uuid4().hex}" if want else "")
+        if token:
             calls.append(self.scripts.fetch_call(self.keys, token, self.lock_duration_ms, now_ms(), want,
                                                  self.worker_id))
         try:
@@ -197,9 +208,15 @@ class Worker:
                                self.worker_id, acked, self.confirm.replicas, len(writing), self.confirm.timeout_ms)
         except UNREACHABLE as error:
             logger.error("worker %s: Redis unreachable (%s); retrying", self.worker_id, error)
+            self._unanswered_token = token or None
+            self._unreachable = True
             self._give_up_on_lapsed(ended)
-            self._aborted.wait(1.0)
+            self._aborted.wait(RETRY_PAUSE_S)
             return 0, None
+        if self._unreachable:
+            self._unreachable = False
+            self._renew_now.set()  # back after an outage: renew every held lock now
+        self._unanswered_token = None
         codes = replies.pop(0) if writing else []
         if isinstance(codes, Exception):
             codes = [codes] * len(writing)
@@ -209,7 +226,7 @@ class Worker:
             if not outcome.finish:
                 self._written(outcome, None)
         ended.clear()
-        if not want:
+        if not token:
             return 0, None
         [reply] = replies
         if isinstance(reply, Exception):  # e.g. a queue key of the wrong type: say so, keep trying
@@ -220,12 +237,24 @@ class Worker:
         if jobs:
             self._idle.clear()
         for job_id, flat in jobs:
-            job = Job.from_flat(self.keys.queue, job_id, flat)  # job.token is this fetch's token
             self._running += 1
             with self._held_lock:
                 self._held.add((job_id, token))
+            try:
+                job = Job.runnable(self.keys.queue, job_id, flat)  # job.token is this fetch's token
+            except Exception as error:  # a hash no producer of ours wrote: it fails alone
+                ended.append(self._unrunnable(job_id, token, flat, error))
+                continue
             self._jobs.put(job)
         return len(jobs), next_due
+
+    def _unrunnable(self, job_id: str, token: str, flat: list[str], error: Exception) -> _Outcome:
+        """The end of an attempt that cannot start: the job's hash cannot be decoded into a job."""
+        job = Job(self.keys.queue, job_id, name="", data=None, opts=JobOptions(), token=token)
+        logger.error("worker %s: job %s of queue %s cannot run: %s", self.worker_id, job_id, self.keys.queue, error)
+        finish = Finish(job_id, token, completed=False, value=f"cannot run the job: {error}", final=True,
+                        error_class=f"{type(error).__module__}.{type(error).__qualname__}")
+        return _Outcome(job, finish, time.monotonic())
 
     def _written(self, outcome: _Outcome, code: Any) -> None:
         """Account for one job whose result was just written (or could not be)."""
@@ -297,11 +326,16 @@ class Worker:
             if self._done.is_set():
                 return
             self._marker_wanted.clear()
-            if self._block(self._marker_timeout_s) and not self._idle.is_set():
-                # The loop filled its slots or began stopping meanwhile: the signal
-                # is for another worker, so put it back.
-                self.client.zadd(self.keys.marker, {"0": 0})
-            self._events.put(None)
+            try:
+                if self._block(self._marker_timeout_s) and not self._idle.is_set():
+                    # The loop filled its slots or began stopping meanwhile: the signal
+                    # is for another worker, so put it back.
+                    self.client.zadd(self.keys.marker, {"0": 0})
+            except (*UNREACHABLE, ResponseError) as error:
+                # The signal is lost; other workers wake at their block timeout.
+                logger.error("worker %s: could not hand back a wake-up signal (%s)", self.worker_id, error)
+            finally:
+                self._events.put(None)  # the loop looks for work whatever happened here
 
     def _block(self, timeout: float) -> bool:
         """Sleep until a producer signals work (the marker) or the timeout ends; True if it took the marker."""
@@ -352,16 +386,28 @@ class Worker:
     # -- lock renewal ----------------------------------------------------
 
     def _renew_locks(self) -> None:
-        while not self._done.wait(self.renew_interval_ms / 1000):
-            with self._held_lock:
-                held = sorted(self._held)
-            if not held:
-                continue
-            try:
-                lost = self.scripts.extend_locks(self.keys, held, self.lock_duration_ms)
-            except Exception as error:  # an outage, OOM, a failover's READONLY: try again next round
-                logger.error("worker %s: could not renew locks (%s)", self.worker_id, error)
-                continue
-            for job_id in lost:
-                logger.warning("worker %s: lost the lock of job %s; its result will be discarded",
-                               self.worker_id, job_id)
+        pause = self.renew_interval_ms / 1000
+        while not self._done.is_set():
+            self._renew_now.wait(pause)
+            self._renew_now.clear()
+            if self._done.is_set():
+                return
+            # After a failed renewal, try again soon rather than a whole interval
+            # later: after an outage the sweep's hold waits one lock duration for us.
+            pause = self.renew_interval_ms / 1000 if self._renew_held() else RETRY_PAUSE_S
+
+    def _renew_held(self) -> bool:
+        """Renew every held lock in one call; False when the call failed."""
+        with self._held_lock:
+            held = sorted(self._held)
+        if not held:
+            return True
+        try:
+            lost = self.scripts.extend_locks(self.keys, held, self.lock_duration_ms)
+        except Exception as error:  # an outage, OOM, a failover's READONLY: try again soon
+            logger.error("worker %s: could not renew locks (%s)", self.worker_id, error)
+            return False
+        for job_id in lost:
+            logger.warning("worker %s: lost the lock of job %s; its result will be discarded",
+                           self.worker_id, job_id)
+        return True
