@@ -56,6 +56,7 @@ def make_sweeper(names: Iterable[str], **overrides: Any) -> Sweeper:
             max_stalled_count=(config.max_stalled_count if overrides.get("max_stalled_count") is None
                                else overrides["max_stalled_count"]),
             default_attempts=config.attempts,
+            lock_duration_ms=config.lock_duration_ms,
         ))
     return Sweeper(get_client(), targets, prefix=settings.prefix)
 

@@ -1,5 +1,6 @@
 """`manage.py echomq_worker`: run the registered job functions of one or more queues."""
 
+import logging
 import threading
 from typing import Any
 
@@ -11,6 +12,8 @@ from echomq_django.jobs import registered_jobs, run_job
 from echomq_django.queues import make_worker, queue_names
 
 from ._options import connect_or_fail, on_stop_signals, positive_int
+
+logger = logging.getLogger("echomq.worker")
 
 
 class Command(BaseCommand):
@@ -43,9 +46,17 @@ class Command(BaseCommand):
             self.stdout.write(f"worker on {', '.join(w.keys.queue for w in workers)}; job functions: {names}")
 
         processed: dict[str, int] = {}
+        crashed: list[str] = []
 
         def run(worker: Worker) -> None:
-            processed[worker.keys.queue] = worker.run(burst=burst, max_jobs=max_jobs)
+            try:
+                processed[worker.keys.queue] = worker.run(burst=burst, max_jobs=max_jobs)
+            except BaseException:
+                # A worker that can no longer work must not look like one that
+                # finished: stop the others, then exit non-zero.
+                logger.exception("the worker of queue %s stopped on an error", worker.keys.queue)
+                crashed.append(worker.keys.queue)
+                stop_all()
 
         def stop_all() -> None:
             for worker in workers:
@@ -59,6 +70,8 @@ class Command(BaseCommand):
         for thread in threads:
             while thread.is_alive():
                 thread.join(0.2)
+        if crashed:
+            raise CommandError(f"the worker of queue(s) {', '.join(crashed)} stopped on an error (logged above)")
         if verbosity >= 1:
             self.stdout.write("worker finished: " + ", ".join(
                 f"{queue} {count} job attempt(s)" for queue, count in sorted(processed.items())))
