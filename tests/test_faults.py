@@ -33,7 +33,7 @@ class Fleet:
         self.queue, self.url, self.lock_ms = queue, url, lock_ms
         self.workers: list[subprocess.Popen] = []
         self.sweeper = Sweeper(connect(url), [queue.name], prefix=queue.keys.prefix, interval_ms=interval_ms,
-                               max_stalled_count=max_stalled_count)
+                               max_stalled_count=max_stalled_count, lock_duration_ms=lock_ms)
         self.sweeping = threading.Thread(target=self.sweeper.run, args=(lambda report: None,), daemon=True)
 
     def spawn(self, concurrency: int = 1) -> subprocess.Popen:

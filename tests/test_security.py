@@ -8,7 +8,7 @@ import pytest
 import redis
 from django.core.management import CommandError, call_command
 
-from echomq_django.core import NewJob, Queue, Sweeper, Worker, connect
+from echomq_django.core import Backoff, JobOptions, NewJob, PayloadError, Queue, Sweeper, Worker, connect
 from tests.helpers import fetch, kill_lock
 from tests.redis_servers import RedisServer, redis_server
 
@@ -112,3 +112,36 @@ def test_a_pickle_in_a_job_for_echomq_worker_fails_with_a_reason(echomq_settings
     call_command("echomq_worker", "--queue", "q", "--burst", "-v", "0")
     assert queue.get_state(job_id) == "failed"
     assert "the job's data is not JSON" in queue.get_job(job_id).failed_reason
+
+
+def nested(levels: int) -> list:
+    root = inner = []
+    for _ in range(levels - 1):
+        inner.append([])
+        inner = inner[0]
+    return root
+
+
+@pytest.mark.parametrize("data, reason", [
+    (nested(100_000), "nested more than 100 levels"),
+    (nested(101), "nested more than 100 levels"),
+    ({"text": "lone \ud800 surrogate"}, "not valid Unicode"),
+])
+def test_enqueue_refuses_what_the_rest_of_the_system_cannot_store(queue, data, reason):
+    with pytest.raises(PayloadError, match=reason):
+        queue.add("work", data)
+    with pytest.raises(PayloadError, match=reason):
+        queue.add_bulk([NewJob("work", {"ok": 1}), NewJob("work", data)])
+    assert queue.counts()["wait"] == 0, "nothing of the batch was added"
+    queue.add("work", nested(100))  # the limit itself is fine
+
+
+@pytest.mark.parametrize("make", [
+    lambda: JobOptions(attempts=float("inf")), lambda: JobOptions(attempts=0),
+    lambda: JobOptions(attempts=1_000_001), lambda: JobOptions(attempts=2.5),
+    lambda: JobOptions(delay_ms=10**30), lambda: JobOptions(priority=101),
+    lambda: Backoff("fixed", 10**30), lambda: JobOptions.from_json({"attempts": 1e999}),
+])
+def test_job_options_out_of_bounds_are_refused(make):
+    with pytest.raises(PayloadError, match="must be a whole number from"):
+        make()

@@ -4,7 +4,8 @@ import time
 
 import pytest
 
-from echomq_django.core import JobOptions, NewJob, QueueStateError
+from echomq_django.core import JobOptions, NewJob, QueueStateError, Sweeper, connect
+from tests.conftest import current_redis_url
 from tests.helpers import fetch, finish, kill_lock, sweep, wait_until
 
 
@@ -310,3 +311,39 @@ def test_an_index_entry_whose_id_left_active_behind_the_scripts_back_is_dropped(
     assert queue.client.zcard(queue.keys.locks) == 0
     assert queue.stalled_ids() == {"foreign-1"}, "the walk found the id the index never covered"
     assert sweep(queue).recovered == 1
+
+
+def test_after_a_gap_in_sweeping_nothing_is_marked_or_recovered_for_one_lock_duration(queue):
+    """The hold: Redis was away (no sweep could run), so every lock may have lapsed under live workers."""
+    sweeper = Sweeper(queue.client, [queue.name], prefix=queue.keys.prefix, interval_ms=100, lock_duration_ms=800)
+    target = sweeper.targets[0]
+    job_id = queue.add("work")
+    fetch(queue)
+    assert not sweeper.sweep(target, force=True).held_ms
+    kill_lock(queue, job_id)
+    time.sleep(0.6)  # the fault: no sweep for longer than interval + half a lock (0.5 s)
+    held = sweeper.sweep(target, force=True)
+    assert 0 < held.held_ms <= 800 and held.marked == 0
+    assert "held for" in held.summary()
+    # Another sweeper is held as well: the hold lives in Redis, not in one process.
+    other = Sweeper(connect(current_redis_url()), [queue.name], prefix=queue.keys.prefix, interval_ms=100,
+                    lock_duration_ms=800)
+    assert other.sweep(other.targets[0], force=True).held_ms > 0
+    assert queue.stalled_ids() == set()
+    # A live worker renews within the hold: its job is never marked.
+    assert queue.scripts.extend_lock(queue.keys, job_id, "token-1", 800)
+    kill_lock(queue, job_id)  # now its worker dies for real
+    assert wait_until(lambda: sweeper.sweep(target, force=True).marked == 1, 3, 0.05), "marked once the hold ends"
+    assert sweeper.sweep(target, force=True).recovered == 1
+
+
+def test_sweeps_at_their_interval_never_hold(queue):
+    sweeper = Sweeper(queue.client, [queue.name], prefix=queue.keys.prefix, interval_ms=200, lock_duration_ms=1000)
+    job_id = queue.add("work")
+    fetch(queue)
+    kill_lock(queue, job_id)
+    reports = []
+    for _ in range(3):
+        reports.append(sweeper.sweep(sweeper.targets[0]))
+        time.sleep(0.21)  # the next sweep is due: one interval, as Sweeper.run schedules it
+    assert [(r.held_ms, r.marked, r.recovered) for r in reports] == [(0, 1, 0), (0, 0, 1), (0, 0, 0)]

@@ -303,3 +303,50 @@ def test_a_worker_whose_results_no_replica_confirms_says_so_and_goes_on(queue, c
     assert worker.run(burst=True) == 3
     assert queue.counts()["completed"] == 3
     assert "0 of 1 replicas confirmed the results" in caplog.text
+
+
+def deeply_nested(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+def test_a_poison_job_fails_alone_and_its_batch_mates_run_once(queue, caplog):
+    ids = queue.add_bulk([NewJob("work", {"n": n}) for n in range(5)])
+    poison = {ids[1]: {"opts": '{"attempts":1e999}'}, ids[2]: {"opts": '{"priority":1e999,"attempts":2}'},
+              ids[3]: {"data": deeply_nested(10_001)}}
+    for job_id, fields in poison.items():
+        queue.client.hset(queue.keys.job(job_id), mapping=fields)
+    ran = []
+    worker = make_worker(queue, lambda job: ran.append(job.id), concurrency=5)
+    assert worker.run(burst=True) == 5
+    assert sorted(ran) == sorted([ids[0], ids[4]]), "the good jobs ran, each once"
+    assert all(queue.get_state(job_id) == "failed" for job_id in poison)
+    # The script's own check of opts names the field when it sees the bad attempts first.
+    assert "attempts" in queue.get_job(ids[1]).failed_reason and "1 to 1000000" in queue.get_job(ids[1]).failed_reason
+    assert queue.get_job(ids[2]).failed_reason.startswith("cannot run the job: priority must be")
+    assert "nested too deeply" in queue.get_job(ids[3]).failed_reason
+    assert queue.counts()["completed"] == 2
+
+
+def test_an_exponential_backoff_after_a_huge_attempt_count_is_bounded(queue):
+    job_id = queue.add("work", opts=JobOptions(attempts=1_000_000, backoff=Backoff("exponential", 1000)))
+    queue.client.hset(queue.keys.job(job_id), "atm", "999999999999999")
+    worker = make_worker(queue, lambda job: 1 / 0)
+    thread = start(worker, burst=True)
+    thread.join(10)
+    assert not thread.is_alive(), "2 ** 999999999999999 would hold the interpreter for ever"
+    assert queue.get_state(job_id) == "failed"  # its attempt count is past every ceiling
+
+
+def test_a_backoff_is_at_most_ten_years():
+    assert Backoff("exponential", 1000).delay_before(10**15) == 10 * 365 * 86_400_000
+    assert Backoff("exponential", 1000).delay_before(3) == 4000
+
+
+def test_no_lost_lock_warning_when_renewals_race_normal_finishes(queue, caplog):
+    queue.add_bulk([NewJob("work") for _ in range(300)])
+    # Renewals every 2 ms: many of them meet jobs that just finished.
+    worker = make_worker(queue, lambda job: time.sleep(0.002), concurrency=4, lock_duration_ms=1000,
+                         renew_interval_ms=2)
+    with caplog.at_level(logging.WARNING, logger="echomq.worker"):
+        assert worker.run(burst=True) == 300
+    assert [r.getMessage() for r in caplog.records if "lost the lock" in r.getMessage()] == []
