@@ -131,3 +131,15 @@ def test_status_as_a_process_prints_json(queue, subprocess_env):
                             cwd=ROOT, env=subprocess_env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)[0]["counts"]["wait"] == 1
+
+
+def test_a_worker_that_can_no_longer_work_exits_non_zero(echomq_settings, prefix):
+    """Its user may not load scripts (an ACL): the first fetch fails, and the command says so."""
+    from django.core.management import CommandError
+
+    from tests.redis_servers import redis_server
+
+    with redis_server("--user", "default", "on", "nopass", "~*", "&*", "+@all", "-script") as url:
+        echomq_settings.ECHOMQ = {**echomq_settings.ECHOMQ, "REDIS_URL": url}
+        with pytest.raises(CommandError, match="worker of queue.* q stopped on an error"):
+            call_command("echomq_worker", "--queue", "q", "--burst", "-v", "0")
