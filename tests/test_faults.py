@@ -173,6 +173,10 @@ def test_redis_crash_and_restart_loses_no_acknowledged_job():
             acknowledged += [queue.add("jitter", {"ms": 10}, opts=JobOptions(attempts=10)) for _ in range(50)]
             assert wait_until(lambda: queue.counts()["completed"] >= len(acknowledged), 60), queue.counts()
         assert set(client.zrange(queue.keys.completed, 0, -1)) >= set(acknowledged)
+        # No worker died: a restart alone must never make a job run twice.
+        started_twice = [job_id for job_id, n in Counter(s.split(":")[0] for s in starts(queue)).items() if n > 1]
+        assert started_twice == [], "jobs run twice after the restart"
+        assert queue.counts()["failed"] == 0
     finally:
         server.stop()
         server.workdir.cleanup()
