@@ -116,6 +116,7 @@ class Worker:
         # The token of a fetch whose reply never came: sent again with the next
         # fetch, so the script answers with the jobs it took (see moveToActive).
         self._unanswered_token: str | None = None
+        self._unanswered_at = 0.0  # time.monotonic() when that fetch was first sent
         self._unreachable = False  # the last round trip failed to reach Redis
         self._renew_now = threading.Event()  # wakes the renewal thread before its interval
         self._stopping = threading.Event()
@@ -201,6 +202,7 @@ class Worker:
         if token:
             calls.append(self.scripts.fetch_call(self.keys, token, self.lock_duration_ms, now_ms(), want,
                                                  self.worker_id))
+        sent = time.monotonic()
         try:
             replies, acked = self.scripts.run_confirmed(calls, self.confirm)
             if self.confirm and writing and acked < self.confirm.replicas:
@@ -208,7 +210,10 @@ class Worker:
                                self.worker_id, acked, self.confirm.replicas, len(writing), self.confirm.timeout_ms)
         except UNREACHABLE as error:
             logger.error("worker %s: Redis unreachable (%s); retrying", self.worker_id, error)
-            self._unanswered_token = token or None
+            if token != self._unanswered_token:
+                self._unanswered_token, self._unanswered_at = token or None, sent
+            elif time.monotonic() - self._unanswered_at > self.lock_duration_ms / 1000:
+                self._unanswered_token = None  # its record and locks have lapsed: nothing to collect
             self._unreachable = True
             self._give_up_on_lapsed(ended)
             self._aborted.wait(RETRY_PAUSE_S)
