@@ -161,6 +161,12 @@ def _json(value: str | None, default: Any) -> Any:
         return value  # not JSON (or nested too deeply to decode): shown as the text it is
 
 
+@functools.lru_cache(maxsize=256)
+def _strict_options(text: str | None) -> JobOptions:
+    """The options in an `opts` field, or PayloadError (jobs of one kind share the text)."""
+    return JobOptions.from_json(_strict_json(text, "the job's opts") or {})
+
+
 def _strict_json(value: str | None, what: str) -> Any:
     """Decoded JSON for a job that is about to run; PayloadError when it cannot be decoded."""
     if value in (None, ""):
@@ -198,14 +204,21 @@ class Job:
     error_classes: list[str] = field(default_factory=list)  # beside `stacktrace`, one per failure
 
     @classmethod
-    def from_hash(cls, queue: str, job_id: str, fields: Mapping[str, str]) -> Job:
-        """Decode a job hash (as HGETALL returns it, strings) into a Job."""
+    def from_hash(cls, queue: str, job_id: str, fields: Mapping[str, str], *, strict: bool = False) -> Job:
+        """Decode a job hash (as HGETALL returns it, strings) into a Job.
+
+        Data that is not JSON is kept as its text and malformed opts read as
+        the defaults, so any job can be shown. `strict` (a job about to run)
+        raises PayloadError for those instead: such a job must fail with the
+        reason, not run on the text or on default options.
+        """
+        data, opts = fields.get("data"), fields.get("opts")
         return cls(
             queue=queue,
             id=job_id,
             name=fields.get("name", ""),
-            data=_json(fields.get("data"), None),
-            opts=_options_from_text(fields.get("opts")),
+            data=_strict_json(data, "the job's data") if strict else _json(data, None),
+            opts=_strict_options(opts) if strict else _options_from_text(opts),
             timestamp=_int(fields.get("timestamp")),
             attempts_made=_int(fields.get("atm")),
             attempts_started=_int(fields.get("ats")),
@@ -223,23 +236,9 @@ class Job:
         )
 
     @classmethod
-    def from_flat(cls, queue: str, job_id: str, flat: list[str]) -> Job:
-        """Decode the flat field/value list a script returns."""
-        return cls.from_hash(queue, job_id, dict(zip(flat[::2], flat[1::2])))
-
-    @classmethod
-    def runnable(cls, queue: str, job_id: str, flat: list[str]) -> Job:
-        """Decode a job a worker just fetched, refusing what the lenient reader would paper over.
-
-        Raises PayloadError when its data is not JSON or its options are
-        malformed (a hash written by another client): such a job must fail
-        with that reason, not run with the text or with default options.
-        """
-        job = cls.from_flat(queue, job_id, flat)
-        fields = dict(zip(flat[::2], flat[1::2]))
-        job.data = _strict_json(fields.get("data"), "the job's data")
-        job.opts = JobOptions.from_json(_strict_json(fields.get("opts"), "the job's opts") or {})
-        return job
+    def from_flat(cls, queue: str, job_id: str, flat: list[str], *, strict: bool = False) -> Job:
+        """Decode the flat field/value list a script returns (`strict` as for `from_hash`)."""
+        return cls.from_hash(queue, job_id, dict(zip(flat[::2], flat[1::2])), strict=strict)
 
 
 def datetime_from_ms(ms: int | None) -> datetime | None:

@@ -246,7 +246,7 @@ class Worker:
             with self._held_lock:
                 self._held.add((job_id, token))
             try:
-                job = Job.runnable(self.keys.queue, job_id, flat)  # job.token is this fetch's token
+                job = Job.from_flat(self.keys.queue, job_id, flat, strict=True)  # job.token: this fetch's
             except Exception as error:  # a hash no producer of ours wrote: it fails alone
                 ended.append(self._unrunnable(job_id, token, flat, error))
                 continue
