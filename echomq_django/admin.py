@@ -12,27 +12,35 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import ImproperlyConfigured, PermissionDenied
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 from django.views.decorators.http import require_POST
+from redis.exceptions import ResponseError
 
 from .conf import get_settings
-from .core import JobOptions
+from .core import InvalidNameError, JobLockedError, JobOptions, QueueStateError, validate_name
 from .core.job import options_from_json
 from .core.sweeper import last_sweep
+from .management.commands.echomq_status import describe_sweep
 from .mirror import sync_queue
 from .models import FailedJob, JobRecord, Queue, StalledJob
 from .queues import get_queue, make_sweeper
 
 DAY_MS = 86_400_000
+# A century: more is surely a typo, and days * DAY_MS must stay a number Redis takes.
+MAX_CLEAN_DAYS = 36_500
+# What a job or queue can answer instead of doing what it was asked: its id or
+# name is outside the alphabet, a key holds another Redis type, a worker holds it.
+JOB_ERRORS = (InvalidNameError, QueueStateError, ResponseError, JobLockedError)
 
 
 def pretty_json(value: Any) -> str:
@@ -91,10 +99,14 @@ class FailedJobAdmin(MirrorAdmin):
     def retry_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
         retried, gone = 0, []
         for record in queryset:
-            if get_queue(record.queue).retry(record.job_id):
-                retried += 1
-            else:
-                gone.append(record.job_id)
+            try:
+                if get_queue(record.queue).retry(record.job_id):
+                    retried += 1
+                else:
+                    gone.append(record.job_id)
+            except JOB_ERRORS as error:
+                self.message_user(request, f"Job {record.job_id!r} was left alone: {error}", messages.ERROR)
+                continue
             record.delete()  # either way it is no longer in failed
         self.message_user(request, f"{retried} job(s) sent back to wait.", messages.SUCCESS)
         if gone:
@@ -103,7 +115,11 @@ class FailedJobAdmin(MirrorAdmin):
 
     def delete_model(self, request: HttpRequest, obj: JobRecord) -> None:
         """Delete the job from Redis (only while it is still failed), then its row."""
-        get_queue(obj.queue).remove(obj.job_id, only_from="failed")
+        try:
+            get_queue(obj.queue).remove(obj.job_id, only_from="failed")
+        except JOB_ERRORS as error:
+            self.message_user(request, f"Job {obj.job_id!r} was not deleted: {error}", messages.ERROR)
+            return
         obj.delete()
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
@@ -129,13 +145,28 @@ class StalledChangeList(ChangeList):
                 pipe.hmget(queue.keys.job(record.job_id), "atm", "stc", "opts", "processedOn")
                 pipe.pttl(queue.keys.lock(record.job_id))
                 pipe.sismember(queue.keys.stalled, record.job_id)
-            replies = pipe.execute()
+            replies = pipe.execute(raise_on_error=False)
             for index, record in enumerate(records):
-                (atm, stc, opts, processed_on), ttl, marked = replies[3 * index: 3 * index + 3]
+                fields, ttl, marked = replies[3 * index: 3 * index + 3]
+                if any(isinstance(reply, Exception) for reply in (fields, ttl, marked)):
+                    record.live_verdict = "unknown: a key of this job holds another Redis type"
+                    continue
+                atm, stc, opts, processed_on = fields
                 record.live_ttl_ms = ttl
-                record.live_in_active_s = (now_ms - float(processed_on)) / 1000 if processed_on else None
+                record.live_in_active_s = seconds_since(processed_on, now_ms)
                 record.live_verdict = next_sweep_verdict(atm, stc, opts, ttl, marked, config.max_stalled_count,
                                                          config.attempts)
+
+
+def seconds_since(started_ms: str | None, now_ms: float) -> float | None:
+    """Seconds from a job hash's ms timestamp to now; None when another client wrote no number there."""
+    if not started_ms:
+        return None
+    try:
+        started = float(started_ms)
+    except ValueError:
+        return None
+    return (now_ms - started) / 1000 if math.isfinite(started) else None
 
 
 def next_sweep_verdict(atm: str | None, stc: str | None, opts: str | None, ttl: int, marked: bool,
@@ -151,7 +182,7 @@ def next_sweep_verdict(atm: str | None, stc: str | None, opts: str | None, ttl: 
         return "fail it: its counters are not integers"
     try:
         options = options_from_json(json.loads(opts)) if opts else JobOptions(attempts=default_attempts)
-    except ValueError:
+    except (ValueError, RecursionError):
         return "fail it: its opts are not JSON"
     if attempts_made >= options.attempts:
         return f"fail it: attempt ceiling ({attempts_made} of {options.attempts})"
@@ -218,11 +249,16 @@ class QueueAdmin(admin.ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         user = request.user
+        try:
+            names, settings_error = list(get_settings().queues), ""
+        except ImproperlyConfigured as error:  # `manage.py check` names it too, but not every deploy runs it
+            names, settings_error = [], str(error)
         context = {
             **self.admin_site.each_context(request),
             "title": "Queues",
             "opts": self.model._meta,
-            "queues": [self.queue_row(name) for name in get_settings().queues],
+            "settings_error": settings_error,
+            "queues": [self.queue_row(name) for name in names],
             "can_sweep": user.has_perm("echomq.sweep_queue"),
             "can_retry": user.has_perm("echomq.retry_failedjob"),
             "can_clean": user.has_perm("echomq.delete_failedjob"),
@@ -232,49 +268,65 @@ class QueueAdmin(admin.ModelAdmin):
         return TemplateResponse(request, "admin/echomq/queue_dashboard.html", context)
 
     def queue_row(self, name: str) -> dict[str, Any]:
+        """One queue's line of the dashboard; `error` instead of counts when one of its keys is broken."""
         queue = get_queue(name)
-        sweep = last_sweep(queue.client, queue.keys)
-        if sweep:
-            sweep["ago_s"] = max(0, round(time.time() - sweep["finished_at_ms"] / 1000))
-        return {"name": name, "counts": queue.counts(), "paused": queue.is_paused(), "last_sweep": sweep}
+        try:
+            return {"name": name, "counts": queue.counts(), "paused": queue.is_paused(),
+                    "last_sweep": describe_sweep(last_sweep(queue.client, queue.keys))}
+        except (QueueStateError, ResponseError) as error:  # a key another client gave another Redis type
+            return {"name": name, "error": str(error)}
 
     def _queue_for(self, request: HttpRequest, queue_name: str, permission: str) -> Any:
         """The configured queue named in the URL, if the user has `permission`."""
         if not request.user.has_perm(permission):
             raise PermissionDenied
-        if queue_name not in get_settings().queues:
+        try:
+            configured = get_settings().queues
+            validate_name(queue_name, "queue name")
+        except (ImproperlyConfigured, InvalidNameError) as error:
+            raise Http404(str(error)) from None
+        if queue_name not in configured:
             raise Http404("only configured queues are operated from the admin")
         return get_queue(queue_name)
 
     def _back(self) -> HttpResponseRedirect:
         return HttpResponseRedirect(reverse("admin:echomq_queue_changelist"))
 
+    def _operate(self, request: HttpRequest, queue: Any, operation: Callable[[], str]) -> HttpResponse:
+        """Run one button's operation and bring the mirror up to date; its outcome becomes a message."""
+        try:
+            summary = operation()
+            sync_queue(queue)
+        except (QueueStateError, ResponseError) as error:
+            self.message_user(request, f"Queue {queue.name}: {error}", messages.ERROR)
+        else:
+            self.message_user(request, summary, messages.SUCCESS)
+        return self._back()
+
     def sweep_now(self, request: HttpRequest, queue_name: str) -> HttpResponse:
         queue = self._queue_for(request, queue_name, "echomq.sweep_queue")
-        sweeper = make_sweeper([queue.name])
-        report = sweeper.sweep(sweeper.targets[0], force=True)
-        sync_queue(queue)
-        self.message_user(request, report.summary(), messages.SUCCESS)
-        return self._back()
+
+        def sweep() -> str:
+            sweeper = make_sweeper([queue.name])
+            return sweeper.sweep(sweeper.targets[0], force=True).summary()
+
+        return self._operate(request, queue, sweep)
 
     def retry_all_failed(self, request: HttpRequest, queue_name: str) -> HttpResponse:
         queue = self._queue_for(request, queue_name, "echomq.retry_failedjob")
-        retried = queue.retry_all_failed()
-        sync_queue(queue)
-        self.message_user(request, f"{retried} failed job(s) of {queue.name} sent back to wait.", messages.SUCCESS)
-        return self._back()
+        return self._operate(request, queue, lambda: (
+            f"{queue.retry_all_failed()} failed job(s) of {queue.name} sent back to wait."))
 
     def clean_failed(self, request: HttpRequest, queue_name: str) -> HttpResponse:
         queue = self._queue_for(request, queue_name, "echomq.delete_failedjob")
         try:
             days = float(request.POST.get("days", ""))
-            if not math.isfinite(days) or days < 0:
+            if not 0 <= days <= MAX_CLEAN_DAYS:  # also refuses nan
                 raise ValueError
         except ValueError:
-            self.message_user(request, "Give the age in days as a number >= 0.", messages.ERROR)
+            self.message_user(request, f"Give the age in days as a number from 0 to {MAX_CLEAN_DAYS}.",
+                              messages.ERROR)
             return self._back()
-        cleaned = queue.clean("failed", round(days * DAY_MS))
-        sync_queue(queue)
-        self.message_user(request, f"{cleaned} failed job(s) of {queue.name} older than {days:g} day(s) deleted.",
-                          messages.SUCCESS)
-        return self._back()
+        return self._operate(request, queue, lambda: (
+            f"{queue.clean('failed', round(days * DAY_MS))} failed job(s) of {queue.name} "
+            f"older than {days:g} day(s) deleted."))

@@ -27,6 +27,7 @@ from django.dispatch import receiver
 
 from .core import DEFAULT_REDIS_URL, Backoff, Confirm, InvalidNameError, Retention, validate_name
 from .core.connection import RedisURLError, parse_redis_url
+from .core.keys import ALPHABET
 from .core.queue import DEFAULT_MAX_PAYLOAD_BYTES
 
 TOP_LEVEL_DEFAULTS: dict[str, Any] = {
@@ -197,7 +198,7 @@ def parse_settings(raw: Any) -> tuple[EchoMQSettings, list[Problem]]:
     try:
         validate_name(prefix, "ECHOMQ['PREFIX']")
     except InvalidNameError as error:
-        problems.append(Problem("echomq.E003", f"{error}.", "Use letters, digits, '-', '_' or '.'."))
+        problems.append(Problem("echomq.E003", f"{error}.", f"Use {ALPHABET}."))
         prefix = "emq"
     max_payload = _count(values["MAX_PAYLOAD_BYTES"], "ECHOMQ['MAX_PAYLOAD_BYTES']", problems, minimum=1)
     replicas = _count(values["CONFIRM_REPLICAS"], "ECHOMQ['CONFIRM_REPLICAS']", problems, minimum=0)
@@ -213,7 +214,7 @@ def parse_settings(raw: Any) -> tuple[EchoMQSettings, list[Problem]]:
             validate_name(name, "queue name")
         except InvalidNameError as error:
             problems.append(Problem("echomq.E003", f"ECHOMQ['QUEUES']: {error}.",
-                                    "Queue names become part of Redis keys; use letters, digits, '-', '_' or '.'."))
+                                    f"Queue names become part of Redis keys and admin URLs; use {ALPHABET}."))
             continue
         queues[name], queue_problems = _queue_config(name, options)
         problems += queue_problems

@@ -212,3 +212,87 @@ def test_stalled_list_says_what_the_next_sweep_will_do(superuser_client, queue):
 @pytest.mark.parametrize("name", ["echomq_queue_sweep", "echomq_queue_retry_failed", "echomq_queue_clean_failed"])
 def test_get_on_a_changing_view_is_405(superuser_client, name):
     assert superuser_client.get(reverse(f"admin:{name}", args=["q"])).status_code == 405
+
+
+@pytest.mark.parametrize("processed_on", ["abc", "inf", "1e400", "-inf"])
+def test_stalled_list_shows_a_dash_for_an_unreadable_start_time(superuser_client, queue, processed_on):
+    [job_id] = stalled_jobs(queue, 3)
+    queue.client.hset(queue.keys.job(job_id), "processedOn", processed_on)
+    response = superuser_client.get(URLS["stalled"]())
+    page = response.content.decode()
+    assert response.status_code == 200 and "recover it to wait" in page and "inf s" not in page
+
+
+def broken_queues(settings, queue, redis_client, prefix):
+    """Queues "broken" (its wait and failed keys hold strings) and "q" (healthy, one failed job)."""
+    from echomq_django.core import Queue
+
+    settings.ECHOMQ = {**settings.ECHOMQ, "QUEUES": {"broken": {}, "q": {}}}
+    broken = Queue("broken", redis_client, prefix=prefix)
+    redis_client.set(broken.keys.wait, "x")
+    redis_client.set(broken.keys.failed, "x")
+    failed_job(queue)
+    return broken
+
+
+def test_dashboard_shows_a_broken_queue_as_an_error_and_the_others(superuser_client, echomq_settings, queue,
+                                                                    redis_client, prefix):
+    broken_queues(echomq_settings, queue, redis_client, prefix)
+    response = superuser_client.get(URLS["dashboard"]())
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert "wrong type" in page and "broken" in page
+    assert 'href="/admin/echomq/failedjob/?queue=q">1</a>' in page, "the healthy queue still has its row"
+
+
+@pytest.mark.parametrize("name", ["echomq_queue_sweep", "echomq_queue_retry_failed", "echomq_queue_clean_failed"])
+def test_buttons_of_a_broken_queue_answer_with_a_message(superuser_client, echomq_settings, queue, redis_client,
+                                                         prefix, name):
+    broken_queues(echomq_settings, queue, redis_client, prefix)
+    response = superuser_client.post(reverse(f"admin:{name}", args=["broken"]), {"days": "1"}, follow=True)
+    assert response.status_code == 200 and "wrong type" in response.content.decode()
+
+
+@pytest.mark.parametrize("last_sweep", ["not json", "[1, 2]", '{"marked": 1}', '{"finished_at_ms": "soon"}',
+                                        '{"finished_at_ms": 1e400, "host": "h"}'])
+def test_dashboard_survives_a_last_sweep_report_it_cannot_read(superuser_client, queue, last_sweep):
+    queue.client.hset(queue.keys.meta, "lastSweep", last_sweep)
+    response = superuser_client.get(URLS["dashboard"]())
+    assert response.status_code == 200 and "Sweep now" in response.content.decode()
+
+
+@pytest.mark.parametrize("days", ["1e308", "36501", "1e20"])
+def test_clean_failed_refuses_an_age_beyond_a_century(superuser_client, queue, days):
+    job_id = failed_job(queue)
+    response = superuser_client.post(reverse("admin:echomq_queue_clean_failed", args=["q"]), {"days": days},
+                                     follow=True)
+    assert response.status_code == 200 and "as a number" in response.content.decode()
+    assert queue.get_state(job_id) == "failed"
+
+
+@pytest.mark.parametrize("queue_name", ["unknown", "..", "a\u200bb", "bad{name}", "wait:x", "x" * 300])
+@pytest.mark.parametrize("name", ["echomq_queue_sweep", "echomq_queue_retry_failed", "echomq_queue_clean_failed"])
+def test_buttons_answer_404_for_a_queue_not_configured_or_not_valid(superuser_client, queue_name, name):
+    assert superuser_client.post(reverse(f"admin:{name}", args=[queue_name]), {"days": "1"}).status_code == 404
+
+
+def test_dashboard_shows_a_configuration_error_instead_of_failing(superuser_client, echomq_settings):
+    echomq_settings.ECHOMQ = {**echomq_settings.ECHOMQ, "QUEUES": {"a/b": {}, "q": {}}}
+    response = superuser_client.get(URLS["dashboard"]())
+    assert response.status_code == 200 and "may hold only" in response.content.decode()
+    assert superuser_client.post(reverse("admin:echomq_queue_sweep", args=["q"])).status_code == 404
+
+
+def test_actions_on_a_mirrored_job_with_an_id_no_longer_valid_answer_with_a_message(superuser_client, queue):
+    # Written by another client (or before the id alphabet was narrowed): the mirror shows it anyway.
+    queue.client.hset(queue.keys.job("ümlaut id"), mapping={"name": "old", "failedReason": "ancient"})
+    queue.client.zadd(queue.keys.failed, {"ümlaut id": 1_000})
+    sync_queue(queue)
+    for action in ("retry_selected", "delete_selected"):
+        response = post_action(superuser_client, action, FailedJob.objects.all())
+        assert response.status_code == 200
+    response = superuser_client.post(URLS["failed"](), {"action": "delete_selected", "post": "yes",
+                                                        "_selected_action": [FailedJob.objects.get().pk]},
+                                     follow=True)
+    assert response.status_code == 200 and "may hold only" in response.content.decode()
+    assert queue.client.zscore(queue.keys.failed, "ümlaut id") is not None

@@ -91,3 +91,28 @@ def test_the_loop_marks_recovers_and_stops_on_sigterm(queue, subprocess_env):
     lines = stdout.splitlines()
     assert lines[0].startswith("queue q: marked 1, recovered 0")
     assert any(line.startswith("queue q: marked 0, recovered 1") for line in lines)
+
+
+@pytest.mark.django_db(transaction=True)  # the command closes connections between sweeps
+def test_a_failing_mirror_is_logged_and_the_sweeps_go_on(echomq_settings, redis_client, prefix, monkeypatch, caplog):
+    from echomq_django.core import Queue
+    from echomq_django.management.commands import echomq_sweep
+    from echomq_django.models import StalledJob
+
+    echomq_settings.ECHOMQ = {**echomq_settings.ECHOMQ, "QUEUES": {"broken": {}, "q": {}}}
+    broken, healthy = (Queue(name, redis_client, prefix=prefix) for name in ("broken", "q"))
+    stalled(broken)
+    job_id = stalled(healthy)
+    real_sync = echomq_sweep.sync_queue
+
+    def sync_with_a_bug(queue):  # stands for any bug of the mirror: not Redis, not the database
+        if queue.name == "broken":
+            raise RuntimeError("a bug in the mirror")
+        return real_sync(queue)
+
+    monkeypatch.setattr(echomq_sweep, "sync_queue", sync_with_a_bug)
+    output = sweep_command()
+    assert "queue broken: marked 1" in output and "queue q: marked 1" in output
+    assert list(StalledJob.objects.values_list("job_id", flat=True)) == [job_id], "q was still mirrored"
+    [record] = [r for r in caplog.records if "a bug in the mirror" in r.getMessage() or r.exc_info]
+    assert "broken" in record.getMessage() and record.levelname == "ERROR"

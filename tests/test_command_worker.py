@@ -143,3 +143,41 @@ def test_a_worker_that_can_no_longer_work_exits_non_zero(echomq_settings, prefix
         echomq_settings.ECHOMQ = {**echomq_settings.ECHOMQ, "REDIS_URL": url}
         with pytest.raises(CommandError, match="worker of queue.* q stopped on an error"):
             call_command("echomq_worker", "--queue", "q", "--burst", "-v", "0")
+
+
+def run_failing(command: str, *args: str) -> tuple[str, str]:
+    """Run a command that must end with a CommandError; its output and the error's message."""
+    from django.core.management import CommandError
+
+    out = StringIO()
+    with pytest.raises(CommandError) as raised:
+        call_command(command, *args, stdout=out)
+    return out.getvalue(), str(raised.value)
+
+
+@pytest.mark.parametrize("broken_key", ["wait", "failed", "meta"])
+def test_status_reports_a_broken_queue_prints_the_others_and_fails(echomq_settings, queue, redis_client, prefix,
+                                                                    broken_key):
+    from echomq_django.core import Queue
+
+    echomq_settings.ECHOMQ = {**echomq_settings.ECHOMQ, "QUEUES": {"broken": {}, "q": {}}}
+    broken = Queue("broken", redis_client, prefix=prefix)
+    redis_client.set(getattr(broken.keys, broken_key), "x")
+    queue.add("work")
+    table, error = run_failing("echomq_status")
+    assert "broken" in error
+    [broken_line, healthy_line] = table.splitlines()[1:]
+    assert broken_line.startswith("broken") and ("WRONGTYPE" in broken_line or "wrong type" in broken_line)
+    assert healthy_line.split()[:2] == ["q", "1"]
+    document, _ = run_failing("echomq_status", "--json")
+    by_queue = {status["queue"]: status for status in json.loads(document)}
+    assert by_queue["broken"]["error"] and "error" not in by_queue["q"]
+    assert by_queue["q"]["counts"]["wait"] == 1
+
+
+@pytest.mark.parametrize("last_sweep", ["not json", '{"marked": 1}', '{"finished_at_ms": "soon", "host": 5}',
+                                        '{"finished_at_ms": 1e400}'])
+def test_status_survives_a_last_sweep_report_it_cannot_read(echomq_settings, queue, last_sweep):
+    queue.client.hset(queue.keys.meta, "lastSweep", last_sweep)
+    assert run("echomq_status").splitlines()[1].startswith("q")
+    assert json.loads(run("echomq_status", "--json"))[0]["queue"] == "q"

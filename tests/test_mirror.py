@@ -95,3 +95,43 @@ def test_a_hash_that_vanished_is_mirrored_with_a_reason(queue):
     queue.client.zadd(queue.keys.failed, {"ghost": now_ms()})
     sync_queue(queue)
     assert FailedJob.objects.get(job_id="ghost").failed_reason == "the job hash no longer exists in Redis"
+
+
+@pytest.mark.parametrize("score", [1e17, 1e20, float("inf"), float("-inf")])
+def test_failed_scores_out_of_datetime_range_are_mirrored(queue, score):
+    [healthy] = fail_jobs(queue, 1)
+    queue.client.hset(queue.keys.job("far-off"), mapping={"name": "odd", "failedReason": "written by hand"})
+    queue.client.zadd(queue.keys.failed, {"far-off": score})
+    sync_queue(queue)
+    assert set(FailedJob.objects.values_list("job_id", flat=True)) == {healthy, "far-off"}
+    cursor = MirrorCursor.objects.get(queue="q").failed_through_ms
+    assert cursor <= now_ms(), "a score from the far future must not move the cursor past the present"
+    [later] = fail_jobs(queue, 1)
+    again = sync_queue(queue)
+    assert (again.written, again.compared_all) == (1, False), "the next sync still reads only what is new"
+    assert FailedJob.objects.filter(job_id=later).exists()
+
+
+@pytest.mark.parametrize("value", ["1e20", "inf", "-inf", "abc"])
+def test_job_timestamps_out_of_range_are_mirrored_without_them(queue, value):
+    queue.client.hset(queue.keys.job("odd-times"), mapping={
+        "name": "odd", "timestamp": value, "processedOn": value, "finishedOn": value})
+    queue.client.zadd(queue.keys.failed, {"odd-times": now_ms()})
+    sync_queue(queue)
+    row = FailedJob.objects.get(job_id="odd-times")
+    assert (row.created_at, row.processed_at) == (None, None)
+
+
+def test_a_row_the_database_refuses_is_skipped_and_logged_not_the_others(queue, caplog):
+    healthy = fail_jobs(queue, 3)
+    # Counters no database column holds, and data nested deeper than SQLite's JSON
+    # check allows (on Pythons whose decoder goes that deep; others keep it as text).
+    queue.client.hset(queue.keys.job("huge-count"), mapping={"name": "odd", "atm": str(10**20)})
+    queue.client.hset(queue.keys.job("deep"), mapping={"name": "odd", "data": "[" * 2100 + "]" * 2100})
+    queue.client.zadd(queue.keys.failed, {"huge-count": now_ms(), "deep": now_ms()})
+    sync_queue(queue)
+    assert set(healthy) <= set(FailedJob.objects.values_list("job_id", flat=True))
+    assert not FailedJob.objects.filter(job_id="huge-count").exists()
+    assert "huge-count" in caplog.text and "skipped" in caplog.text
+    sync_queue(queue)  # and again: the refused row does not stop later syncs
+    assert set(healthy) <= set(FailedJob.objects.values_list("job_id", flat=True))

@@ -7,6 +7,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, close_old_connections
 
 from echomq_django.core import InvalidNameError, QueueStateError, SweepReport
+from echomq_django.core.connection import UNREACHABLE
 from echomq_django.mirror import sync_queue
 from echomq_django.queues import get_queue, make_sweeper, queue_names
 
@@ -72,14 +73,24 @@ class Command(BaseCommand):
             sweeper.run(report, force=force)
         except QueueStateError as error:
             raise CommandError(str(error)) from None
+        except UNREACHABLE as error:  # only --once gets here: the loop waits out outages
+            raise CommandError(f"cannot reach Redis: {error}") from None
 
     def mirror(self, queue: str, verbosity: int) -> None:
         """Bring the admin's copy of this queue's failed and stalled sets up to date."""
         close_old_connections()
         try:
             synced = sync_queue(get_queue(queue))
+        except UNREACHABLE:
+            raise  # the sweeper's loop waits for Redis and tries again
         except DatabaseError as error:
             logger.error("could not update the mirror of queue %s: %s", queue, error)
+            return
+        except Exception:
+            # The admin's copy is a convenience; recovering stalled jobs is not.
+            # Whatever breaks the mirror (a bug, data nobody foresaw) is logged
+            # with its traceback, and the sweeps go on.
+            logger.exception("could not update the mirror of queue %s", queue)
             return
         if verbosity >= 2 or (verbosity >= 1 and (synced.written or synced.deleted)):
             self.stdout.write(synced.summary())
