@@ -27,37 +27,48 @@ pytestmark = pytest.mark.slow
 
 
 class Fleet:
-    """Worker processes (tests/worker_process.py) and a sweeper thread on one queue."""
+    """Worker processes (tests/worker_process.py) and sweeper threads on one queue.
 
-    def __init__(self, queue: Queue, url: str, lock_ms: int, interval_ms: int, max_stalled_count: int = 1):
-        self.queue, self.url, self.lock_ms = queue, url, lock_ms
+    Each of the `sweepers` threads has a client of its own for `url`; the
+    workers connect to `worker_url` (a fault proxy, say), `url` by default.
+    """
+
+    def __init__(self, queue: Queue, url: str, lock_ms: int, interval_ms: int, max_stalled_count: int = 1,
+                 sweepers: int = 1, worker_url: str | None = None):
+        self.queue, self.worker_url, self.lock_ms = queue, worker_url or url, lock_ms
         self.workers: list[subprocess.Popen] = []
-        self.sweeper = Sweeper(connect(url), [queue.name], prefix=queue.keys.prefix, interval_ms=interval_ms,
-                               max_stalled_count=max_stalled_count, lock_duration_ms=lock_ms)
-        self.sweeping = threading.Thread(target=self.sweeper.run, args=(lambda report: None,), daemon=True)
+        self.sweepers = [Sweeper(connect(url), [queue.name], prefix=queue.keys.prefix, interval_ms=interval_ms,
+                                 max_stalled_count=max_stalled_count, lock_duration_ms=lock_ms)
+                         for _ in range(sweepers)]
+        self.sweeping = [threading.Thread(target=sweeper.run, args=(lambda report: None,), daemon=True)
+                         for sweeper in self.sweepers]
 
-    def spawn(self, concurrency: int = 1) -> subprocess.Popen:
+    def spawn(self, concurrency: int = 1, *options: str) -> subprocess.Popen:
+        """Start a worker process (`options`: worker_process.py's, e.g. "--tag-starts")."""
         process = subprocess.Popen(
-            [sys.executable, str(WORKER), self.url, self.queue.keys.prefix, self.queue.name, str(self.lock_ms),
-             str(concurrency)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            [sys.executable, str(WORKER), self.worker_url, self.queue.keys.prefix, self.queue.name, str(self.lock_ms),
+             str(concurrency), *options], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert process.stdout.readline().strip() == "ready"
         self.workers.append(process)
         return process
 
     def __enter__(self) -> "Fleet":
-        self.sweeping.start()
+        for thread in self.sweeping:
+            thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        sweeper_survived = self.sweeping.is_alive()
-        self.sweeper.stop()
+        sweepers_survived = all(thread.is_alive() for thread in self.sweeping)
+        for sweeper in self.sweepers:
+            sweeper.stop()
         for process in self.workers:
             if process.poll() is None:
                 process.send_signal(signal.SIGCONT)
                 process.kill()
             process.wait(10)
-        self.sweeping.join(10)
-        assert sweeper_survived, "the sweeper thread died"
+        for thread in self.sweeping:
+            thread.join(10)
+        assert sweepers_survived, "a sweeper thread died"
 
 
 def starts(queue: Queue) -> list[str]:

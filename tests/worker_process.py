@@ -1,31 +1,42 @@
 """A worker in a process of its own, for tests that kill, stop or signal it.
 
-    python tests/worker_process.py REDIS_URL PREFIX QUEUE LOCK_MS [CONCURRENCY]
+    python tests/worker_process.py REDIS_URL PREFIX QUEUE LOCK_MS [CONCURRENCY] [--tag-starts]
 
 Each attempt the handler starts is recorded in the list `<PREFIX>:starts` as
-"<job id>:<pid>" before the job's work begins. Job names:
+"<job id>:<pid>" before the job's work begins. With --tag-starts the entry is
+"<job id>:<pid>:<tag>", the tag new for every handler call: an RPUSH that
+redis-py sent again after losing its reply then shows as two equal entries,
+while two starts of one job never are. Job names:
   sleep     sleep data["seconds"] (only on the first attempt when data["first_only"])
   jitter    sleep a random 0..data["ms"] milliseconds
   noop      return at once
 """
 
+import argparse
 import os
 import random
 import signal
-import sys
 import time
+import uuid
 
 from echomq_django.core import Job, Retention, Worker, connect
 
 
 def main() -> None:
-    url, prefix, queue = sys.argv[1], sys.argv[2], sys.argv[3]
-    lock_ms = int(sys.argv[4])
-    concurrency = int(sys.argv[5]) if len(sys.argv) > 5 else 1
+    parser = argparse.ArgumentParser()
+    parser.add_argument("url")
+    parser.add_argument("prefix")
+    parser.add_argument("queue")
+    parser.add_argument("lock_ms", type=int)
+    parser.add_argument("concurrency", type=int, nargs="?", default=1)
+    parser.add_argument("--tag-starts", action="store_true")
+    args = parser.parse_args()
+    url, prefix, queue, lock_ms, concurrency = args.url, args.prefix, args.queue, args.lock_ms, args.concurrency
     client = connect(url)
 
     def handler(job: Job) -> dict:
-        client.rpush(f"{prefix}:starts", f"{job.id}:{os.getpid()}")
+        tag = f":{uuid.uuid4().hex[:12]}" if args.tag_starts else ""
+        client.rpush(f"{prefix}:starts", f"{job.id}:{os.getpid()}{tag}")
         if job.name == "sleep" and not (job.data.get("first_only") and job.attempts_made > 0):
             time.sleep(job.data["seconds"])
         if job.name == "jitter":
