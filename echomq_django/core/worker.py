@@ -248,17 +248,17 @@ class Worker:
             try:
                 job = Job.from_flat(self.keys.queue, job_id, flat, strict=True)  # job.token: this fetch's
             except Exception as error:  # a hash no producer of ours wrote: it fails alone
-                ended.append(self._unrunnable(job_id, token, flat, error))
+                ended.append(self._unrunnable(job_id, token, error))
                 continue
             self._jobs.put(job)
         return len(jobs), next_due
 
-    def _unrunnable(self, job_id: str, token: str, flat: list[str], error: Exception) -> _Outcome:
+    def _unrunnable(self, job_id: str, token: str, error: Exception) -> _Outcome:
         """The end of an attempt that cannot start: the job's hash cannot be decoded into a job."""
         job = Job(self.keys.queue, job_id, name="", data=None, opts=JobOptions(), token=token)
         logger.error("worker %s: job %s of queue %s cannot run: %s", self.worker_id, job_id, self.keys.queue, error)
         finish = Finish(job_id, token, completed=False, value=f"cannot run the job: {error}", final=True,
-                        error_class=f"{type(error).__module__}.{type(error).__qualname__}")
+                        error_class=class_path(error))
         return _Outcome(job, finish, time.monotonic())
 
     def _written(self, outcome: _Outcome, code: Any) -> None:
@@ -384,7 +384,7 @@ class Worker:
                 stacktrace="" if isinstance(error, PayloadError) else "".join(traceback.format_exception(error)),
                 backoff_ms=job.opts.backoff.delay_before(job.attempts_made + 1),
                 final=isinstance(error, (UnrecoverableError, PayloadError)),
-                error_class=f"{type(error).__module__}.{type(error).__qualname__}",
+                error_class=class_path(error),
             )
         return Finish(job.id, token, completed=True, value=value)
 
@@ -416,3 +416,8 @@ class Worker:
             logger.warning("worker %s: lost the lock of job %s; its result will be discarded",
                            self.worker_id, job_id)
         return True
+
+
+def class_path(error: BaseException) -> str:
+    """The dotted path of an exception's class, as the job hash records it (`errc`)."""
+    return f"{type(error).__module__}.{type(error).__qualname__}"
