@@ -29,8 +29,7 @@ from redis.exceptions import ResponseError
 from .conf import get_settings
 from .core import InvalidNameError, JobLockedError, JobOptions, QueueStateError, validate_name
 from .core.job import options_from_json
-from .core.sweeper import last_sweep
-from .management.commands.echomq_status import describe_sweep
+from .management.commands.echomq_status import describe_sweep, queue_status
 from .mirror import sync_queue
 from .models import FailedJob, JobRecord, Queue, StalledJob
 from .queues import get_queue, make_sweeper
@@ -269,12 +268,11 @@ class QueueAdmin(admin.ModelAdmin):
 
     def queue_row(self, name: str) -> dict[str, Any]:
         """One queue's line of the dashboard; `error` instead of counts when one of its keys is broken."""
-        queue = get_queue(name)
-        try:
-            return {"name": name, "counts": queue.counts(), "paused": queue.is_paused(),
-                    "last_sweep": describe_sweep(last_sweep(queue.client, queue.keys))}
-        except (QueueStateError, ResponseError) as error:  # a key another client gave another Redis type
-            return {"name": name, "error": str(error)}
+        status = queue_status(name)  # what echomq_status shows, read the same way
+        if "error" in status:
+            return {"name": name, "error": status["error"]}
+        return {"name": name, "counts": status["counts"], "paused": status["paused"],
+                "last_sweep": describe_sweep(status["last_sweep"])}
 
     def _queue_for(self, request: HttpRequest, queue_name: str, permission: str) -> Any:
         """The configured queue named in the URL, if the user has `permission`."""
