@@ -28,18 +28,10 @@ from echomq_django.core.scripts import script_names, script_source
 from tests.fault_proxy import FaultProxy
 from tests.helpers import fetch, wait_until
 from tests.redis_servers import RedisServer
-from tests.test_faults import Fleet, events, starts
+from tests.test_faults import Fleet, events, started_per_job
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
-
-
-def started_per_job(queue: Queue) -> Counter:
-    """How many attempts each job started, from the workers' tagged `starts` entries.
-
-    Equal entries are one RPUSH that redis-py sent again after losing its reply.
-    """
-    return Counter(entry.split(":")[0] for entry in set(starts(queue)))
 
 
 def attempt_counters(queue: Queue, ids: list[str]) -> dict[str, tuple[str, str, str]]:

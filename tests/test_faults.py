@@ -75,6 +75,14 @@ def starts(queue: Queue) -> list[str]:
     return queue.client.lrange(f"{queue.keys.prefix}:starts", 0, -1)
 
 
+def started_per_job(queue: Queue) -> Counter:
+    """How many attempts each job started, from the workers' tagged `starts` entries.
+
+    Equal entries are one RPUSH that redis-py sent again after losing its reply.
+    """
+    return Counter(entry.split(":")[0] for entry in set(starts(queue)))
+
+
 def events(queue: Queue, name: str) -> list[tuple[int, str]]:
     """(ms, job id) of every event of that name, oldest first."""
     return [(int(stream_id.split("-")[0]), fields["jobId"])
@@ -175,8 +183,8 @@ def test_redis_crash_and_restart_loses_no_acknowledged_job():
     acknowledged = queue.add_bulk([NewJob("jitter", {"ms": 10}, JobOptions(attempts=10)) for _ in range(300)])
     try:
         with Fleet(queue, server.url, lock_ms=1000, interval_ms=300, max_stalled_count=10) as fleet:
-            fleet.spawn(concurrency=2)
-            fleet.spawn(concurrency=2)
+            fleet.spawn(2, "--tag-starts")
+            fleet.spawn(2, "--tag-starts")
             assert wait_until(lambda: queue.counts()["completed"] > 50, 20)
             server.stop()  # SIGKILL, mid-run
             time.sleep(1.0)
@@ -185,7 +193,7 @@ def test_redis_crash_and_restart_loses_no_acknowledged_job():
             assert wait_until(lambda: queue.counts()["completed"] >= len(acknowledged), 60), queue.counts()
         assert set(client.zrange(queue.keys.completed, 0, -1)) >= set(acknowledged)
         # No worker died: a restart alone must never make a job run twice.
-        started_twice = [job_id for job_id, n in Counter(s.split(":")[0] for s in starts(queue)).items() if n > 1]
+        started_twice = [job_id for job_id, n in started_per_job(queue).items() if n > 1]
         assert started_twice == [], "jobs run twice after the restart"
         assert queue.counts()["failed"] == 0
     finally:
