@@ -11,6 +11,7 @@ to a fresh SQLite file; the Redis keys and the file are deleted at the end.
 """
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -42,11 +43,11 @@ def stage_failed(queue, first: int, count: int, newest_ms: int) -> None:
         for n in range(start, min(start + STAGE_BATCH, first + count)):
             job_id = f"job-{n}"
             pipe.hset(queue.keys.job(job_id), mapping={
-                "name": f"billing.charge{n % 7}", "data": '{"args": [%d, "EUR", "card-%d"], "kwargs": {}}' % (n, n),
+                "name": f"billing.charge{n % 7}", "data": f'{{"args": [{n}, "EUR", "card-{n}"], "kwargs": {{}}}}',
                 "opts": '{"attempts":3}', "timestamp": newest_ms - 60_000, "atm": 3, "ats": 3, "stc": 0,
                 "processedOn": newest_ms - 1000, "finishedOn": newest_ms - (n - first) * 1000,
                 "failedReason": f"card {n} declined",
-                "stacktrace": '["%s"]' % trace.replace("\n", "\\n").replace('"', '\\"')})
+                "stacktrace": json.dumps([trace])})
             members[job_id] = newest_ms - (n - first) * 1000
         pipe.zadd(queue.keys.failed, members)
         pipe.execute()

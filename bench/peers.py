@@ -44,7 +44,6 @@ import redis
 from bullmq import Queue
 from bullmq.redis_connection import RedisConnection, loadScript
 from bullmq.scripts import Scripts
-
 from measure import ScriptTime, drop, parse_rate, script_time, slowlog_on, used_memory
 
 STAGE_BATCH = 5000

@@ -72,7 +72,8 @@ def run(strategy, url: str, sweepers: int, jobs: int, budget: int) -> dict:
         stage(queue, jobs)
         context = multiprocessing.get_context("spawn")
         barrier, results = context.Barrier(sweepers), context.Queue()
-        processes = [context.Process(target=strategy, args=(url, prefix, budget, barrier, results)) for _ in range(sweepers)]
+        processes = [context.Process(target=strategy, args=(url, prefix, budget, barrier, results))
+                     for _ in range(sweepers)]
         started = time.perf_counter()
         for process in processes:
             process.start()

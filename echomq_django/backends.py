@@ -18,9 +18,9 @@ import uuid
 from typing import Any
 
 from django.apps import apps
+from django.conf import settings
 from django.core import checks
 from django.db import DEFAULT_DB_ALIAS, transaction
-from django.conf import settings
 from django.utils import timezone as django_timezone
 from django.utils.module_loading import import_string
 

@@ -7,9 +7,9 @@ from collections.abc import Iterable
 from typing import Any
 
 import redis
-from redis.cluster import RedisCluster
 from django.core.signals import setting_changed
 from django.dispatch import receiver
+from redis.cluster import RedisCluster
 
 from .conf import get_settings
 from .core import Confirm, JobOptions, Queue, Sweeper, SweepTarget, connect

@@ -137,8 +137,8 @@ class ClusterServers:
             client.execute_command("CLUSTER SET-CONFIG-EPOCH", i + 1)
         for client in clients[1:]:
             client.execute_command("CLUSTER MEET", "127.0.0.1", self.nodes[0].port)
-        wait_for(lambda: all(int(c.execute_command("CLUSTER INFO")["cluster_known_nodes"]) == len(clients) for c in clients),
-                 "every node to know every other")
+        wait_for(lambda: all(int(c.execute_command("CLUSTER INFO")["cluster_known_nodes"]) == len(clients)
+                             for c in clients), "every node to know every other")
         for i, client in enumerate(clients[len(self.masters):]):
             master = clients[i % len(self.masters)]
             client.execute_command("CLUSTER REPLICATE", master.execute_command("CLUSTER MYID"))

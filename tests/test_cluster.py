@@ -117,7 +117,8 @@ class Load:
         self.stop_producing()
         try:
             assert wait_until(lambda: self.acknowledged <= self.completed(), timeout, 0.2), (
-                f"acknowledged jobs never completed, per queue: {Counter(n for n, _ in self.acknowledged - self.completed())}"
+                "acknowledged jobs never completed, per queue: "
+                f"{Counter(n for n, _ in self.acknowledged - self.completed())}"
                 f"; counts: {[queue.counts() for queue in self.queues]}")
         finally:
             for worker in self.workers:

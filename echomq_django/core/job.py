@@ -6,7 +6,7 @@ import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from .errors import PayloadError
@@ -246,7 +246,7 @@ def datetime_from_ms(ms: int | None) -> datetime | None:
     if not ms:
         return None
     try:
-        return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+        return datetime.fromtimestamp(ms / 1000, tz=UTC)
     except (OverflowError, OSError, ValueError):  # out of datetime's range: a hash another client wrote
         return None
 

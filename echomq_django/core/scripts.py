@@ -340,7 +340,10 @@ class Scripts:
         return (reply[0], int(reply[1]), int(reply[2]), int(reply[3]), int(reply[4]), int(reply[5]))
 
     def retry_call(self, keys: QueueKeys, job_id: str) -> Call:
-        """The retryJob call for one job: 1 if it moved from `failed` to wait, 0 if it was not there, -1 if it has no job hash."""
+        """The retryJob call for one job.
+
+        Its reply: 1 if it moved from `failed` to wait, 0 if it was not there, -1 if it has no job hash.
+        """
         return ("retryJob-6", [keys.failed, keys.wait, keys.paused, keys.meta, keys.marker, keys.prioritized],
                 [keys.base, job_id])
 

@@ -13,7 +13,6 @@ from echomq_django.queues import get_queue, make_sweeper, queue_names
 
 from ._options import connect_or_fail, non_negative_int, on_stop_signals, positive_seconds
 
-
 logger = logging.getLogger("echomq.sweeper")
 
 

@@ -14,9 +14,9 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.signals import setting_changed
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.signals import setting_changed
 
 from demo_project.demo_app import tasks
 from demo_project.demo_app.jobs import QUEUE, STORY
