@@ -2,22 +2,22 @@
   getCounts: the number of jobs in each state, read in one atomic step so the
   numbers are consistent with each other.
 
-  KEYS[1] wait       LIST
-  KEYS[2] paused     LIST
-  KEYS[3] active     LIST
-  KEYS[4] delayed    ZSET
-  KEYS[5] completed  ZSET
-  KEYS[6] failed     ZSET
-  KEYS[7] stalled    SET   (marked jobs; they are also counted in active)
-  KEYS[8] prioritized ZSET
+  KEYS[1..8] the keys to count: the queue's state keys and its stalled set
+  ARGV[1..8] how to count each: LLEN (a list), ZCARD (a sorted set) or SCARD (a set)
 
-  Returns {wait, paused, active, delayed, completed, failed, stalled, prioritized}.
+  The caller (Scripts.get_counts) names the keys and their commands from one
+  list of states, core/keys.py's COUNTED, so the two cannot drift apart.
+
+  Returns the eight counts, in KEYS order.
   Errors: "ERR echomq wrong type ..." naming the first key that holds another
   Redis type than the protocol's.
 ]]
-local counters = {"LLEN", "LLEN", "LLEN", "ZCARD", "ZCARD", "ZCARD", "SCARD", "ZCARD"}
+local known = {LLEN = true, ZCARD = true, SCARD = true}
 local counts = {}
-for i, command in ipairs(counters) do
+for i, command in ipairs(ARGV) do
+  if not known[command] then
+    return redis.error_reply("ERR echomq getCounts cannot count with " .. tostring(command))
+  end
   local count = redis.pcall(command, KEYS[i])
   if type(count) ~= "number" then
     return redis.error_reply("ERR echomq wrong type: " .. KEYS[i] .. " holds a " ..

@@ -17,16 +17,16 @@ from .errors import (
     UnrecoverableError,
 )
 from .job import Backoff, Job, JobOptions
-from .keys import QueueKeys, validate_job_id, validate_name
+from .keys import COUNTED, STATES, QueueKeys, validate_job_id, validate_name
 from .queue import NewJob, Queue
 from .scripts import Confirm, Scripts
 from .sweeper import Sweeper, SweepReport, SweepTarget
 from .worker import Retention, Worker
 
 __all__ = [
-    "DEFAULT_REDIS_URL", "Backoff", "Confirm", "EchoMQError", "InvalidNameError", "Job", "JobLockedError",
+    "COUNTED", "DEFAULT_REDIS_URL", "Backoff", "Confirm", "EchoMQError", "InvalidNameError", "Job", "JobLockedError",
     "JobNotFoundError", "JobOptions", "LockLostError", "NewJob", "NotConfirmedError", "PayloadError",
-    "Queue", "QueueKeys", "QueueStateError", "RedisURLError", "Retention", "Scripts", "SweepReport", "SweepTarget",
-    "Sweeper", "UnrecoverableError", "Worker",
+    "Queue", "QueueKeys", "QueueStateError", "RedisURLError", "Retention", "STATES", "Scripts", "SweepReport",
+    "SweepTarget", "Sweeper", "UnrecoverableError", "Worker",
     "connect", "validate_job_id", "validate_name",
 ]

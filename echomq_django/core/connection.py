@@ -26,9 +26,10 @@ from redis.exceptions import ConnectionError, RedisClusterException, TimeoutErro
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
+from . import defaults
 from .errors import EchoMQError
 
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_REDIS_URL = defaults.REDIS_URL
 # What "Redis cannot be reached right now" looks like: a failed connection or
 # reply, or a cluster of which no node answers.
 UNREACHABLE = (ConnectionError, TimeoutError, RedisClusterException)

@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from . import defaults
 from .errors import PayloadError
 
-DEFAULT_ATTEMPTS = 3
+DEFAULT_ATTEMPTS = defaults.ATTEMPTS
 # The bounds of the numbers a job may carry. The Lua scripts check attempts
 # against the same bound (MAX_ATTEMPTS in lua/includes/jobFields.lua), so a
 # value one side refuses is never used by the other.

@@ -4,6 +4,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
+from . import defaults
 from .errors import InvalidNameError
 
 MAX_NAME_LENGTH = 128
@@ -21,6 +22,15 @@ ALPHABET = "ASCII letters, digits and _ . @ + = - (starting with a letter, a dig
 # without whitespace goes (a dotted function path, "send-welcome",
 # "<b>"; pages escape it), but not characters that hide or reorder text.
 _JOB_NAME = re.compile(r"[^\s\x00-\x1f\x7f]+")
+
+# The states a job can be in, each one key of the queue: a LIST (newest at the
+# head) or a sorted set. A job is in exactly one of them, or in none once removed.
+LIST_STATES = ("wait", "paused", "active")
+SORTED_SET_STATES = ("prioritized", "delayed", "completed", "failed")
+STATES = ("wait", "prioritized", "paused", "active", "delayed", "completed", "failed")
+# What a count of the queue reports: every state, and `stalled`, the SET of
+# marked jobs (a subset of active).
+COUNTED = ("wait", "prioritized", "paused", "active", "stalled", "delayed", "completed", "failed")
 
 # Job hashes live beside the queue's own keys (emq:{q}:<id>), so a caller's id
 # may not be one of these names. Digit-only ids are reserved for generated ids.
@@ -76,7 +86,7 @@ class QueueKeys:
     """The key names of one queue; all share the `{queue}` hash tag (one cluster slot)."""
 
     queue: str
-    prefix: str = "emq"
+    prefix: str = defaults.PREFIX
 
     def __post_init__(self) -> None:
         validate_name(self.queue, "queue name")

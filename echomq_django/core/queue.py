@@ -8,17 +8,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from . import defaults
 from .errors import NotConfirmedError
 from .job import Job, JobOptions, encode_json
-from .keys import QueueKeys, validate_job_id, validate_job_name, validate_name
+from .keys import LIST_STATES, STATES, QueueKeys, validate_job_id, validate_job_name, validate_name
 from .scripts import Confirm, Scripts, pairs
 
-# Which structure holds each state, and how to list it newest-first.
-_LISTS = ("wait", "paused", "active")
-_SORTED_SETS = ("prioritized", "delayed", "completed", "failed")
-STATES = _LISTS + _SORTED_SETS
 T = TypeVar("T")
-DEFAULT_MAX_PAYLOAD_BYTES = 512 * 1024
+DEFAULT_MAX_PAYLOAD_BYTES = defaults.MAX_PAYLOAD_BYTES
 # Jobs per addJob call in add_bulk: large enough that per-call costs vanish, small
 # enough that one call never blocks Redis for long (about a millisecond).
 JOBS_PER_CALL = 500
@@ -47,7 +44,7 @@ class Queue:
     """
 
     def __init__(
-        self, name: str, client: Any, *, prefix: str = "emq",
+        self, name: str, client: Any, *, prefix: str = defaults.PREFIX,
         default_opts: JobOptions | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         scripts: Scripts | None = None, confirm: Confirm | None = None,
@@ -72,10 +69,14 @@ class Queue:
 
     def add(
         self, name: str, data: Any = None, *, opts: JobOptions | None = None,
-        job_id: str | None = None,
+        job_id: str | None = None, timestamp_ms: int | None = None,
     ) -> str:
-        """Add one job and return its id (an existing caller-given id is returned as is)."""
-        [new_id] = self._add([self._encode(NewJob(name, data, opts, job_id))])
+        """Add one job and return its id (an existing caller-given id is returned as is).
+
+        `timestamp_ms` is stored as the job's creation time (and a delay counts
+        from it); now by default.
+        """
+        [new_id] = self._add([self._encode(NewJob(name, data, opts, job_id))], timestamp_ms)
         return new_id
 
     def add_bulk(self, jobs: Iterable[NewJob]) -> list[str]:
@@ -85,10 +86,10 @@ class Queue:
         """
         return self._add([self._encode(job) for job in jobs])
 
-    def _add(self, encoded: list[list[Any]]) -> list[str]:
+    def _add(self, encoded: list[list[Any]], timestamp_ms: int | None = None) -> list[str]:
         if not encoded:
             return []
-        timestamp = now_ms()
+        timestamp = now_ms() if timestamp_ms is None else timestamp_ms
         calls = [self.scripts.add_jobs_call(self.keys, timestamp, chunk) for chunk in batched(encoded, JOBS_PER_CALL)]
         replies, acked = self.scripts.run_confirmed(calls, self.confirm, raise_on_error=True)
         ids = [job_id for reply in replies for job_id, _added in pairs(reply)]
@@ -107,16 +108,21 @@ class Queue:
 
     def get_state(self, job_id: str) -> str | None:
         """Which state holds the job: one of STATES, or None when it is in none."""
+        return self.get_job_with_state(job_id)[1]
+
+    def get_job_with_state(self, job_id: str) -> tuple[Job | None, str | None]:
+        """The job and the state that holds it, read in one atomic step (None for either that is missing)."""
         validate_name(job_id, "job id")
-        pipe = self.client.pipeline(transaction=False)
-        for state in _LISTS:
-            pipe.lpos(getattr(self.keys, state), job_id)
-        for state in _SORTED_SETS:
-            pipe.zscore(getattr(self.keys, state), job_id)
-        for state, found in zip(STATES, pipe.execute()):
-            if found is not None:
-                return state
-        return None
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hgetall(self.keys.job(job_id))
+        for state in STATES:
+            if state in LIST_STATES:
+                pipe.lpos(getattr(self.keys, state), job_id)
+            else:
+                pipe.zscore(getattr(self.keys, state), job_id)
+        fields, *found = pipe.execute()
+        job = Job.from_hash(self.name, job_id, fields) if fields else None
+        return job, next((state for state, where in zip(STATES, found) if where is not None), None)
 
     def get_jobs(self, state: str, start: int = 0, count: int = 50) -> list[Job]:
         """Jobs in one state, `count` of them from position `start`.
@@ -127,7 +133,7 @@ class Queue:
             raise ValueError(f"state must be one of {', '.join(STATES)}, not {state!r}")
         key = getattr(self.keys, state)
         stop = start + count - 1
-        if state in _LISTS:
+        if state in LIST_STATES:
             ids = self.client.lrange(key, start, stop)
         elif state == "prioritized":
             ids = self.client.zrange(key, start, stop)

@@ -22,7 +22,7 @@ from redis.exceptions import ClusterDownError, MovedError, NoScriptError, Respon
 
 from .connection import UNREACHABLE
 from .errors import JobLockedError, JobNotFoundError, LockLostError, QueueStateError
-from .keys import QueueKeys
+from .keys import COUNTED, LIST_STATES, QueueKeys
 
 # One script call: (script name, KEYS, ARGV).
 Call = tuple[str, Sequence[str], Sequence[Any]]
@@ -396,14 +396,10 @@ class Scripts:
 
     def get_counts(self, keys: QueueKeys) -> dict[str, int]:
         """Jobs per state, read atomically; `stalled` counts marked jobs (also in active)."""
-        states = ("wait", "paused", "active", "delayed", "completed", "failed", "stalled", "prioritized")
-        values = self._run(
-            "getCounts-8",
-            [keys.wait, keys.paused, keys.active, keys.delayed, keys.completed, keys.failed,
-             keys.stalled, keys.prioritized],
-            [],
-        )
-        return dict(zip(states, (int(v) for v in values)))
+        commands = ["SCARD" if state == "stalled" else "LLEN" if state in LIST_STATES else "ZCARD"
+                    for state in COUNTED]
+        values = self._run("getCounts-8", [getattr(keys, state) for state in COUNTED], commands)
+        return dict(zip(COUNTED, (int(v) for v in values)))
 
 
 def pairs(flat: Sequence[Any]) -> list[tuple[str, bool]]:

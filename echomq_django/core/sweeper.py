@@ -13,6 +13,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
+from . import defaults
 from .connection import UNREACHABLE
 from .errors import QueueStateError
 from .job import DEFAULT_ATTEMPTS
@@ -23,8 +24,8 @@ from .worker import DEFAULT_LOCK_DURATION_MS
 
 logger = logging.getLogger("echomq.sweeper")
 
-DEFAULT_INTERVAL_MS = 30_000
-DEFAULT_MAX_STALLED_COUNT = 1
+DEFAULT_INTERVAL_MS = defaults.SWEEP_INTERVAL_MS
+DEFAULT_MAX_STALLED_COUNT = defaults.MAX_STALLED_COUNT
 # Ids of `active` one script call may examine: small enough that no call
 # blocks Redis for more than a few milliseconds, whatever the queue's size.
 DEFAULT_BUDGET = 1000
@@ -98,7 +99,7 @@ class Sweeper:
     """
 
     def __init__(
-        self, client: Any, queues: Iterable[str | SweepTarget], *, prefix: str = "emq",
+        self, client: Any, queues: Iterable[str | SweepTarget], *, prefix: str = defaults.PREFIX,
         interval_ms: int = DEFAULT_INTERVAL_MS,
         max_stalled_count: int = DEFAULT_MAX_STALLED_COUNT,
         default_attempts: int = DEFAULT_ATTEMPTS, budget: int = DEFAULT_BUDGET,

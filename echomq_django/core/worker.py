@@ -16,6 +16,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
+from . import defaults
 from .connection import UNREACHABLE, socket_timeout
 from .errors import JobNotFoundError, LockLostError, PayloadError, QueueStateError, UnrecoverableError
 from .job import DEFAULT_ATTEMPTS, Job, JobOptions, encode_json
@@ -26,7 +27,7 @@ from .scripts import Confirm, Finish, Scripts
 logger = logging.getLogger("echomq.worker")
 
 Handler = Callable[[Job], Any]
-DEFAULT_LOCK_DURATION_MS = 30_000
+DEFAULT_LOCK_DURATION_MS = defaults.LOCK_DURATION_MS
 # How soon a thread tries Redis again after a call failed (the client's own
 # retries, about 15 s, are over by then).
 RETRY_PAUSE_S = 0.2
@@ -72,11 +73,12 @@ class Worker:
     """
 
     def __init__(
-        self, queue: str, handler: Handler, client: Any, *, prefix: str = "emq",
-        concurrency: int = 1, lock_duration_ms: int = DEFAULT_LOCK_DURATION_MS,
+        self, queue: str, handler: Handler, client: Any, *, prefix: str = defaults.PREFIX,
+        concurrency: int = defaults.CONCURRENCY, lock_duration_ms: int = DEFAULT_LOCK_DURATION_MS,
         renew_interval_ms: int | None = None, block_timeout_s: float = 1.0,
         default_attempts: int = DEFAULT_ATTEMPTS,
-        keep_completed: Retention = Retention(count=1000), keep_failed: Retention = Retention(),
+        keep_completed: Retention = Retention(count=defaults.KEEP_COMPLETED_COUNT),
+        keep_failed: Retention = Retention(),
         worker_id: str | None = None, scripts: Scripts | None = None, confirm: Confirm | None = None,
     ) -> None:
         if concurrency < 1:

@@ -8,12 +8,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from redis.exceptions import ResponseError
 
-from echomq_django.core import InvalidNameError, QueueStateError
+from echomq_django.core import COUNTED, InvalidNameError, QueueStateError
 from echomq_django.core.connection import UNREACHABLE
 from echomq_django.core.sweeper import last_sweep
 from echomq_django.queues import get_queue, queue_names
-
-STATES = ("wait", "paused", "active", "stalled", "delayed", "completed", "failed")
 
 
 def queue_status(name: str) -> dict[str, Any]:
@@ -45,7 +43,7 @@ class Command(BaseCommand):
         if as_json:
             self.stdout.write(json.dumps(statuses))
         else:
-            self.stdout.write(f"{'queue':<20}" + "".join(f"{state:>10}" for state in STATES) + "  last sweep")
+            self.stdout.write(f"{'queue':<20}" + "".join(f"{state:>10}" for state in COUNTED) + "  last sweep")
             for status in statuses:
                 self.stdout.write(status_line(status))
         broken = [status["queue"] for status in statuses if "error" in status]
@@ -57,7 +55,7 @@ def status_line(status: dict[str, Any]) -> str:
     if "error" in status:
         return f"{status['queue']:<20}  error: {status['error']}"
     name = status["queue"] + (" (paused)" if status["paused"] else "")
-    return (f"{name:<20}" + "".join(f"{status['counts'][s]:>10}" for s in STATES)
+    return (f"{name:<20}" + "".join(f"{status['counts'][s]:>10}" for s in COUNTED)
             + "  " + describe_sweep(status["last_sweep"]))
 
 

@@ -1,0 +1,16 @@
+"""The runtime's defaults, each defined once.
+
+The classes use them as their keyword defaults, and the Django settings
+(echomq_django/conf.py) fall back to them, so a value left out means the same
+thing whichever way the runtime is built. Durations are in milliseconds.
+"""
+
+PREFIX = "emq"  # the first part of every key: emq:{queue}:...
+REDIS_URL = "redis://127.0.0.1:6379/0"
+MAX_PAYLOAD_BYTES = 512 * 1024  # a job's data, JSON-encoded
+ATTEMPTS = 3  # runs a job gets before it stays failed
+LOCK_DURATION_MS = 30_000  # a lock lives this long unless renewed
+SWEEP_INTERVAL_MS = 30_000  # between sweeps of a queue; also the gate's lifetime
+MAX_STALLED_COUNT = 1  # stalls a job may survive before it is failed
+CONCURRENCY = 1  # worker threads per queue
+KEEP_COMPLETED_COUNT = 1000  # completed jobs kept per queue (None: all)
