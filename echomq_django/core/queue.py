@@ -108,21 +108,27 @@ class Queue:
 
     def get_state(self, job_id: str) -> str | None:
         """Which state holds the job: one of STATES, or None when it is in none."""
-        return self.get_job_with_state(job_id)[1]
+        validate_name(job_id, "job id")
+        pipe = self.client.pipeline(transaction=False)
+        self._look_up_states(pipe, job_id)
+        return first_state(pipe.execute())
 
     def get_job_with_state(self, job_id: str) -> tuple[Job | None, str | None]:
         """The job and the state that holds it, read in one atomic step (None for either that is missing)."""
         validate_name(job_id, "job id")
         pipe = self.client.pipeline(transaction=True)
         pipe.hgetall(self.keys.job(job_id))
+        self._look_up_states(pipe, job_id)
+        fields, *found = pipe.execute()
+        return (Job.from_hash(self.name, job_id, fields) if fields else None), first_state(found)
+
+    def _look_up_states(self, pipe: Any, job_id: str) -> None:
+        """Queue on `pipe` one look-up per state, in STATES order."""
         for state in STATES:
             if state in LIST_STATES:
                 pipe.lpos(getattr(self.keys, state), job_id)
             else:
                 pipe.zscore(getattr(self.keys, state), job_id)
-        fields, *found = pipe.execute()
-        job = Job.from_hash(self.name, job_id, fields) if fields else None
-        return job, next((state for state, where in zip(STATES, found) if where is not None), None)
 
     def get_jobs(self, state: str, start: int = 0, count: int = 50) -> list[Job]:
         """Jobs in one state, `count` of them from position `start`.
@@ -209,6 +215,11 @@ class Queue:
         for batch in batched(self.client.scan_iter(match=pattern, count=1000), 500):
             deleted += self.client.delete(*batch)
         return deleted
+
+
+def first_state(found: list[Any]) -> str | None:
+    """The state whose look-up (Queue._look_up_states) found the job."""
+    return next((state for state, where in zip(STATES, found) if where is not None), None)
 
 
 def batched(items: Iterable[T], size: int) -> Iterator[list[T]]:
