@@ -67,10 +67,10 @@
   Errors: "ERR echomq wrong type ..." (before any write) when a queue key
   holds the wrong Redis type.
 ]]
--- @include "emitEvent"
--- @include "jobFields"
--- @include "pushReady"
--- @include "lockIndex"
+-- @include "checkKeyTypes"
+-- @include "sweepHold"
+-- @include "recoverJob"
+-- @include "locklessRuns"
 
 local stalledKey, waitKey, activeKey, failedKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local gateKey, metaKey, pausedKey, markerKey = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
@@ -81,35 +81,25 @@ local defaultAttempts, interval, lockMs = tonumber(ARGV[8]), tonumber(ARGV[4]), 
 -- Written over an id in `active` that this call recovers, then all removed in
 -- one LREM, instead of one full-list LREM per job. No job id contains "{".
 local TOMBSTONE = "{recovered}"
--- The spec fixes this script's eight keys, so the one more it may need (for a
--- recovered job that has a priority) is built from the prefix like job keys.
+-- The spec fixes this script's eight keys, so the three more it uses are built
+-- from the prefix, as job keys are (all share the queue's hash tag, so one
+-- cluster slot): the prioritized set (for a recovered job with a priority),
+-- the lock index and the event stream (emitEvent).
 local prioritizedKey = prefix .. "prioritized"
 local locksKey = prefix .. "locks"
 local marked, recovered, failed, unmarked = 0, 0, 0, 0
 
 if phase == "start" then
-  local expected = {{activeKey, "list"}, {waitKey, "list"}, {pausedKey, "list"},
+  local wrong = checkKeyTypes({{activeKey, "list"}, {waitKey, "list"}, {pausedKey, "list"},
     {stalledKey, "set"}, {failedKey, "zset"}, {metaKey, "hash"}, {markerKey, "zset"},
-    {prioritizedKey, "zset"}, {locksKey, "zset"}, {prefix .. "events", "stream"}}
-  for _, pair in ipairs(expected) do
-    local actual = redis.call("TYPE", pair[1])["ok"]
-    if actual ~= "none" and actual ~= pair[2] then
-      return redis.error_reply("ERR echomq wrong type: " .. pair[1] .. " holds a " .. actual ..
-        ", expected a " .. pair[2] .. "; the sweep of this queue did nothing")
-    end
-  end
+    {prioritizedKey, "zset"}, {locksKey, "zset"}, {prefix .. "events", "stream"}},
+    "the sweep of this queue did nothing")
+  if wrong then return wrong end
 end
 
 -- The hold (see the header), decided on every call, so that a sweep that
 -- spans an outage stops there too. Only the meta hash is written before it.
-local redisNow = redisNowMs()
-local sweptAt = tonumber(redis.call("HGET", metaKey, "sweptAt") or "")
-local holdUntil = tonumber(redis.call("HGET", metaKey, "sweepHoldUntil") or "") or 0
-if sweptAt and redisNow - sweptAt > interval + lockMs / 2 then
-  holdUntil = math.max(holdUntil, redisNow + lockMs)
-  redis.call("HSET", metaKey, "sweepHoldUntil", holdUntil)
-end
-redis.call("HSET", metaKey, "sweptAt", redisNow)
+local redisNow, holdUntil = sweepHold(metaKey, interval, lockMs)
 
 if phase == "start" then
   if ARGV[9] == "1" then
@@ -127,55 +117,16 @@ end
 local readyKey = waitKey
 if redis.call("HEXISTS", metaKey, "paused") == 1 then readyKey = pausedKey end
 
--- Recover one marked, lockless job. Returns true when the job should go back
--- to wait/paused (the caller pushes all of those with one LPUSH per call);
--- false when it went to failed or to prioritized. The caller takes the id out
--- of `active`, `stalled` and the lock index.
+-- Recover one marked, lockless job (recoverJob); true when it is to be pushed
+-- to readyKey by the caller.
 local function recover(id)
-  local jobKey = prefix .. id
-  -- pcall: a job key of another type must not stop the sweep after earlier writes.
-  local fields = redis.pcall("HMGET", jobKey, "atm", "stc", "opts", "pri")
-  if fields["err"] then
-    failKeyOfWrongType(prefix, failedKey, id, now)
+  local outcome = recoverJob(prefix, failedKey, metaKey, prioritizedKey, id, now, maxStalled, defaultAttempts)
+  if outcome == "failed" then
     failed = failed + 1
     return false
   end
-  if not (fields[1] or fields[2] or fields[3]) and redis.call("EXISTS", jobKey) == 0 then
-    moveToFailed(prefix, failedKey, id, "job hash was missing when the sweeper recovered the id", now)
-    failed = failed + 1
-    return false
-  end
-  local attemptsMade, badAtm = parseCounter(fields[1], "atm")
-  local stalls, badStc = parseCounter(fields[2], "stc")
-  local maxAttempts, badOpts = parseMaxAttempts(fields[3], defaultAttempts)
-  local bad = badAtm or badStc or badOpts
-  if bad then
-    moveToFailed(prefix, failedKey, id, "stalled, and cannot be retried: " .. bad, now)
-    failed = failed + 1
-    return false
-  end
-  attemptsMade, stalls = attemptsMade + 1, stalls + 1
-  redis.call("HSET", jobKey, "atm", attemptsMade, "stc", stalls)
-  redis.call("HDEL", jobKey, "tok")
-  if attemptsMade >= maxAttempts then
-    moveToFailed(prefix, failedKey, id, "job stalled and reached its attempt ceiling (" ..
-      attemptsMade .. " of " .. maxAttempts .. " attempts made)", now)
-    failed = failed + 1
-    return false
-  elseif stalls > maxStalled then
-    moveToFailed(prefix, failedKey, id, "job stalled more than max_stalled_count (" ..
-      stalls .. " stalls, max_stalled_count " .. maxStalled .. ")", now)
-    failed = failed + 1
-    return false
-  end
-  emitEvent(prefix, "recovered", id, "atm", attemptsMade)
   recovered = recovered + 1
-  local priority = parsePriority(fields[4])
-  if priority ~= 0 then
-    redis.call("ZADD", prioritizedKey, priorityScore(metaKey, priority), id)
-    return false  -- not for the batched LPUSH below
-  end
-  return true
+  return outcome == "ready"
 end
 
 -- Each step of a call handles at most this many ids: every list built from
@@ -191,26 +142,10 @@ local function markedFlags(ids)
   return flags
 end
 
--- Call visit(from, to) for each run ids[from..to] (at most GROUP ids) whose
--- lock keys are all gone. One EXISTS over all their lock keys settles the common cases in a
--- single call: every lock there (the steady state) or none; a mixed range is
--- split in two and each half tested again, so k lockless ids among n cost
--- about k * log2(n / k) calls.
-local function forLockless(ids, from, to, visit)
-  local lockKeys = {}
-  for i = from, to do lockKeys[#lockKeys + 1] = prefix .. ids[i] .. ":lock" end
-  local locked = redis.call("EXISTS", unpack(lockKeys))
-  if locked == #lockKeys then return end
-  if locked == 0 or from == to then return visit(from, to) end
-  local middle = math.floor((from + to) / 2)
-  forLockless(ids, from, middle, visit)
-  forLockless(ids, middle + 1, to, visit)
-end
-
 -- Mark every lockless id of `ids` (at most GROUP).
 local function markLockless(ids)
   if #ids == 0 then return end
-  forLockless(ids, 1, #ids, function(a, b)
+  forLockless(prefix, ids, 1, #ids, function(a, b)
     marked = marked + redis.call("SADD", stalledKey, unpack(ids, a, b))
   end)
 end
@@ -236,6 +171,71 @@ end
 local function markPhase(length)
   if redis.call("ZCARD", locksKey) == length then return "lapsed" end
   return "mark"
+end
+
+-- Take the entries at positions `goes` (ascending) of `ids`, the group read
+-- from `active` at index `first`, out of `active`.
+local function cutFromActive(ids, goes, first, length)
+  if #goes == 0 then return end
+  if first + #ids == length then
+    -- The group is the tail of `active`: cut it off and put back the ids that
+    -- stay, in their order; no per-id write.
+    local stays, going = {}, {}
+    for _, i in ipairs(goes) do going[i] = true end
+    for i = 1, #ids do
+      if not going[i] then stays[#stays + 1] = ids[i] end
+    end
+    if first == 0 then
+      redis.call("DEL", activeKey)
+    else
+      redis.call("LTRIM", activeKey, 0, first - 1)
+    end
+    if #stays > 0 then redis.call("RPUSH", activeKey, unpack(stays)) end
+  else
+    for _, i in ipairs(goes) do redis.call("LSET", activeKey, first + i - 1, TOMBSTONE) end
+    redis.call("LREM", activeKey, -#goes, TOMBSTONE)
+  end
+end
+
+-- The recover step for one group `ids` (at most GROUP) read from `active` at
+-- index `first`: every marked, lockless job is recovered, every marked job
+-- whose lock is back is unmarked. Returns how many entries left `active`.
+local function recoverGroup(ids, first, length)
+  local unmark, ready, done, left = {}, {}, {}, {}
+  -- The marked ids of this group, and which of them are lockless.
+  local isMarked, positions = markedFlags(ids), {}
+  for i = 1, #ids do
+    if isMarked[i] then
+      unmark[#unmark + 1] = ids[i]
+      positions[#positions + 1] = i
+    end
+  end
+  local isLockless = {}
+  if #unmark > 0 then
+    forLockless(prefix, unmark, 1, #unmark, function(a, b)
+      for j = a, b do isLockless[positions[j]] = true end
+    end)
+  end
+  local goes = {}  -- positions in `ids` whose entry leaves `active`
+  for i, id in ipairs(ids) do
+    if done[id] then
+      -- The same id twice in `active` (only another client can do that):
+      -- the job was recovered once; its extra entry just goes.
+      goes[#goes + 1] = i
+    elseif isLockless[i] then
+      done[id] = true
+      left[#left + 1] = id
+      goes[#goes + 1] = i
+      if recover(id) then ready[#ready + 1] = id end
+    elseif isMarked[i] then
+      unmarked = unmarked + 1
+    end
+  end
+  if #unmark > 0 then redis.call("SREM", stalledKey, unpack(unmark)) end
+  if #left > 0 then redis.call("ZREM", locksKey, unpack(left)) end
+  if #ready > 0 then redis.call("LPUSH", readyKey, unpack(ready)) end
+  cutFromActive(ids, goes, first, length)
+  return #goes
 end
 
 while budget > 0 and phase ~= "done" do
@@ -265,59 +265,7 @@ while budget > 0 and phase ~= "done" do
     local ids = redis.call("LRANGE", activeKey, first, first + count - 1)
     budget = budget - #ids
     if phase == "recover" then
-      local unmark, ready, removed, done, left = {}, {}, 0, {}, {}
-      -- The marked ids of this group, and which of them are lockless.
-      local isMarked, positions = markedFlags(ids), {}
-      for i = 1, #ids do
-        if isMarked[i] then
-          unmark[#unmark + 1] = ids[i]
-          positions[#positions + 1] = i
-        end
-      end
-      local isLockless = {}
-      if #unmark > 0 then
-        forLockless(unmark, 1, #unmark, function(a, b)
-          for j = a, b do isLockless[positions[j]] = true end
-        end)
-      end
-      local goes = {}  -- positions in `ids` whose entry leaves `active`
-      for i, id in ipairs(ids) do
-        if done[id] then
-          -- The same id twice in `active` (only another client can do that):
-          -- the job was recovered once; its extra entry just goes.
-          goes[#goes + 1] = i
-        elseif isLockless[i] then
-          done[id] = true
-          left[#left + 1] = id
-          goes[#goes + 1] = i
-          if recover(id) then ready[#ready + 1] = id end
-        elseif isMarked[i] then
-          unmarked = unmarked + 1
-        end
-      end
-      removed = #goes
-      if #unmark > 0 then redis.call("SREM", stalledKey, unpack(unmark)) end
-      if #left > 0 then redis.call("ZREM", locksKey, unpack(left)) end
-      if #ready > 0 then redis.call("LPUSH", readyKey, unpack(ready)) end
-      if removed > 0 and first + #ids == length then
-        -- The group is the tail of `active`: cut it off and put back the ids
-        -- that stay, in their order; no per-id write.
-        local stays, going = {}, {}
-        for _, i in ipairs(goes) do going[i] = true end
-        for i = 1, #ids do
-          if not going[i] then stays[#stays + 1] = ids[i] end
-        end
-        if first == 0 then
-          redis.call("DEL", activeKey)
-        else
-          redis.call("LTRIM", activeKey, 0, first - 1)
-        end
-        if #stays > 0 then redis.call("RPUSH", activeKey, unpack(stays)) end
-      elseif removed > 0 then
-        for _, i in ipairs(goes) do redis.call("LSET", activeKey, first + i - 1, TOMBSTONE) end
-        redis.call("LREM", activeKey, -removed, TOMBSTONE)
-      end
-      cursor = cursor + #ids - removed
+      cursor = cursor + #ids - recoverGroup(ids, first, length)
     else
       markLockless(ids)
       cursor = cursor + #ids

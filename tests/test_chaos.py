@@ -24,7 +24,7 @@ import redis
 
 from demo_project.demo_app.jobs import greet
 from echomq_django.core import JobOptions, NewJob, Queue, Worker, connect
-from echomq_django.core.scripts import script_names, script_source
+from echomq_django.core.lua import script_names, script_source
 from tests.fault_proxy import FaultProxy
 from tests.helpers import fetch, wait_until
 from tests.redis_servers import RedisServer

@@ -43,11 +43,13 @@ def test_the_installed_wheel_loads_every_script_outside_the_repository(tmp_path,
     check = (
         "import sys, echomq_django\n"
         "from echomq_django.core import connect\n"
-        "from echomq_django.core.scripts import Scripts, script_names, scripts_dir\n"
+        "from echomq_django.core import Scripts\n"
+        "from echomq_django.core.lua import script_names, script_source, scripts_dir\n"
         f"assert str(scripts_dir()).startswith({str(env_dir)!r}), scripts_dir()\n"
         "client = connect(sys.argv[1])\n"
-        "loaded = Scripts(client).preload()\n"
-        "assert sorted(loaded) == script_names() and all(client.script_exists(*loaded.values()))\n"
+        "Scripts(client)\n"
+        "loaded = {name: client.script_load(script_source(name)) for name in script_names()}\n"
+        "assert all(client.script_exists(*loaded.values()))\n"
         "print(' '.join(loaded))"
     )
     result = subprocess.run([python, "-c", check, redis_url], cwd=tmp_path, capture_output=True,

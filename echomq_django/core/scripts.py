@@ -7,14 +7,10 @@ NOSCRIPT, so a `SCRIPT FLUSH` or a restarted Redis is invisible to callers.
 
 from __future__ import annotations
 
-import functools
-import importlib.resources
-import re
 import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from redis.cluster import RedisCluster
@@ -23,41 +19,10 @@ from redis.exceptions import ClusterDownError, MovedError, NoScriptError, Respon
 from .connection import UNREACHABLE
 from .errors import JobLockedError, JobNotFoundError, LockLostError, QueueStateError
 from .keys import COUNTED, LIST_STATES, QueueKeys
+from .lua import script_names, script_source
 
 # One script call: (script name, KEYS, ARGV).
 Call = tuple[str, Sequence[str], Sequence[Any]]
-_INCLUDE = re.compile(r'^-- @include "([A-Za-z]+)"$', re.MULTILINE)
-
-
-def scripts_dir() -> Path:
-    """Where the scripts are: inside the installed package, or `lua/` of a checkout."""
-    packaged = importlib.resources.files("echomq_django") / "lua"
-    if packaged.is_dir():
-        return Path(str(packaged))
-    checkout = Path(__file__).resolve().parents[2] / "lua"
-    if checkout.is_dir():
-        return checkout
-    raise FileNotFoundError(
-        f"echomq's Lua scripts are neither in {packaged} nor in {checkout}; "
-        "reinstall the package"
-    )
-
-
-def script_names() -> list[str]:
-    """Every script's file name without `.lua`, e.g. `moveToActive-8`."""
-    return sorted(p.stem for p in scripts_dir().glob("*.lua"))
-
-
-@functools.cache
-def script_source(name: str) -> str:
-    """The text of one script with its `-- @include` lines replaced by the includes."""
-    directory = scripts_dir()
-    text = (directory / f"{name}.lua").read_text(encoding="utf-8")
-
-    def include(match: re.Match[str]) -> str:
-        return (directory / "includes" / f"{match.group(1)}.lua").read_text(encoding="utf-8")
-
-    return _INCLUDE.sub(include, text)
 
 
 @dataclass(frozen=True)
@@ -101,10 +66,6 @@ class Scripts:
     def __init__(self, client: Any) -> None:
         self.client = client
         self._scripts = {name: client.register_script(script_source(name)) for name in script_names()}
-
-    def preload(self) -> dict[str, str]:
-        """Load every script into Redis now (SCRIPT LOAD); returns name -> SHA1."""
-        return {name: self.client.script_load(script.script) for name, script in self._scripts.items()}
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         script = self._scripts[name]

@@ -1,3 +1,5 @@
+-- @include "emitEvent"
+
 -- Readers for the job hash fields that scripts decide on. They never raise: a
 -- malformed field comes back as nil plus a reason, so the caller can fail that
 -- one job with a clear failedReason instead of aborting the whole script

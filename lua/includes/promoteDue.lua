@@ -1,3 +1,6 @@
+-- @include "emitEvent"
+-- @include "pushReady"
+
 -- Move up to `limit` delayed jobs whose due time has come to wait (or paused,
 -- or prioritized), earliest first, so FIFO order follows due time. Returns how
 -- many moved.
