@@ -17,7 +17,7 @@
   KEYS[5] delayed   ZSET   score = due time (ms)
   KEYS[6] marker    ZSET   wakes blocked workers
   KEYS[7] prioritized ZSET ready jobs with a priority
-  KEYS[8] add record STRING: this call's reply, JSON, when it generated ids
+  KEYS[8] add:<token> STRING: this call's reply, JSON, when it generated ids
 
   ARGV[1] key prefix of the queue, e.g. "emq:{default}:"
   ARGV[2] timestamp, ms (the same for every job of the call)

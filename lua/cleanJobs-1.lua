@@ -3,7 +3,7 @@
   finished before a cutoff, hashes included. Call again until it returns 0;
   each call is bounded so that cleaning 100,000 jobs never blocks Redis long.
 
-  KEYS[1] the finished set   ZSET (completed or failed), score = time finished (ms)
+  KEYS[1] <state>  ZSET: completed or failed, score = time finished (ms)
 
   ARGV[1] key prefix of the queue
   ARGV[2] cutoff, ms: jobs finished before it go

@@ -2,8 +2,16 @@
   getCounts: the number of jobs in each state, read in one atomic step so the
   numbers are consistent with each other.
 
-  KEYS[1..8] the keys to count: the queue's state keys and its stalled set
-  ARGV[1..8] how to count each: LLEN (a list), ZCARD (a sorted set) or SCARD (a set)
+  KEYS[1] wait         LIST
+  KEYS[2] prioritized  ZSET
+  KEYS[3] paused       LIST
+  KEYS[4] active       LIST
+  KEYS[5] stalled      SET   (marked jobs; they are also counted in active)
+  KEYS[6] delayed      ZSET
+  KEYS[7] completed    ZSET
+  KEYS[8] failed       ZSET
+
+  ARGV[1..8] how to count each key: LLEN (a list), ZCARD (a sorted set) or SCARD (a set)
 
   The caller (Scripts.get_counts) names the keys and their commands from one
   list of states, core/keys.py's COUNTED, so the two cannot drift apart.

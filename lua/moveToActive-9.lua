@@ -20,7 +20,7 @@
   KEYS[6] paused    LIST
   KEYS[7] failed    ZSET  (where an id without a job hash is sent)
   KEYS[8] prioritized ZSET (score: see pushReady)
-  KEYS[9] fetch record STRING, PX = the lock duration: JSON list of the ids
+  KEYS[9] fetch:<token> STRING, PX = the lock duration: JSON list of the ids
           this token took
 
   ARGV[1] key prefix of the queue

@@ -1,5 +1,12 @@
-"""Every Redis key name of the protocol is built here and nowhere else."""
+"""Every Redis key name of the protocol: built here, or named here where a script builds it.
 
+A script gets the keys it works on as KEYS, in the order SCRIPT_KEYS gives,
+and builds from the queue's prefix (its ARGV[1]) only the keys listed in
+DERIVED_KEYS. tests/test_lua_contract.py reads every script's header and
+source and holds both tables to them.
+"""
+
+import functools
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -31,6 +38,37 @@ STATES = ("wait", "prioritized", "paused", "active", "delayed", "completed", "fa
 # What a count of the queue reports: every state, and `stalled`, the SET of
 # marked jobs (a subset of active).
 COUNTED = ("wait", "prioritized", "paused", "active", "stalled", "delayed", "completed", "failed")
+
+# The KEYS of each script, in order, named as they follow the queue's base
+# ("emq:{q}:"); `<token>` and `<state>` are filled in per call. Each script's
+# header lists the same names, and the wrappers in scripts.py take their KEYS
+# from here (QueueKeys.for_script).
+SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
+    "addJob-8": ("wait", "paused", "meta", "id", "delayed", "marker", "prioritized", "add:<token>"),
+    "cleanJobs-1": ("<state>",),
+    "extendLocks-1": ("stalled",),
+    "getCounts-8": COUNTED,
+    "moveStalledJobsToWait-8": ("stalled", "wait", "active", "failed", "stalled-check", "meta", "paused", "marker"),
+    "moveToActive-9": ("wait", "active", "meta", "delayed", "marker", "paused", "failed", "prioritized",
+                       "fetch:<token>"),
+    "moveToFinished-10": ("active", "completed", "failed", "delayed", "wait", "paused", "meta", "marker", "stalled",
+                          "prioritized"),
+    "pauseQueue-5": ("meta", "wait", "paused", "marker", "prioritized"),
+    "promoteDelayed-6": ("delayed", "wait", "paused", "meta", "marker", "prioritized"),
+    "removeJob-8": ("wait", "paused", "active", "delayed", "completed", "failed", "stalled", "prioritized"),
+    "retryJob-6": ("failed", "wait", "paused", "meta", "marker", "prioritized"),
+}
+# The keys scripts build from the prefix instead, and why. All share the
+# queue's hash tag, so on a cluster they live in the slot of the KEYS.
+DERIVED_KEYS: dict[str, str] = {
+    "<id>": "a job's hash: the ids a script works on are found inside it (a list, a set, a reply)",
+    "<id>:lock": "a job's lock, for the same reason",
+    "events": "the event stream, written by the emitEvent include that every writing script shares",
+    "locks": "the lock index, kept by every script that moves jobs in or out of active",
+    "prioritized": "the sweep's: the spec fixes its eight KEYS, and a recovered job may have a priority",
+    "fetch:<token>": "moveToFinished's: one call finishes attempts of many fetches, each with its own record",
+}
+_PLACEHOLDER = re.compile(r"<([a-z]+)>")
 
 # Job hashes live beside the queue's own keys (emq:{q}:<id>), so a caller's id
 # may not be one of these names. Digit-only ids are reserved for generated ids.
@@ -169,6 +207,17 @@ class QueueKeys:
 
     def job(self, job_id: str) -> str:
         return self.base + job_id
+
+    def for_script(self, script: str, **parts: str) -> list[str]:
+        """The KEYS of one call of `script` (SCRIPT_KEYS), `parts` filling in `<token>` or `<state>`."""
+        names = self._script_keys(script)
+        if not parts:
+            return list(names)
+        return [_PLACEHOLDER.sub(lambda match: parts[match.group(1)], name) for name in names]
+
+    @functools.cache  # noqa: B019  (a handful of queues and scripts per process)
+    def _script_keys(self, script: str) -> tuple[str, ...]:
+        return tuple(self.base + name for name in SCRIPT_KEYS[script])
 
     def lock(self, job_id: str) -> str:
         return self.base + job_id + ":lock"

@@ -18,7 +18,7 @@ from redis.exceptions import ClusterDownError, MovedError, NoScriptError, Respon
 
 from .connection import UNREACHABLE
 from .errors import JobLockedError, JobNotFoundError, LockLostError, QueueStateError
-from .keys import COUNTED, LIST_STATES, QueueKeys
+from .keys import COUNTED, LIST_STATES, SCRIPT_KEYS, QueueKeys
 from .lua import script_names, script_source
 
 # One script call: (script name, KEYS, ARGV).
@@ -186,10 +186,7 @@ class Scripts:
         args: list[Any] = [keys.base, timestamp, token, ADD_RECORD_MS]
         for job in jobs:
             args += job
-        return ("addJob-8",
-                [keys.wait, keys.paused, keys.meta, keys.id_counter, keys.delayed, keys.marker, keys.prioritized,
-                 keys.add_record(token)],
-                args)
+        return ("addJob-8", keys.for_script("addJob-8", token=token), args)
 
     def fetch_call(
         self, keys: QueueKeys, token: str, lock_ms: int, now: int, count: int, worker_id: str,
@@ -199,9 +196,7 @@ class Scripts:
         Sent again with the same token (its reply was lost), it answers with
         the jobs the first call took and takes no others.
         """
-        return ("moveToActive-9",
-                [keys.wait, keys.active, keys.meta, keys.delayed, keys.marker, keys.paused, keys.failed,
-                 keys.prioritized, keys.fetch_record(token)],
+        return ("moveToActive-9", keys.for_script("moveToActive-9", token=token),
                 [keys.base, token, lock_ms, now, count, worker_id])
 
     @staticmethod
@@ -235,7 +230,7 @@ class Scripts:
         args: list[Any] = [keys.base, lock_ms]
         for job_id, token in held:
             args += [job_id, token]
-        return [int(code) for code in self._run("extendLocks-1", [keys.stalled], args)]
+        return [int(code) for code in self._run("extendLocks-1", keys.for_script("extendLocks-1"), args)]
 
     def finish_call(
         self, keys: QueueKeys, attempts: Sequence[Finish], now: int, *, default_attempts: int,
@@ -247,10 +242,7 @@ class Scripts:
         for a in attempts:
             args += [a.job_id, a.token, "completed" if a.completed else "failed", a.value, a.stacktrace,
                      a.backoff_ms, "1" if a.final else "0", a.error_class]
-        return ("moveToFinished-10",
-                [keys.active, keys.completed, keys.failed, keys.delayed, keys.wait, keys.paused,
-                 keys.meta, keys.marker, keys.stalled, keys.prioritized],
-                args)
+        return ("moveToFinished-10", keys.for_script("moveToFinished-10"), args)
 
     @staticmethod
     def finished(code: int, keys: QueueKeys, job_id: str) -> int:
@@ -292,9 +284,7 @@ class Scripts:
         `cursor` more ms no sweep marks or recovers anything.
         """
         reply = self._run(
-            "moveStalledJobsToWait-8",
-            [keys.stalled, keys.wait, keys.active, keys.failed, keys.stalled_check,
-             keys.meta, keys.paused, keys.marker],
+            "moveStalledJobsToWait-8", keys.for_script("moveStalledJobsToWait-8"),
             [keys.base, max_stalled_count, now, interval_ms, phase, cursor, budget,
              default_attempts, "1" if force else "0", lock_ms],
         )
@@ -305,8 +295,7 @@ class Scripts:
 
         Its reply: 1 if it moved from `failed` to wait, 0 if it was not there, -1 if it has no job hash.
         """
-        return ("retryJob-6", [keys.failed, keys.wait, keys.paused, keys.meta, keys.marker, keys.prioritized],
-                [keys.base, job_id])
+        return ("retryJob-6", keys.for_script("retryJob-6"), [keys.base, job_id])
 
     def retry_job(self, keys: QueueKeys, job_id: str) -> int:
         """Move a job that is still in `failed` back to wait (codes as for `retry_call`)."""
@@ -318,14 +307,12 @@ class Scripts:
         With `only_from` ("delayed", "completed" or "failed"), only a job still in
         that set is removed; otherwise nothing changes and the result is False.
         """
-        sets = {"delayed": 4, "completed": 5, "failed": 6}
+        sets = ("delayed", "completed", "failed")
         if only_from is not None and only_from not in sets:
             raise ValueError(f"only_from must be one of {', '.join(sets)}, not {only_from!r}")
         code = self._run(
-            "removeJob-8",
-            [keys.wait, keys.paused, keys.active, keys.delayed, keys.completed, keys.failed,
-             keys.stalled, keys.prioritized],
-            [keys.base, job_id, sets[only_from] if only_from else ""],
+            "removeJob-8", keys.for_script("removeJob-8"),
+            [keys.base, job_id, SCRIPT_KEYS["removeJob-8"].index(only_from) + 1 if only_from else ""],
         )
         if code == -3:
             raise JobLockedError(
@@ -338,20 +325,19 @@ class Scripts:
         """Delete up to `limit` jobs of `state` ("completed" or "failed") finished before `cutoff_ms`."""
         if state not in ("completed", "failed"):
             raise ValueError(f"only completed or failed jobs are cleaned, not {state!r}")
-        return int(self._run("cleanJobs-1", [getattr(keys, state)], [keys.base, cutoff_ms, limit]))
+        return int(self._run("cleanJobs-1", keys.for_script("cleanJobs-1", state=state), [keys.base, cutoff_ms, limit]))
 
     def pause(self, keys: QueueKeys, paused: bool) -> int:
         """Pause or resume the queue; returns how many ready jobs were moved."""
         return int(self._run(
-            "pauseQueue-5", [keys.meta, keys.wait, keys.paused, keys.marker, keys.prioritized],
+            "pauseQueue-5", keys.for_script("pauseQueue-5"),
             ["1" if paused else "0"],
         ))
 
     def promote_delayed(self, keys: QueueKeys, now: int, limit: int = 1000) -> int:
         """Move due delayed jobs to wait; returns how many."""
         return int(self._run(
-            "promoteDelayed-6",
-            [keys.delayed, keys.wait, keys.paused, keys.meta, keys.marker, keys.prioritized],
+            "promoteDelayed-6", keys.for_script("promoteDelayed-6"),
             [keys.base, now, limit],
         ))
 
@@ -359,7 +345,7 @@ class Scripts:
         """Jobs per state, read atomically; `stalled` counts marked jobs (also in active)."""
         commands = ["SCARD" if state == "stalled" else "LLEN" if state in LIST_STATES else "ZCARD"
                     for state in COUNTED]
-        values = self._run("getCounts-8", [getattr(keys, state) for state in COUNTED], commands)
+        values = self._run("getCounts-8", keys.for_script("getCounts-8"), commands)
         return dict(zip(COUNTED, (int(v) for v in values)))
 
 
