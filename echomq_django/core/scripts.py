@@ -1,49 +1,27 @@
-"""The Lua scripts: finding them, assembling their includes, calling them.
+"""One typed method per script: the arguments in the order the script reads them, its codes as exceptions.
 
-Each script is registered once per Redis client with redis-py's
-`register_script`, which sends EVALSHA and falls back to loading the script on
-NOSCRIPT, so a `SCRIPT FLUSH` or a restarted Redis is invisible to callers.
+Each script's KEYS come from core/keys.py's SCRIPT_KEYS; the calls go through
+ScriptClient (transport.py).
 """
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from redis.cluster import RedisCluster
-from redis.exceptions import ClusterDownError, MovedError, NoScriptError, ResponseError, TryAgainError
-
-from .connection import UNREACHABLE
 from .errors import JobLockedError, JobNotFoundError, LockLostError, QueueStateError
 from .keys import COUNTED, LIST_STATES, SCRIPT_KEYS, QueueKeys
-from .lua import script_names, script_source
+from .transport import Call, Confirm, ScriptClient
 
-# One script call: (script name, KEYS, ARGV).
-Call = tuple[str, Sequence[str], Sequence[Any]]
-
-
-@dataclass(frozen=True)
-class Confirm:
-    """Count writes as done only once `replicas` replicas have them (Redis WAIT), waiting up to `timeout_ms`."""
-
-    replicas: int
-    timeout_ms: int = 1000
-
+__all__ = ["ADD_RECORD_MS", "Call", "Confirm", "Finish", "Scripts", "pairs"]
 
 # How long addJob keeps the reply of a call that generated ids, for a re-send
 # after a lost reply: twice the client's own retries (connection.py) when
 # Redis refuses connections. A lost reply re-sent later than that (a network
 # that swallows packets for longer) can still add the jobs twice.
 ADD_RECORD_MS = 30_000
-# Replies that mean "this node does not own the slot (any more)": the command
-# did nothing, and the cluster's map must be read again.
-_ROUTING_ERRORS = (MovedError, ClusterDownError, TryAgainError)
-# How long a batch keeps looking for the owner of its slot on a cluster, about
-# as long as connect()'s retries wait for a failover.
-_REROUTE_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -60,120 +38,8 @@ class Finish:
     error_class: str = ""
 
 
-class Scripts:
+class Scripts(ScriptClient):
     """The protocol's scripts registered on one client, one typed method each."""
-
-    def __init__(self, client: Any) -> None:
-        self.client = client
-        self._scripts = {name: client.register_script(script_source(name)) for name in script_names()}
-
-    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        script = self._scripts[name]
-        try:
-            for _ in range(2):
-                try:
-                    return script(keys=list(keys), args=list(args), client=self.client)
-                except NoScriptError:
-                    # redis-py reloads once on NOSCRIPT; a SCRIPT FLUSH racing that reload
-                    # surfaces here, and one more round settles it.
-                    continue
-            return script(keys=list(keys), args=list(args), client=self.client)
-        except ResponseError as error:
-            if "echomq wrong type" in str(error):
-                raise QueueStateError(str(error).removeprefix("echomq ")) from error
-            raise
-
-    def run_batch(self, calls: Sequence[Call], *, raise_on_error: bool = False) -> list[Any]:
-        """Run several script calls of one queue in one pipelined round trip; their replies in order.
-
-        A call that failed comes back as its exception, or with
-        `raise_on_error` the first such exception is raised. The calls must
-        all touch one queue: on a cluster they go, in one pipeline, to the
-        node that owns the queue's slot.
-        """
-        replies, _acked = self._send(calls, None, raise_on_error)
-        return replies
-
-    def run_confirmed(
-        self, calls: Sequence[Call], confirm: Confirm | None, *, raise_on_error: bool = False,
-    ) -> tuple[list[Any], int]:
-        """`run_batch` followed by WAIT: (replies, how many replicas confirmed the writes).
-
-        WAIT confirms the writes made on its own connection, and a pipeline
-        is one connection, so the WAIT simply ends the pipeline. Without
-        `confirm` there is no WAIT, and the count is 0.
-        """
-        return self._send(calls, confirm, raise_on_error)
-
-    def _send(self, calls: Sequence[Call], confirm: Confirm | None, raise_on_error: bool) -> tuple[list[Any], int]:
-        # Calls refused with NOSCRIPT (after a SCRIPT FLUSH, a restart or a
-        # failover) or, on a cluster, with MOVED (the slot has a new owner) did
-        # nothing, so they are sent again: after loading the script, or after
-        # reading the cluster's map again.
-        cluster = isinstance(self.client, RedisCluster)
-        if cluster and len({self.client.keyslot(keys[0]) for _name, keys, _args in calls}) > 1:
-            raise ValueError("a batch of script calls must stay within one queue (one cluster slot)")
-        replies: list[Any] = [None] * len(calls)
-        pending = list(range(len(calls)))
-        acked: int | None = None  # the fewest replicas any round's writes reached
-        reloads, deadline, pause = 0, time.monotonic() + _REROUTE_S, 0.05
-        while pending:
-            try:
-                answers, round_acked = self._pipelined([calls[i] for i in pending], confirm)
-            except UNREACHABLE:
-                # A plain client has already retried; a cluster's pipeline to a dead
-                # node has not, and a failover takes seconds: wait, look again.
-                if not cluster or time.monotonic() > deadline:
-                    raise
-                pause = self._reread_map(pause)
-                continue
-            acked = round_acked if acked is None else min(acked, round_acked)
-            refused = [i for i, reply in zip(pending, answers) if isinstance(reply, NoScriptError)]
-            moved = [i for i, reply in zip(pending, answers) if cluster and isinstance(reply, _ROUTING_ERRORS)]
-            for i, reply in zip(pending, answers):
-                replies[i] = reply
-            if refused and reloads < 2:
-                reloads += 1
-                for name in {calls[i][0] for i in refused}:
-                    self.client.script_load(self._scripts[name].script)
-            else:
-                refused = []
-            if moved and time.monotonic() < deadline:
-                pause = self._reread_map(pause)
-            else:
-                moved = []
-            pending = sorted(refused + moved)
-        if raise_on_error:
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
-        return replies, acked or 0
-
-    def _pipelined(self, calls: Sequence[Call], confirm: Confirm | None) -> tuple[list[Any], int]:
-        """One pipeline of `calls`, ended by a WAIT with `confirm`: (replies, replicas the WAIT counted)."""
-        client = self.client
-        if isinstance(client, RedisCluster):
-            # Straight to the node that owns the queue's slot: redis-py's cluster
-            # pipeline refuses EVALSHA and retries a dead node without pausing,
-            # which is over long before a failover is.
-            client = client.get_redis_connection(client.get_node_from_key(calls[0][1][0]))
-        pipe = client.pipeline(transaction=False)
-        for name, keys, args in calls:
-            pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
-        if confirm is None:
-            return pipe.execute(raise_on_error=False), 0
-        pipe.execute_command("WAIT", confirm.replicas, confirm.timeout_ms)
-        *answers, acked = pipe.execute(raise_on_error=False)
-        return answers, acked if isinstance(acked, int) else 0
-
-    def _reread_map(self, pause: float) -> float:
-        """Pause, then ask the cluster again which node owns which slot; returns the next, longer pause."""
-        time.sleep(pause)
-        try:
-            self.client.nodes_manager.initialize()
-        except UNREACHABLE:
-            pass  # the failover is still under way; the next round tries again
-        return min(pause * 2, 1.0)
 
     def add_jobs_call(self, keys: QueueKeys, timestamp: int, jobs: Sequence[Sequence[Any]]) -> Call:
         """The addJob call for jobs given as [id or "", name, data, opts, delay_ms, priority].
@@ -319,7 +185,7 @@ class Scripts:
                 f"job {job_id!r} of queue {keys.queue!r} is held by a live worker; "
                 "remove it after it finishes"
             )
-        return code == 1
+        return bool(code == 1)
 
     def clean_jobs(self, keys: QueueKeys, state: str, cutoff_ms: int, limit: int = 1000) -> int:
         """Delete up to `limit` jobs of `state` ("completed" or "failed") finished before `cutoff_ms`."""

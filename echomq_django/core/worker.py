@@ -21,6 +21,7 @@ from .connection import UNREACHABLE, socket_timeout
 from .errors import JobNotFoundError, LockLostError, PayloadError, QueueStateError, UnrecoverableError
 from .job import DEFAULT_ATTEMPTS, Job, JobOptions, encode_json
 from .keys import QueueKeys
+from .locks import RETRY_PAUSE_S, LockRenewer
 from .queue import now_ms
 from .scripts import Confirm, Finish, Scripts
 
@@ -28,9 +29,6 @@ logger = logging.getLogger("echomq.worker")
 
 Handler = Callable[[Job], Any]
 DEFAULT_LOCK_DURATION_MS = defaults.LOCK_DURATION_MS
-# How soon a thread tries Redis again after a call failed (the client's own
-# retries, about 15 s, are over by then).
-RETRY_PAUSE_S = 0.2
 # moveToFinished's status codes for a failed attempt, in words.
 _FAILURE_OUTCOMES = {2: "no attempts left", 3: "retrying now", 4: "retrying after its backoff"}
 
@@ -60,8 +58,8 @@ class Worker:
     for the free threads, in one pipeline. Job threads only run handlers. When
     nothing is ready, a waiting thread blocks on the queue's marker (no
     polling) and wakes the loop when a producer signals work or a delayed job
-    is due. A renewal thread extends all held locks in one call every
-    `renew_interval_ms` (half the lock duration by default). A job's result is
+    is due. A renewal thread (LockRenewer) extends all held locks in one call
+    every `renew_interval_ms` (half the lock duration by default). A job's result is
     written with the token it was fetched with, so a worker whose lock lapsed
     and whose job was recovered gets LockLostError and overwrites nothing.
     With `confirm`, each round trip ends with a WAIT for that many replicas,
@@ -103,11 +101,7 @@ class Worker:
         self.keep_failed = keep_failed
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.processed = 0
-        # (job id, token) of every attempt running now. Keyed by both: if this
-        # worker's job was recovered and fetched again while the old attempt still
-        # runs, the two attempts must not share an entry.
-        self._held: set[tuple[str, str]] = set()
-        self._held_lock = threading.Lock()
+        self._locks = LockRenewer(self.scripts, self.keys, lock_duration_ms, renew_interval_ms, self.worker_id)
         self._running = 0  # jobs fetched and not yet written back; only the loop changes it
         self._jobs: threadqueue.SimpleQueue[Job | None] = threadqueue.SimpleQueue()
         # What wakes the loop: an _Outcome from a job thread, or None (marker, stop).
@@ -120,7 +114,6 @@ class Worker:
         self._unanswered_token: str | None = None
         self._unanswered_at = 0.0  # time.monotonic() when that fetch was first sent
         self._unreachable = False  # the last round trip failed to reach Redis
-        self._renew_now = threading.Event()  # wakes the renewal thread before its interval
         self._stopping = threading.Event()
         self._aborted = threading.Event()
         self._done = threading.Event()
@@ -143,7 +136,7 @@ class Worker:
         """Process jobs until stopped (or, in burst mode, until none is ready); returns the count."""
         threads = [threading.Thread(target=self._job_thread, name=f"echomq-job-{i}", daemon=True)
                    for i in range(self.concurrency)]
-        threads.append(threading.Thread(target=self._renew_locks, name="echomq-renew", daemon=True))
+        threads.append(threading.Thread(target=self._locks.run, name="echomq-renew", daemon=True))
         threads.append(threading.Thread(target=self._wait_for_marker, name="echomq-marker", daemon=True))
         for thread in threads:
             thread.start()
@@ -176,7 +169,7 @@ class Worker:
             self._stopping.set()
             self._idle.clear()
             self._done.set()
-            self._renew_now.set()
+            self._locks.stop()
             self._marker_wanted.set()
             for _ in range(self.concurrency):
                 self._jobs.put(None)
@@ -192,10 +185,11 @@ class Worker:
         answered "already done"), until their lock would have lapsed anyway.
         """
         writing = [outcome for outcome in ended if outcome.finish]
+        finishes = [outcome.finish for outcome in ended if outcome.finish]
         calls = []
         if writing:
             calls.append(self.scripts.finish_call(
-                self.keys, [outcome.finish for outcome in writing], now_ms(),
+                self.keys, finishes, now_ms(),
                 default_attempts=self.default_attempts,
                 keep_completed=(self.keep_completed.count, self.keep_completed.age_ms),
                 keep_failed=(self.keep_failed.count, self.keep_failed.age_ms)))
@@ -222,7 +216,7 @@ class Worker:
             return 0, None
         if self._unreachable:
             self._unreachable = False
-            self._renew_now.set()  # back after an outage: renew every held lock now
+            self._locks.renew_soon()  # back after an outage: renew every held lock now
         self._unanswered_token = None
         codes = replies.pop(0) if writing else []
         if isinstance(codes, Exception):
@@ -245,8 +239,7 @@ class Worker:
             self._idle.clear()
         for job_id, flat in jobs:
             self._running += 1
-            with self._held_lock:
-                self._held.add((job_id, token))
+            self._locks.hold(job_id, token)
             try:
                 job = Job.from_flat(self.keys.queue, job_id, flat, strict=True)  # job.token: this fetch's
             except Exception as error:  # a hash no producer of ours wrote: it fails alone
@@ -267,8 +260,7 @@ class Worker:
         """Account for one job whose result was just written (or could not be)."""
         job, finish = outcome.job, outcome.finish
         self._running -= 1
-        with self._held_lock:
-            self._held.discard((job.id, job.token or ""))
+        self._locks.release(job.id, job.token or "")
         if finish is None:
             return
         try:
@@ -389,35 +381,6 @@ class Worker:
                 error_class=class_path(error),
             )
         return Finish(job.id, token, completed=True, value=value)
-
-    # -- lock renewal ----------------------------------------------------
-
-    def _renew_locks(self) -> None:
-        pause = self.renew_interval_ms / 1000
-        while not self._done.is_set():
-            self._renew_now.wait(pause)
-            self._renew_now.clear()
-            if self._done.is_set():
-                return
-            # After a failed renewal, try again soon rather than a whole interval
-            # later: after an outage the sweep's hold waits one lock duration for us.
-            pause = self.renew_interval_ms / 1000 if self._renew_held() else RETRY_PAUSE_S
-
-    def _renew_held(self) -> bool:
-        """Renew every held lock in one call; False when the call failed."""
-        with self._held_lock:
-            held = sorted(self._held)
-        if not held:
-            return True
-        try:
-            lost = self.scripts.extend_locks(self.keys, held, self.lock_duration_ms)
-        except Exception as error:  # an outage, OOM, a failover's READONLY: try again soon
-            logger.error("worker %s: could not renew locks (%s)", self.worker_id, error)
-            return False
-        for job_id in lost:
-            logger.warning("worker %s: lost the lock of job %s; its result will be discarded",
-                           self.worker_id, job_id)
-        return True
 
 
 def class_path(error: BaseException) -> str:

@@ -1,0 +1,78 @@
+"""Keeping a worker's locks alive while its jobs run."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from .keys import QueueKeys
+from .scripts import Scripts
+
+logger = logging.getLogger("echomq.worker")
+
+# How soon a worker tries Redis again after a call failed (the client's own
+# retries, about 15 s, are over by then). A failed renewal is tried again this
+# soon rather than a whole interval later: after an outage the sweep's hold
+# waits one lock duration for the workers, and no longer.
+RETRY_PAUSE_S = 0.2
+
+
+class LockRenewer:
+    """The locks of the attempts one worker is running, renewed together.
+
+    Each attempt is held as (job id, token): if a job of this worker was
+    recovered and fetched again while its old attempt still runs, the two
+    attempts do not share an entry. `run()` (on a thread of its own) renews
+    every held lock in one script call every `renew_interval_ms`, and at once
+    after `renew_soon()`.
+    """
+
+    def __init__(self, scripts: Scripts, keys: QueueKeys, lock_duration_ms: int, renew_interval_ms: int,
+                 worker_id: str) -> None:
+        self.scripts, self.keys, self.worker_id = scripts, keys, worker_id
+        self.lock_duration_ms, self.renew_interval_ms = lock_duration_ms, renew_interval_ms
+        self._held: set[tuple[str, str]] = set()
+        self._held_lock = threading.Lock()
+        self._soon = threading.Event()
+        self._stopped = threading.Event()
+
+    def hold(self, job_id: str, token: str) -> None:
+        with self._held_lock:
+            self._held.add((job_id, token))
+
+    def release(self, job_id: str, token: str) -> None:
+        with self._held_lock:
+            self._held.discard((job_id, token))
+
+    def renew_soon(self) -> None:
+        """Renew now rather than at the end of the interval (after an outage, say)."""
+        self._soon.set()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._soon.set()
+
+    def run(self) -> None:
+        pause = self.renew_interval_ms / 1000
+        while not self._stopped.is_set():
+            self._soon.wait(pause)
+            self._soon.clear()
+            if self._stopped.is_set():
+                return
+            pause = self.renew_interval_ms / 1000 if self.renew() else RETRY_PAUSE_S
+
+    def renew(self) -> bool:
+        """Renew every held lock in one call; False when the call failed."""
+        with self._held_lock:
+            held = sorted(self._held)
+        if not held:
+            return True
+        try:
+            lost = self.scripts.extend_locks(self.keys, held, self.lock_duration_ms)
+        except Exception as error:  # an outage, OOM, a failover's READONLY: try again soon
+            logger.error("worker %s: could not renew locks (%s)", self.worker_id, error)
+            return False
+        for job_id in lost:
+            logger.warning("worker %s: lost the lock of job %s; its result will be discarded",
+                           self.worker_id, job_id)
+        return True
