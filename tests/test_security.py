@@ -145,3 +145,9 @@ def test_enqueue_refuses_what_the_rest_of_the_system_cannot_store(queue, data, r
 def test_job_options_out_of_bounds_are_refused(make):
     with pytest.raises(PayloadError, match="must be a whole number from"):
         make()
+
+
+def test_options_hold_whole_numbers_however_they_were_given():
+    options = JobOptions(attempts=3.0, delay_ms=5.0, priority=-2.0, backoff=Backoff("fixed", 10.0))
+    assert options == JobOptions.from_json({"attempts": 3, "delay": 5, "priority": -2, "backoff": 10})
+    assert options.encoded() == '{"attempts":3,"backoff":{"type":"fixed","delay":10},"delay":5,"priority":-2}'

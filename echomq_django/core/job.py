@@ -43,13 +43,14 @@ class Backoff:
     def __post_init__(self) -> None:
         if self.kind not in ("fixed", "exponential"):
             raise PayloadError(f"backoff type must be 'fixed' or 'exponential', not {self.kind!r}")
-        whole_number(self.delay_ms, "backoff delay (ms)", 0, MAX_DELAY_MS)
+        object.__setattr__(self, "delay_ms", whole_number(self.delay_ms, "backoff delay (ms)", 0, MAX_DELAY_MS))
 
     def delay_before(self, attempts_made: int) -> int:
         """The wait (ms) before the next attempt, after `attempts_made` attempts (at most MAX_DELAY_MS)."""
         if self.kind == "exponential":
             # The exponent is capped first: 2 ** (a huge attempt count) would hold the interpreter.
-            return min(self.delay_ms * 2 ** min(max(attempts_made - 1, 0), 64), MAX_DELAY_MS)
+            factor: int = 2 ** min(max(attempts_made - 1, 0), 64)
+            return min(self.delay_ms * factor, MAX_DELAY_MS)
         return self.delay_ms
 
     def to_json(self) -> dict[str, Any]:
@@ -60,10 +61,9 @@ class Backoff:
         if value is None:
             return cls()
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return cls("fixed", whole_number(value, "backoff delay (ms)", 0, MAX_DELAY_MS))
+            return cls("fixed", value)  # type: ignore[arg-type]  # an integral float is made whole
         if isinstance(value, Mapping):
-            return cls(str(value.get("type", "fixed")),
-                       whole_number(value.get("delay", 0), "backoff delay (ms)", 0, MAX_DELAY_MS))
+            return cls(str(value.get("type", "fixed")), value.get("delay", 0))
         raise PayloadError(f"backoff must be a number of ms or {{type, delay}}, not {value!r}")
 
 
@@ -77,9 +77,10 @@ class JobOptions:
     priority: int = 0  # -100..100; higher runs first
 
     def __post_init__(self) -> None:
-        whole_number(self.attempts, "attempts", 1, MAX_ATTEMPTS)
-        whole_number(self.priority, "priority", -100, 100)
-        whole_number(self.delay_ms, "delay (ms)", 0, MAX_DELAY_MS)
+        # Checked here, for every way options are made; an integral float (3.0, from JSON) becomes an int.
+        object.__setattr__(self, "attempts", whole_number(self.attempts, "attempts", 1, MAX_ATTEMPTS))
+        object.__setattr__(self, "priority", whole_number(self.priority, "priority", -100, 100))
+        object.__setattr__(self, "delay_ms", whole_number(self.delay_ms, "delay (ms)", 0, MAX_DELAY_MS))
 
     def overridden(self, *, attempts: int | None = None, backoff: Backoff | None = None,
                    delay_ms: int = 0, priority: int = 0) -> JobOptions:
@@ -107,12 +108,8 @@ class JobOptions:
         """Options from decoded `opts` JSON; PayloadError saying what is wrong when they are malformed."""
         if not isinstance(value, Mapping):
             raise PayloadError(f"opts must be a JSON object, not {type(value).__name__}")
-        return cls(
-            attempts=whole_number(value.get("attempts", DEFAULT_ATTEMPTS), "attempts", 1, MAX_ATTEMPTS),
-            backoff=Backoff.from_json(value.get("backoff")),
-            delay_ms=whole_number(value.get("delay", 0), "delay (ms)", 0, MAX_DELAY_MS),
-            priority=whole_number(value.get("priority", 0), "priority", -100, 100),
-        )
+        return cls(attempts=value.get("attempts", DEFAULT_ATTEMPTS), backoff=Backoff.from_json(value.get("backoff")),
+                   delay_ms=value.get("delay", 0), priority=value.get("priority", 0))
 
 
 # The readers below never raise: a hash written by another client may hold
