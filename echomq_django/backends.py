@@ -4,9 +4,11 @@
                          "QUEUES": ["default"], "OPTIONS": {"ENQUEUE_ON_COMMIT": True}}}
 
 A task becomes a job named by the task's module path, with data
-{"args": [...], "kwargs": {...}, "task": {...}}; `manage.py echomq_worker`
-runs it. The worker only ever runs a `Task` object found at that path inside
-an installed app: any other path fails the job, nothing else is imported.
+{"args": [...], "kwargs": {...}, "task": {"backend", "priority", "queue_name", "run_after"}};
+`manage.py echomq_worker` runs it. The worker only ever runs a `Task` object
+found at that path inside an installed app: any other path fails the job,
+nothing else is imported. The result id is the job id. "QUEUES": [] allows
+every queue of ECHOMQ["QUEUES"], and get_result then looks in each of them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import dataclasses
 import math
 import traceback
 import uuid
+from datetime import datetime
 from typing import Any
 
 from django.apps import apps
@@ -24,13 +27,18 @@ from django.db import DEFAULT_DB_ALIAS, transaction
 from django.utils import timezone as django_timezone
 from django.utils.module_loading import import_string
 
+from .checks import echomq_settings_readable
 from .conf import get_settings
-from .core import Backoff, InvalidNameError, Job, UnrecoverableError, validate_name
+from .core import Backoff, InvalidNameError, Job, PayloadError, UnrecoverableError, validate_job_id, validate_name
+from .core.errors import fail_for_good
 from .core.job import datetime_from_ms, encode_json
+from .core.queue import now_ms
+from .jobs import unserved_queue
 from .queues import get_queue
 from .tasks_compat import (
     BaseTaskBackend,
     InvalidTask,
+    InvalidTaskBackend,
     Task,
     TaskContext,
     TaskError,
@@ -43,6 +51,13 @@ from .tasks_compat import (
 )
 
 KNOWN_OPTIONS = {"ENQUEUE_ON_COMMIT", "DATABASE"}
+# The state that holds a task's job, as the task's status; any other state (wait, delayed...) is READY.
+STATUS_OF_STATE = {"active": TaskResultStatus.RUNNING, "completed": TaskResultStatus.SUCCESSFUL,
+                   "failed": TaskResultStatus.FAILED}
+
+
+class TaskArgumentsError(PayloadError, TypeError):
+    """Task arguments that cannot be stored as JSON: a TypeError, as Django's own backends raise."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,27 +99,33 @@ class EchoMQBackend(BaseTaskBackend):
             raise InvalidTask(str(error)) from None
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
-        """Send the task to its queue once the current transaction commits (at once outside one)."""
+        """Send the task to its queue once the current transaction commits (at once outside one).
+
+        InvalidTask for a queue outside ECHOMQ["QUEUES"]; TaskArgumentsError (a TypeError)
+        for arguments that cannot be stored as JSON.
+        """
         self.validate_task(task)
-        job_id, enqueued_at = new_job_id(), django_timezone.now()
-        payload = {"args": list(args), "kwargs": dict(kwargs),
-                   "task": {"backend": self.alias, "priority": task.priority, "queue_name": task.queue_name}}
-        encode_json(payload, f"the arguments of task {task.module_path}")  # refuse non-JSON now, not later
+        if problem := unserved_queue(task.queue_name):
+            raise InvalidTask(f"Task {task.module_path} cannot be enqueued: {problem}.")
         queue = get_queue(task.queue_name)
+        payload = self.job_data(task, args, kwargs, queue.max_payload_bytes)
+        # One timestamp: stored as the job's, returned as enqueued_at, and the start of any delay.
+        timestamp_ms = now_ms()
         delay_ms = 0
         if task.run_after is not None:
-            delay_ms = max(0, math.ceil((task.run_after - enqueued_at).total_seconds() * 1000))
+            delay_ms = max(0, math.ceil(task.run_after.timestamp() * 1000) - timestamp_ms)
         opts = queue.default_opts.overridden(attempts=getattr(task, "attempts", None),
                                              backoff=getattr(task, "backoff", None),
                                              delay_ms=delay_ms, priority=task.priority)
+        job_id = new_job_id()
         result = TaskResult(
-            task=task, id=job_id, status=TaskResultStatus.READY, enqueued_at=enqueued_at, started_at=None,
-            finished_at=None, last_attempted_at=None, args=list(args), kwargs=dict(kwargs),
-            backend=self.alias, errors=[], worker_ids=[],
+            task=task, id=job_id, status=TaskResultStatus.READY, enqueued_at=datetime_from_ms(timestamp_ms),
+            started_at=None, finished_at=None, last_attempted_at=None, args=payload["args"],
+            kwargs=payload["kwargs"], backend=self.alias, errors=[], worker_ids=[],
         )
 
         def send() -> None:
-            queue.add(task.module_path, payload, opts=opts, job_id=job_id)
+            queue.add(task.module_path, payload, opts=opts, job_id=job_id, timestamp_ms=timestamp_ms)
             task_enqueued.send(type(self), task_result=result)
 
         if self.enqueue_on_commit:
@@ -113,31 +134,38 @@ class EchoMQBackend(BaseTaskBackend):
             send()
         return result
 
+    def job_data(self, task: Task, args: Any, kwargs: Any, max_bytes: int) -> dict[str, Any]:
+        """The job's data: the arguments and what rebuilds the Task; TaskArgumentsError if it cannot be stored."""
+        spec = {"backend": self.alias, "priority": task.priority, "queue_name": task.queue_name}
+        if task.run_after is not None:
+            spec["run_after"] = task.run_after.isoformat()
+        data = {"args": list(args), "kwargs": dict(kwargs), "task": spec}
+        try:  # refuse now what the send would refuse after the commit
+            encode_json(data, f"the arguments of task {task.module_path}", max_bytes)
+        except PayloadError as error:
+            raise TaskArgumentsError(str(error)) from None
+        return data
+
     def get_result(self, result_id: str) -> TaskResult:
         """The task's result as Redis has it now; TaskResultDoesNotExist if no queue of this backend has it."""
         try:
-            validate_name(result_id, "task result id")
+            validate_job_id(result_id)
         except InvalidNameError as error:
             raise TaskResultDoesNotExist(str(error)) from None
-        for queue_name in sorted(self.queues):
-            queue = get_queue(queue_name)
-            pipe = queue.client.pipeline(transaction=True)  # one consistent view of hash and sets
-            pipe.hgetall(queue.keys.job(result_id))
-            pipe.zscore(queue.keys.completed, result_id)
-            pipe.zscore(queue.keys.failed, result_id)
-            fields, completed, failed = pipe.execute()
-            job = Job.from_hash(queue_name, result_id, fields)
-            if fields and is_task_job(job):
-                status = (TaskResultStatus.SUCCESSFUL if completed is not None
-                          else TaskResultStatus.FAILED if failed is not None
-                          else TaskResultStatus.RUNNING if job.token else TaskResultStatus.READY)
+        for queue_name in self.result_queues():
+            job, state = get_queue(queue_name).get_job_with_state(result_id)
+            if job is not None and is_task_job(job):
                 try:
-                    task = load_task(job.name)
+                    task = stored_task(job)
                 except UnrecoverableError as error:
                     raise TaskResultDoesNotExist(
-                        f"job {result_id} exists but its task cannot be loaded: {error}") from None
-                return task_result_of(job, task, status)
+                        f"job {result_id} exists but its task cannot be loaded: {error}") from error
+                return task_result_of(job, task, STATUS_OF_STATE.get(state or "", TaskResultStatus.READY))
         raise TaskResultDoesNotExist(f"no task result {result_id!r} in the queues of backend {self.alias!r}")
+
+    def result_queues(self) -> list[str]:
+        """The queues this backend's tasks can be in: its QUEUES, or with "QUEUES": [] every echomq queue."""
+        return sorted(self.queues or get_settings().queues)
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
         messages: list[checks.CheckMessage] = []
@@ -149,10 +177,11 @@ class EchoMQBackend(BaseTaskBackend):
                 messages.append(checks.Error(f"{where}['QUEUES']: {error}.", id="echomq.E010",
                                              hint="Queue names become part of Redis keys."))
                 continue
-            if queue not in get_settings().queues:
-                messages.append(checks.Warning(
-                    f"{where} queue {queue!r} is not in ECHOMQ['QUEUES'], so echomq_worker only runs its tasks "
-                    "when given --queue.", id="echomq.W010", hint=f"Add {queue!r} to ECHOMQ['QUEUES']."))
+            if echomq_settings_readable() and (problem := unserved_queue(queue)):
+                messages.append(checks.Error(
+                    f"{where}['QUEUES'] lists {queue!r}: {problem}, and enqueue refuses it.", id="echomq.E014",
+                    hint=f"Add {queue!r} to ECHOMQ['QUEUES'], or remove it from {where}['QUEUES'] "
+                         "([] allows every queue of ECHOMQ['QUEUES'])."))
         for unknown in sorted(set(self.options) - KNOWN_OPTIONS):
             messages.append(checks.Warning(f"{where}['OPTIONS'] has an unknown key {unknown!r}.", id="echomq.W011",
                                            hint=f"Known options: {', '.join(sorted(KNOWN_OPTIONS))}."))
@@ -171,24 +200,37 @@ def load_task(path: str) -> Task:
         raise UnrecoverableError(f"{path!r} is not inside an installed app, so it is not imported")
     try:
         found = import_string(path)
-    except ImportError as error:
-        raise UnrecoverableError(f"cannot import task {path!r}: {error}") from None
+    except ImportError as error:  # chained, so the trace shows why (a missing module, a broken import)
+        raise UnrecoverableError(f"cannot import task {path!r}: {type(error).__name__}: {error}") from error
     if not isinstance(found, Task):
         raise UnrecoverableError(f"{path!r} is not a Django Task (decorate it with @task)")
     return found
 
 
-def task_result_of(job: Job, task: Task, status: TaskResultStatus) -> TaskResult:
-    """A TaskResult built from a task job's hash."""
+def stored_task(job: Job) -> Task:
+    """The Task of a task job as it was enqueued: its priority, queue, run_after and backend.
+
+    UnrecoverableError when it cannot be loaded or rebuilt.
+    """
     spec = job.data["task"]
-    task = task.using(priority=spec.get("priority"), queue_name=job.queue)
+    task = load_task(job.name)
+    try:
+        run_after = spec.get("run_after")
+        return task.using(priority=spec.get("priority"), queue_name=job.queue, backend=spec.get("backend"),
+                          run_after=datetime.fromisoformat(run_after) if run_after else None)
+    except (InvalidTask, InvalidTaskBackend, TypeError, ValueError) as error:
+        raise UnrecoverableError(f"task {job.name!r} of job {job.id} cannot be rebuilt: {error}") from error
+
+
+def task_result_of(job: Job, task: Task, status: TaskResultStatus) -> TaskResult:
+    """A TaskResult of `task` (as stored_task rebuilt it) from its job's hash."""
     traces = job.stacktrace[-len(job.error_classes):] if job.error_classes else []
     result = TaskResult(
         task=task, id=job.id, status=status, enqueued_at=datetime_from_ms(job.timestamp),
         started_at=datetime_from_ms(job.started_on), last_attempted_at=datetime_from_ms(job.processed_on),
         finished_at=(datetime_from_ms(job.finished_on)
                      if status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED) else None),
-        args=job.data.get("args", []), kwargs=job.data.get("kwargs", {}), backend=spec.get("backend", "default"),
+        args=job.data.get("args", []), kwargs=job.data.get("kwargs", {}), backend=task.backend,
         errors=[TaskError(exception_class_path=path, traceback=trace)
                 for path, trace in zip(job.error_classes, traces)],
         worker_ids=list(job.worker_ids),
@@ -203,8 +245,11 @@ def is_task_job(job: Job) -> bool:
 
 
 def run_task_job(job: Job) -> Any:
-    """Run a task job in the worker, sending task_started and task_finished around it."""
-    result = task_result_of(job, load_task(job.name), TaskResultStatus.RUNNING)
+    """Run a task job in the worker, sending task_started and task_finished around it.
+
+    A return value that is not JSON fails the attempt with a TypeError, as in Django's backends.
+    """
+    result = task_result_of(job, stored_task(job), TaskResultStatus.RUNNING)
     task, args, kwargs = result.task, result.args, result.kwargs
     task_started.send(EchoMQBackend, task_result=result)
     try:
@@ -212,8 +257,11 @@ def run_task_job(job: Job) -> Any:
             value = task.call(TaskContext(task_result=result), *args, **kwargs)
         else:
             value = task.call(*args, **kwargs)
-        encode_json(value, f"the return value of task {task.module_path}")
-    except Exception as error:
+        try:
+            encode_json(value, f"the return value of task {task.module_path}")
+        except PayloadError as error:
+            raise fail_for_good(TypeError(str(error))) from None  # running it again would not help
+    except BaseException as error:  # SystemExit and KeyboardInterrupt too: the worker records them as failures
         object.__setattr__(result, "status", TaskResultStatus.FAILED)
         object.__setattr__(result, "finished_at", django_timezone.now())
         result.errors.append(TaskError(

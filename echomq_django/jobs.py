@@ -8,7 +8,10 @@
         ...
 
     send_welcome.enqueue(42)          # from a view, a signal, anywhere
+    send_welcome.enqueue_with(args=(42,), delay_ms=60_000)   # in a minute
 
+The queue must be in ECHOMQ["QUEUES"]: enqueue refuses any other (no worker
+would serve it), and `manage.py check` names each @job that uses one (echomq.E013).
 The job's data is {"args": [...], "kwargs": {...}} as JSON. A worker runs only
 functions registered this way, looked up by the job's name. (Jobs of Django's
 Tasks framework are the one other kind: see backends.py, which imports a
@@ -22,8 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections
 
+from .conf import get_settings
 from .core import Backoff, Job, UnrecoverableError
 from .queues import get_queue
 
@@ -34,6 +39,14 @@ _registry: dict[str, JobFunction] = {}
 def current_job() -> Job | None:
     """The job this thread is running, inside a job function; else None."""
     return _current_job.get()
+
+
+def unserved_queue(queue: str) -> str | None:
+    """Why jobs sent to `queue` would never run (it is not in ECHOMQ["QUEUES"]), or None when they would."""
+    if queue in get_settings().queues:
+        return None
+    return (f"queue {queue!r} is not in ECHOMQ['QUEUES'], so no echomq_worker serves it "
+            "(without --queue, workers and sweepers take only the configured queues)")
 
 
 @dataclass
@@ -55,7 +68,12 @@ class JobFunction:
 
     def enqueue_with(self, *, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None,
                      delay_ms: int = 0, job_id: str | None = None) -> str:
-        """`enqueue` with a delay or a job id of the caller's choosing."""
+        """`enqueue` with a delay or a job id of the caller's choosing.
+
+        Raises ImproperlyConfigured when the queue is not in ECHOMQ["QUEUES"].
+        """
+        if problem := unserved_queue(self.queue):
+            raise ImproperlyConfigured(f"@job {self.name} cannot be enqueued: {problem}.")
         queue = get_queue(self.queue)
         return queue.add(self.name, {"args": list(args), "kwargs": kwargs or {}},
                          opts=queue.default_opts.overridden(attempts=self.attempts, backoff=self.backoff,

@@ -4,17 +4,18 @@ try:
     from django.tasks import task_backends
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
-    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+    from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultDoesNotExist
     from django.tasks.signals import task_enqueued, task_finished, task_started
 except ImportError:  # Django 5.2: pip install "echomq-django[tasks]"
     from django_tasks import task_backends  # type: ignore[no-redef]
     from django_tasks.backends.base import BaseTaskBackend  # type: ignore[no-redef]
     from django_tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus  # type: ignore
+    from django_tasks.exceptions import InvalidTaskBackendError as InvalidTaskBackend  # type: ignore[no-redef]
     from django_tasks.exceptions import InvalidTaskError as InvalidTask  # type: ignore[no-redef]
     from django_tasks.exceptions import TaskResultDoesNotExist  # type: ignore[no-redef]
     from django_tasks.signals import task_enqueued, task_finished, task_started  # type: ignore[no-redef]
 
 __all__ = [
-    "BaseTaskBackend", "InvalidTask", "Task", "TaskContext", "TaskError", "TaskResult", "TaskResultDoesNotExist",
-    "TaskResultStatus", "task_backends", "task_enqueued", "task_finished", "task_started",
+    "BaseTaskBackend", "InvalidTask", "InvalidTaskBackend", "Task", "TaskContext", "TaskError", "TaskResult",
+    "TaskResultDoesNotExist", "TaskResultStatus", "task_backends", "task_enqueued", "task_finished", "task_started",
 ]

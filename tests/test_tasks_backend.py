@@ -79,10 +79,10 @@ def test_get_result_while_running_and_after(default_queue):
 
 
 def test_unknown_ids_raise_does_not_exist(default_queue):
-    with pytest.raises(TaskResultDoesNotExist):
-        task_backends["default"].get_result("t0000")
-    with pytest.raises(TaskResultDoesNotExist):
-        task_backends["default"].get_result("bad:id")
+    default_queue.add("x")  # a generated id: the queue's `id` key now exists
+    for result_id in ("t0000", "bad:id", "id", "meta", "1"):
+        with pytest.raises(TaskResultDoesNotExist):
+            task_backends["default"].get_result(result_id)
 
 
 def test_failures_are_retried_and_every_error_is_recorded(default_queue):
@@ -160,8 +160,11 @@ def test_enqueue_on_commit_can_be_switched_off(default_queue, settings):
 
 
 def test_non_json_arguments_are_refused_at_enqueue(default_queue):
-    with pytest.raises((PayloadError, TypeError)):
+    with pytest.raises(TypeError) as refused:  # as Django's backends do
         tasks.add.enqueue({1, 2}, 3)
+    assert isinstance(refused.value, PayloadError), "and still a PayloadError, as before"
+    with pytest.raises(TypeError, match="the limit is"):
+        tasks.add.enqueue("x" * 600_000, 0)  # refused at enqueue, not when the commit sends it
     assert default_queue.counts()["wait"] == 0
 
 
@@ -171,12 +174,14 @@ def test_a_non_json_return_value_fails_the_task(default_queue):
     failed = tasks.returns_a_set.get_result(result.id)
     assert failed.status == TaskResultStatus.FAILED
     assert "JSON" in default_queue.get_job(result.id).failed_reason
+    assert failed.errors[-1].exception_class is TypeError and "not JSON serializable" in failed.errors[-1].traceback
 
 
 @pytest.mark.parametrize("path, reason", [
     ("os.system", "not inside an installed app"),
     ("demo_project.demo_app.jobs.greet", "is not a Django Task"),
     ("demo_project.demo_app.tasks.nothing_here", "cannot import"),
+    ("demo_project.demo_app.gone.task", "ModuleNotFoundError: No module named 'demo_project.demo_app.gone'"),
 ])
 def test_the_worker_runs_only_task_objects_of_installed_apps(default_queue, path, reason):
     job_id = default_queue.add(path, {"args": ["echo owned"], "kwargs": {},
@@ -213,7 +218,7 @@ def test_the_backend_checks_its_configuration(settings):
                                   "QUEUES": ["default", "bad:queue", "elsewhere"],
                                   "OPTIONS": {"ENQUEUE_ON_COMMIT": "yes", "DATABASE": "nope", "COLOUR": 1}}}
     ids = {message.id for message in task_backends["default"].check()}
-    assert ids == {"echomq.E010", "echomq.W010", "echomq.W011", "echomq.E011", "echomq.E012"}
+    assert ids == {"echomq.E010", "echomq.E014", "echomq.W011", "echomq.E011", "echomq.E012"}
 
 
 def test_invalid_task_options_are_refused():

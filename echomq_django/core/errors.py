@@ -36,6 +36,21 @@ class UnrecoverableError(EchoMQError):
     """Raised by a job to fail it for good: no retry, whatever attempts are left."""
 
 
+def fail_for_good(error: BaseException) -> BaseException:
+    """Mark `error`, about to be raised by a handler, to fail its job for good, as UnrecoverableError does.
+
+    The job records the error's own class and trace; use it where the class
+    matters to the reader (a TypeError for a return value that is not JSON).
+    """
+    error.echomq_final = True  # type: ignore[attr-defined]
+    return error
+
+
+def is_final(error: BaseException) -> bool:
+    """Whether a handler's error ends its job whatever attempts are left."""
+    return isinstance(error, (UnrecoverableError, PayloadError)) or getattr(error, "echomq_final", False) is True
+
+
 class NotConfirmedError(EchoMQError):
     """Jobs were added, but fewer replicas than asked confirmed them in time.
 

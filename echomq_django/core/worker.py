@@ -18,7 +18,7 @@ from redis.exceptions import ResponseError
 
 from . import defaults
 from .connection import UNREACHABLE, socket_timeout
-from .errors import JobNotFoundError, LockLostError, PayloadError, QueueStateError, UnrecoverableError
+from .errors import JobNotFoundError, LockLostError, PayloadError, QueueStateError, is_final
 from .job import DEFAULT_ATTEMPTS, Job, JobOptions, encode_json
 from .keys import QueueKeys
 from .locks import RETRY_PAUSE_S, LockRenewer
@@ -377,7 +377,7 @@ class Worker:
                 job.id, token, completed=False, value=f"{type(error).__name__}: {error}",
                 stacktrace="" if isinstance(error, PayloadError) else "".join(traceback.format_exception(error)),
                 backoff_ms=job.opts.backoff.delay_before(job.attempts_made + 1),
-                final=isinstance(error, (UnrecoverableError, PayloadError)),
+                final=is_final(error),
                 error_class=class_path(error),
             )
         return Finish(job.id, token, completed=True, value=value)
