@@ -3,10 +3,12 @@
 
   A job in `active` whose lock key is gone is MARKED (added to `stalled`) by
   one sweep and RECOVERED only by a later sweep, if it is still marked, still
-  active and still without a lock. Recovery increments `atm` and `stc` here,
-  on the values this script read, takes the id out of `active` and `stalled`,
-  and sends the job to wait/paused, or to failed when it reached its attempt
-  ceiling (opts.attempts) or stalled more than max_stalled_count times. A
+  active and still without a lock. Recovery (includes/recoverJob.lua) sets
+  `atm` and `stc` one higher than the values this script read, takes the id
+  out of `active` and `stalled`, and sends the job to wait/paused
+  (prioritized when it has a priority), or to failed when it reached its
+  attempt ceiling (opts.attempts, else ARGV[8]) or stalled more than
+  max_stalled_count times. A
   marked job whose lock is back (its worker renewed) is unmarked and left
   alone.
 
@@ -21,7 +23,7 @@
   because a worker finished a job meanwhile is simply handled next sweep.
   The recover walk is skipped when nothing is marked, and the mark walk
   reads only the ids whose lock time has passed from the lock index (see
-  lockIndex) when the index covers `active`, so a sweep that finds nothing
+  includes/lockIndex.lua) when the index covers `active`, so a sweep that finds nothing
   to do costs a few lookups however long `active` is.
 
   The hold: a lapsed lock means "dead worker" only if the worker could reach

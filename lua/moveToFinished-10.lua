@@ -1,7 +1,8 @@
 --[[
   moveToFinished: end the current attempt of one or more jobs, each for the
   worker that owns it. A worker writes every attempt that ended since its last
-  round trip in one call. `atm` (attempts made) grows by one. A failed attempt
+  round trip in one call. `atm` (attempts made) grows by one
+  (a job whose `atm` or `opts` is corrupt is failed as it is). A failed attempt
   with attempts left is retried: to `delayed` after the backoff, or straight
   to `wait`/`paused`/`prioritized`. Retention then trims the finished sets the
   jobs went to. A finish also deletes its token's fetch record (see
@@ -40,7 +41,7 @@
 
   Returns one code per attempt, in order:
      1 completed
-     2 failed for good (no attempts left)
+     2 failed for good (no attempts left, a final failure, or a corrupt `atm`/`opts`)
      3 failed, retried: back in wait (or paused, or prioritized)
      4 failed, retried: in delayed until its backoff ends
      5 this token already finished the job (a replay after a lost reply)
@@ -56,7 +57,7 @@
 local prefix, now = ARGV[1], tonumber(ARGV[2])
 local defaultAttempts, keepTraces = tonumber(ARGV[3]), tonumber(ARGV[4])
 local completedTo, failedTo = false, false  -- whether retention has work to do
-local locksKey = prefix .. "locks"  -- the lock index (see lockIndex in moveToActive)
+local locksKey = prefix .. "locks"  -- the lock index (see includes/lockIndex.lua)
 
 local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final, errorClass)
   local jobKey = prefix .. id

@@ -49,3 +49,17 @@ def finish(queue: Queue, job_id: str, token: str, *, completed: bool = True, val
     return queue.scripts.move_to_finished(
         queue.keys, job_id, token, now_ms(), completed=completed, value=value,
         default_attempts=3, backoff_ms=backoff_ms, **retention)
+
+
+def blocked_connections(client, name: str, key: str) -> int:
+    """How many connections named `name` Redis holds blocked in a command (a worker's BZPOPMIN on `key`).
+
+    Give the worker a client of its own name (`connect(url, client_name=...)`):
+    other clients blocked on the same Redis (other tests, other processes)
+    then do not count. On a cluster the node that owns `key` is asked.
+    """
+    from redis.cluster import RedisCluster
+
+    if isinstance(client, RedisCluster):
+        client = client.get_redis_connection(client.get_node_from_key(key))
+    return sum(1 for entry in client.client_list() if entry["name"] == name and "b" in entry["flags"])

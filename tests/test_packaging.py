@@ -1,8 +1,9 @@
-"""The wheel carries the scripts, and the runtime stands without Django."""
+"""The wheel carries the scripts, its types and its licence, and the runtime stands without Django."""
 
 import subprocess
 import sys
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,13 @@ def test_the_code_passes_the_linter():
     result = subprocess.run([sys.executable, "-m", "ruff", "check", "--output-format", "concise",
                              "echomq_django", "tests", "bench", "demo_project", "manage.py"],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_runtime_passes_the_type_checker():
+    # What to check and how strictly is [tool.mypy] in pyproject.toml (echomq_django/core, strict).
+    result = subprocess.run([sys.executable, "-m", "mypy", "--no-error-summary"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -35,6 +43,13 @@ def test_the_installed_wheel_loads_every_script_outside_the_repository(tmp_path,
         check=True, capture_output=True, timeout=300,
     )
     [wheel] = (tmp_path / "dist").glob("echomq_django-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        [metadata] = [name for name in names if name.endswith(".dist-info/METADATA")]
+        headers = archive.read(metadata).decode().partition("\n\n")[0].splitlines()
+    assert "echomq_django/py.typed" in names, "type checkers read the package's hints only with py.typed"
+    assert "License-Expression: BSD-3-Clause" in headers
+    assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names)
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"

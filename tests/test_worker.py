@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from echomq_django.core import Backoff, Confirm, JobOptions, NewJob, Worker
-from tests.helpers import kill_lock, sweep, wait_until
+from echomq_django.core import Backoff, Confirm, JobOptions, NewJob, Worker, connect
+from tests.helpers import blocked_connections, kill_lock, sweep, wait_until
 
 
 def start(worker: Worker, **run_options) -> threading.Thread:
@@ -16,9 +16,29 @@ def start(worker: Worker, **run_options) -> threading.Thread:
     return thread
 
 
-def make_worker(queue, handler, **options) -> Worker:
+def make_worker(queue, handler, client=None, **options) -> Worker:
     options.setdefault("block_timeout_s", 0.2)
-    return Worker(queue.name, handler, queue.client, prefix=queue.keys.prefix, **options)
+    return Worker(queue.name, handler, client or queue.client, prefix=queue.keys.prefix, **options)
+
+
+@pytest.fixture
+def named_client(redis_url, prefix):
+    """named_client(label) -> (client, name): a client whose connections Redis lists under a name of this test's."""
+    clients = []
+
+    def make(label: str):
+        name = f"{prefix}-{label}"
+        clients.append(connect(redis_url, client_name=name))
+        return clients[-1], name
+
+    yield make
+    for client in clients:
+        client.close()
+
+
+def blocked(queue, name: str) -> int:
+    """How many connections named `name` are blocked on `queue`'s marker right now."""
+    return blocked_connections(queue.client, name, queue.keys.marker)
 
 
 def test_burst_runs_every_ready_job_and_returns(queue):
@@ -46,10 +66,11 @@ def test_jobs_run_concurrently_on_threads(queue):
     assert peak == 4
 
 
-def test_an_idle_worker_wakes_on_the_marker_not_on_its_timeout(queue):
-    worker = make_worker(queue, lambda job: "done", block_timeout_s=4)
+def test_an_idle_worker_wakes_on_the_marker_not_on_its_timeout(queue, named_client):
+    client, name = named_client("worker")
+    worker = make_worker(queue, lambda job: "done", client, block_timeout_s=4)
     thread = start(worker)
-    time.sleep(0.3)  # now blocked on the marker
+    assert wait_until(lambda: blocked(queue, name) == 1, 3), "the idle worker blocks on the marker"
     added = time.monotonic()
     job_id = queue.add("work")
     assert wait_until(lambda: queue.get_state(job_id) == "completed", 5)
@@ -171,7 +192,7 @@ def test_second_stop_returns_at_once_and_the_sweeper_recovers_the_job(queue):
     thread.join(2)
     assert not thread.is_alive(), "the second stop does not wait"
     assert queue.get_state(job_id) == "active"
-    time.sleep(0.4)  # the lock lapses: nobody renews it any more
+    assert wait_until(lambda: not queue.client.exists(queue.keys.lock(job_id)), 2), "nobody renews the lock"
     sweep(queue)
     assert sweep(queue).recovered == 1
     release.set()
@@ -258,18 +279,21 @@ def test_a_handler_that_raises_system_exit_fails_its_job_and_the_worker_goes_on(
     assert not queue.client.exists(queue.keys.lock(job_id))
 
 
-def test_a_worker_that_stops_hands_the_marker_on_to_an_idle_one(queue):
+def test_a_worker_that_stops_hands_the_marker_on_to_an_idle_one(queue, named_client):
     release = threading.Event()
-    a = make_worker(queue, lambda job: release.wait(10), concurrency=2, block_timeout_s=4)
+    (a_client, a_name), (b_client, b_name) = named_client("worker-a"), named_client("worker-b")
+    a = make_worker(queue, lambda job: release.wait(10), a_client, concurrency=2, block_timeout_s=4)
     queue.add("long")
     a_thread = start(a)
     assert wait_until(lambda: queue.counts()["active"] == 1, 3)
-    time.sleep(0.3)  # A's free slot has it blocked on the marker
+    assert wait_until(lambda: blocked(queue, a_name) == 1, 3), "A's free slot has it blocked on the marker"
     a.stop()  # A takes no more jobs, but its marker thread is still blocked
     started = {}
-    b = make_worker(queue, lambda job: started.setdefault(job.id, time.monotonic()), block_timeout_s=4)
+    b = make_worker(queue, lambda job: started.setdefault(job.id, time.monotonic()), b_client,
+                    block_timeout_s=4)
     b_thread = start(b)
-    time.sleep(0.3)  # B blocks on the marker after A
+    assert wait_until(lambda: blocked(queue, b_name) == 1, 3), "B blocks on the marker after A"
+    assert blocked(queue, a_name) == 1, "A is still first in line for the marker"
     added_at = time.monotonic()
     job_id = queue.add("quick")
     assert wait_until(lambda: job_id in started, 3)

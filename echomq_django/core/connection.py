@@ -1,6 +1,6 @@
 """Redis clients configured the way the queue needs them, from one URL.
 
-Four kinds of URL name where the queue lives:
+Three kinds of URL name where the queue lives:
 
     redis://[user:password@]host:port/db       one server (rediss:// for TLS, unix:// for a socket)
     redis+cluster://[user:password@]host:port[,host:port...]
@@ -56,8 +56,9 @@ def connect(url: str = DEFAULT_REDIS_URL, **options: Any) -> Any:
     connection errors, so a restarting Redis or a failover is survived
     without the caller noticing; the scripts are written so that a re-sent
     call is harmless. Workers block on the marker for less than the socket
-    timeout (10 s). `options` override the defaults (`retry=None` turns
-    retries off). Raises RedisURLError for a malformed URL.
+    timeout (10 s). `options` override the defaults (`retry=None` turns off
+    the retries of a plain or Sentinel client; a cluster client then keeps
+    redis-py's own few). Raises RedisURLError for a malformed URL.
     """
     scheme, nodes, kwargs, service = parse_redis_url(url)
     settings: dict[str, Any] = {
@@ -72,6 +73,8 @@ def connect(url: str = DEFAULT_REDIS_URL, **options: Any) -> Any:
     if scheme == "redis+cluster":
         # The cluster client retries at its own level, refreshing its map of
         # slots between tries; its connections to the nodes do not retry.
+        # Script batches bypass it (they go to the owning node's client), and
+        # scripts.py retries those itself.
         settings.update(kwargs)
         settings.update(options)
         return RedisCluster(startup_nodes=[ClusterNode(host, port) for host, port in nodes],
