@@ -5,6 +5,7 @@ from collections.abc import Callable
 
 from echomq_django.core import Queue
 from echomq_django.core.queue import now_ms
+from echomq_django.core.scripts import Finish
 
 
 def wait_until(predicate: Callable[[], object], timeout_s: float, interval_s: float = 0.02) -> bool:
@@ -19,7 +20,7 @@ def wait_until(predicate: Callable[[], object], timeout_s: float, interval_s: fl
 
 def fetch(queue: Queue, token: str = "token-1", lock_ms: int = 30_000, count: int = 1):
     """Take jobs as a worker would, returning [(id, Job-hash dict)]."""
-    _due, jobs = queue.scripts.move_to_active(queue.keys, token, lock_ms, now_ms(), count, "test-worker")
+    _due, jobs = take_jobs(queue, token, lock_ms, now_ms(), count, "test-worker")
     return [(job_id, dict(zip(flat[::2], flat[1::2]))) for job_id, flat in jobs]
 
 
@@ -46,8 +47,8 @@ def sweep(queue: Queue, *, force: bool = True, max_stalled_count: int = 1, budge
 
 def finish(queue: Queue, job_id: str, token: str, *, completed: bool = True, value: str = "null",
            backoff_ms: int = 0, **retention):
-    return queue.scripts.move_to_finished(
-        queue.keys, job_id, token, now_ms(), completed=completed, value=value,
+    return finish_attempt(
+        queue, job_id, token, now_ms(), completed=completed, value=value,
         default_attempts=3, backoff_ms=backoff_ms, **retention)
 
 
@@ -63,3 +64,29 @@ def blocked_connections(client, name: str, key: str) -> int:
     if isinstance(client, RedisCluster):
         client = client.get_redis_connection(client.get_node_from_key(key))
     return sum(1 for entry in client.client_list() if entry["name"] == name and "b" in entry["flags"])
+
+
+# One script call at a time, as the worker's batches send them.
+
+def take_jobs(queue: Queue, token: str, lock_ms: int, now: int, count: int, worker_id: str):
+    """One moveToActive call: (next delayed due time, [(id, flat job hash)])."""
+    [reply] = queue.scripts.run_batch(
+        [queue.scripts.fetch_call(queue.keys, token, lock_ms, now, count, worker_id)], raise_on_error=True)
+    return queue.scripts.fetched(reply)
+
+
+def finish_attempt(queue: Queue, job_id: str, token: str, now: int, *, completed: bool, value: str,
+                   stacktrace: str = "", default_attempts: int, backoff_ms: int = 0, keep_count: int = -1,
+                   keep_age_ms: int = 0, keep_traces: int = 10, final: bool = False, error_class: str = "") -> int:
+    """One moveToFinished call ending one attempt: its status code, or its error raised."""
+    retention = (keep_count, keep_age_ms)
+    call = queue.scripts.finish_call(
+        queue.keys, [Finish(job_id, token, completed, value, stacktrace, backoff_ms, final, error_class)], now,
+        default_attempts=default_attempts, keep_completed=retention, keep_failed=retention, keep_traces=keep_traces)
+    [[code]] = queue.scripts.run_batch([call], raise_on_error=True)
+    return queue.scripts.finished(code, queue.keys, job_id)
+
+
+def renew_lock(queue: Queue, job_id: str, token: str, lock_ms: int) -> bool:
+    """One extendLocks call for one lock: whether `token` owns the job and renewed its lock."""
+    return queue.scripts.lock_codes(queue.keys, [(job_id, token)], lock_ms) == [1]

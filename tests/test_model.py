@@ -12,7 +12,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from echomq_django.core import JobLockedError, JobOptions, LockLostError, Queue, Sweeper, connect
 from echomq_django.core.queue import now_ms
 from tests.conftest import current_redis_url
-from tests.helpers import kill_lock
+from tests.helpers import finish_attempt, kill_lock, renew_lock, take_jobs
 
 MAX_STALLED = 1
 
@@ -75,7 +75,7 @@ class QueueMachine(RuleBasedStateMachine):
     def fetch(self) -> None:
         self.tokens += 1
         token = f"tok{self.tokens}"
-        _due, taken = self.queue.scripts.move_to_active(self.queue.keys, token, 60_000, now_ms(), 1, "w")
+        _due, taken = take_jobs(self.queue, token, 60_000, now_ms(), 1, "w")
         ready = [j for j in self.jobs if self.jobs[j].state in ("wait", "prioritized")]
         if self.paused or not ready:
             assert taken == []
@@ -91,7 +91,7 @@ class QueueMachine(RuleBasedStateMachine):
     def renew(self, data) -> None:
         job_id = data.draw(st.sampled_from(self.in_state("active")))
         job = self.jobs[job_id]
-        renewed = self.queue.scripts.extend_lock(self.queue.keys, job_id, job.owner or "nobody", 60_000)
+        renewed = renew_lock(self.queue, job_id, job.owner or "nobody", 60_000)
         assert renewed == (job.owner is not None)
         if renewed:
             job.lock_alive, job.marked = True, False
@@ -101,7 +101,7 @@ class QueueMachine(RuleBasedStateMachine):
     def finish(self, data, completed: bool) -> None:
         job_id = data.draw(st.sampled_from(sorted(j for j, job in self.jobs.items() if job.owner)))
         job = self.jobs[job_id]
-        self.queue.scripts.move_to_finished(self.queue.keys, job_id, job.owner, now_ms(), completed=completed,
+        finish_attempt(self.queue, job_id, job.owner, now_ms(), completed=completed,
                                             value="1" if completed else "boom", default_attempts=3)
         job.finished_by = job.owner
         self.release(job, job_id)
@@ -120,14 +120,14 @@ class QueueMachine(RuleBasedStateMachine):
         job = self.jobs.get(job_id)
         if job is None or job.owner == token:
             return
-        late = lambda: self.queue.scripts.move_to_finished(  # noqa: E731
-            self.queue.keys, job_id, token, now_ms(), completed=True, value='"late"', default_attempts=3)
+        late = lambda: finish_attempt(  # noqa: E731
+            self.queue, job_id, token, now_ms(), completed=True, value='"late"', default_attempts=3)
         if token == job.finished_by:
             assert late() == 5, "a re-sent finish of the same attempt is answered, and changes nothing"
         else:
             with pytest.raises(LockLostError):
                 late()
-        assert not self.queue.scripts.extend_lock(self.queue.keys, job_id, token, 60_000)
+        assert not renew_lock(self.queue, job_id, token, 60_000)
 
     @precondition(lambda self: any(j.lock_alive for j in self.jobs.values()))
     @rule(data=st.data())

@@ -18,7 +18,7 @@ from echomq_django.core import (
     Queue,
 )
 from echomq_django.core.queue import now_ms
-from tests.helpers import fetch, finish, kill_lock, sweep
+from tests.helpers import fetch, finish, finish_attempt, kill_lock, renew_lock, sweep, take_jobs
 
 
 def test_add_generates_ids_and_queues_fifo(queue):
@@ -137,7 +137,7 @@ def test_a_stale_token_cannot_extend_complete_or_fail(queue):
     sweep(queue)  # recovered: back in wait
     fetch(queue, token="tok-B")
 
-    assert not queue.scripts.extend_lock(queue.keys, job_id, "tok-A", 30_000)
+    assert not renew_lock(queue, job_id, "tok-A", 30_000)
     assert queue.scripts.extend_locks(queue.keys, [(job_id, "tok-A")], 30_000) == [job_id]
     with pytest.raises(LockLostError):
         finish(queue, job_id, "tok-A", value='"late"')
@@ -197,7 +197,7 @@ def test_stack_traces_accumulate_up_to_the_limit(queue):
     job_id = queue.add("work", opts=JobOptions(attempts=20))
     for attempt in range(12):
         fetch(queue, token=f"t{attempt}")
-        queue.scripts.move_to_finished(queue.keys, job_id, f"t{attempt}", now_ms(), completed=False,
+        finish_attempt(queue, job_id, f"t{attempt}", now_ms(), completed=False,
                                        value="boom", stacktrace=f"trace {attempt}",
                                        default_attempts=3, keep_traces=10)
     assert queue.get_job(job_id).stacktrace == [f"trace {n}" for n in range(2, 12)]
@@ -321,8 +321,8 @@ def test_removing_a_prioritized_job(queue):
 def test_each_attempt_records_its_worker_and_each_failure_its_class(queue):
     job_id = queue.add("work", opts=JobOptions(attempts=3))
     for attempt, worker in enumerate(("w-1", "w-2"), start=1):
-        _due, [(fetched, _)] = queue.scripts.move_to_active(queue.keys, f"t{attempt}", 30_000, now_ms(), 1, worker)
-        queue.scripts.move_to_finished(queue.keys, job_id, f"t{attempt}", now_ms(), completed=False,
+        _due, [(fetched, _)] = take_jobs(queue, f"t{attempt}", 30_000, now_ms(), 1, worker)
+        finish_attempt(queue, job_id, f"t{attempt}", now_ms(), completed=False,
                                        value="boom", stacktrace="trace", default_attempts=3,
                                        error_class="builtins.ValueError")
     job = queue.get_job(job_id)
@@ -335,7 +335,7 @@ def test_a_stack_trace_field_that_cjson_cannot_write_back_starts_afresh(queue):
     job_id = queue.add("work", opts=JobOptions(attempts=2))
     fetch(queue, token="t1")
     queue.client.hset(queue.keys.job(job_id), "stacktrace", "[1e999]")
-    queue.scripts.move_to_finished(queue.keys, job_id, "t1", now_ms(), completed=False, value="boom",
+    finish_attempt(queue, job_id, "t1", now_ms(), completed=False, value="boom",
                                    stacktrace="trace", default_attempts=2, error_class="builtins.ValueError")
     job = queue.get_job(job_id)
     assert job.stacktrace == ["trace"] and job.error_classes == ["builtins.ValueError"]
@@ -346,7 +346,7 @@ def test_error_classes_and_traces_stay_aligned_when_a_trace_is_missing(queue):
     job_id = queue.add("work", opts=JobOptions(attempts=3))
     for n, trace in enumerate(("trace 1", "", "trace 3"), start=1):
         fetch(queue, token=f"t{n}")
-        queue.scripts.move_to_finished(queue.keys, job_id, f"t{n}", now_ms(), completed=False, value="boom",
+        finish_attempt(queue, job_id, f"t{n}", now_ms(), completed=False, value="boom",
                                        stacktrace=trace, default_attempts=3, error_class=f"mod.Error{n}")
     job = queue.get_job(job_id)
     assert list(zip(job.error_classes, job.stacktrace)) == [

@@ -9,7 +9,7 @@ import json
 
 from echomq_django.core import JobOptions, NewJob
 from echomq_django.core.queue import now_ms
-from tests.helpers import fetch, finish
+from tests.helpers import fetch, finish, renew_lock
 
 
 def send_twice(queue, call):
@@ -65,7 +65,7 @@ def test_a_renewal_racing_its_own_finish_is_not_a_lost_lock(queue):
     fetch(queue, token="tok-1")
     finish(queue, job_id, "tok-1")
     assert queue.scripts.extend_locks(queue.keys, [(job_id, "tok-1")], 30_000) == []
-    assert not queue.scripts.extend_lock(queue.keys, job_id, "tok-1", 30_000), "nothing was renewed"
+    assert not renew_lock(queue, job_id, "tok-1", 30_000), "nothing was renewed"
     assert not queue.client.exists(queue.keys.lock(job_id))
     # Another token's renewal of the same finished job is a real loss.
     assert queue.scripts.extend_locks(queue.keys, [(job_id, "tok-2")], 30_000) == [job_id]

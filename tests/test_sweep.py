@@ -6,7 +6,7 @@ import pytest
 
 from echomq_django.core import JobOptions, NewJob, QueueStateError, Sweeper, connect
 from tests.conftest import current_redis_url
-from tests.helpers import fetch, finish, kill_lock, sweep, wait_until
+from tests.helpers import fetch, finish, kill_lock, renew_lock, sweep, wait_until
 
 
 def stalled_job(queue, attempts=3, **add):
@@ -58,7 +58,7 @@ def test_job_whose_worker_renews_before_the_next_sweep_is_left_alone(queue):
     assert sweep(queue).marked == 1
 
     # The paused worker wakes up and renews: it takes its lapsed lock back.
-    assert queue.scripts.extend_lock(queue.keys, job_id, "token-1", 30_000)
+    assert renew_lock(queue, job_id, "token-1", 30_000)
     assert queue.stalled_ids() == set(), "renewing clears the mark"
 
     report = sweep(queue)
@@ -333,7 +333,7 @@ def test_after_a_gap_in_sweeping_nothing_is_marked_or_recovered_for_one_lock_dur
     assert other.sweep(other.targets[0], force=True).held_ms > 0
     assert queue.stalled_ids() == set()
     # A live worker renews within the hold: its job is never marked.
-    assert queue.scripts.extend_lock(queue.keys, job_id, "token-1", 800)
+    assert renew_lock(queue, job_id, "token-1", 800)
     kill_lock(queue, job_id)  # now its worker dies for real
     assert wait_until(lambda: sweeper.sweep(target, force=True).marked == 1, 3, 0.05), "marked once the hold ends"
     assert sweeper.sweep(target, force=True).recovered == 1

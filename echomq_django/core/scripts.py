@@ -74,25 +74,16 @@ class Scripts(ScriptClient):
             next_due = None
         return next_due, list(zip(reply[1::2], reply[2::2]))
 
-    def move_to_active(
-        self, keys: QueueKeys, token: str, lock_ms: int, now: int, count: int, worker_id: str,
-    ) -> tuple[int | None, list[tuple[str, list[str]]]]:
-        """Take up to `count` ready jobs locked with `token`; also the next delayed due time."""
-        return self.fetched(self._run(*self.fetch_call(keys, token, lock_ms, now, count, worker_id)))
-
-    def extend_lock(self, keys: QueueKeys, job_id: str, token: str, lock_ms: int) -> bool:
-        """Renew one lock; False when the token does not own the job (any more)."""
-        return self._extend(keys, [(job_id, token)], lock_ms) == [1]
-
     def extend_locks(self, keys: QueueKeys, held: Iterable[tuple[str, str]], lock_ms: int) -> list[str]:
         """Renew many locks, given as (job id, token) pairs, in one call; returns the ids whose ownership was lost.
 
         A job that its own token already finished is not lost (a renewal that raced the finish).
         """
         held = list(held)
-        return [job_id for (job_id, _token), code in zip(held, self._extend(keys, held, lock_ms)) if code == -1]
+        return [job_id for (job_id, _token), code in zip(held, self.lock_codes(keys, held, lock_ms)) if code == -1]
 
-    def _extend(self, keys: QueueKeys, held: Sequence[tuple[str, str]], lock_ms: int) -> list[int]:
+    def lock_codes(self, keys: QueueKeys, held: Sequence[tuple[str, str]], lock_ms: int) -> list[int]:
+        """extendLocks' code per (job id, token): 1 renewed, 0 already finished by that token, -1 not owned."""
         args: list[Any] = [keys.base, lock_ms]
         for job_id, token in held:
             args += [job_id, token]
@@ -123,22 +114,6 @@ class Scripts(ScriptClient):
         if code == -3:
             raise QueueStateError(f"the key of job {job_id!r} of queue {keys.queue!r} is not a hash")
         return int(code)
-
-    def move_to_finished(
-        self, keys: QueueKeys, job_id: str, token: str, now: int, *, completed: bool, value: str,
-        stacktrace: str = "", default_attempts: int, backoff_ms: int = 0, keep_count: int = -1,
-        keep_age_ms: int = 0, keep_traces: int = 10, final: bool = False, error_class: str = "",
-    ) -> int:
-        """End one attempt; returns the script's status code (1..5, see the script).
-
-        Raises JobNotFoundError, LockLostError or QueueStateError for the error codes.
-        """
-        attempt = Finish(job_id, token, completed, value, stacktrace, backoff_ms, final, error_class)
-        retention = (keep_count, keep_age_ms)
-        [code] = self._run(*self.finish_call(keys, [attempt], now, default_attempts=default_attempts,
-                                             keep_completed=retention, keep_failed=retention,
-                                             keep_traces=keep_traces))
-        return self.finished(code, keys, job_id)
 
     def move_stalled_jobs_to_wait(
         self, keys: QueueKeys, *, max_stalled_count: int, now: int, interval_ms: int,
