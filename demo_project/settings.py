@@ -82,10 +82,5 @@ TASKS = {
         "QUEUES": ["default", "demo"],
     },
 }
-
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"echomq": {"handlers": ["console"], "level": "INFO"}},
-}
+# No LOGGING for echomq: its commands print their own progress (-v 0 quiets them). A
+# project whose LOGGING handles the "echomq" loggers gets the same lines there instead.

@@ -6,6 +6,7 @@
         "MAX_PAYLOAD_BYTES": 524288,
         "CONFIRM_REPLICAS": 0,  # WAIT for this many replicas after adds and finishes
         "CONFIRM_TIMEOUT": 1,
+        "ENQUEUE_TIMEOUT": 3,  # seconds an enqueue may take before it raises
         "QUEUES": {"default": {"LOCK_DURATION": 30, "SWEEP_INTERVAL": 30, ...}},
     }
 
@@ -17,6 +18,7 @@ settings raises ImproperlyConfigured with the first.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,28 +27,32 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from .core import DEFAULT_REDIS_URL, Backoff, Confirm, InvalidNameError, Retention, validate_name
+from .core import Backoff, Confirm, InvalidNameError, Retention, defaults, validate_name
 from .core.connection import RedisURLError, parse_redis_url
 from .core.keys import ALPHABET
-from .core.queue import DEFAULT_MAX_PAYLOAD_BYTES
 
+# The runtime's defaults (core/defaults.py, in ms) in the settings' units (seconds),
+# so that a value left out means the same with or without Django.
 TOP_LEVEL_DEFAULTS: dict[str, Any] = {
-    "REDIS_URL": DEFAULT_REDIS_URL,
-    "PREFIX": "emq",
-    "MAX_PAYLOAD_BYTES": DEFAULT_MAX_PAYLOAD_BYTES,
+    "REDIS_URL": defaults.REDIS_URL,
+    "PREFIX": defaults.PREFIX,
+    "MAX_PAYLOAD_BYTES": defaults.MAX_PAYLOAD_BYTES,
     "CONFIRM_REPLICAS": 0,  # replicas that must have an added job or a result before it counts (WAIT)
     "CONFIRM_TIMEOUT": 1,  # seconds to wait for them
+    # Seconds a producer's call (an enqueue, an admin view) may take when Redis does not
+    # answer, retries included, before it raises; workers and sweepers wait out outages.
+    "ENQUEUE_TIMEOUT": 3,
     "QUEUES": {"default": {}},
 }
 QUEUE_DEFAULTS: dict[str, Any] = {
-    "LOCK_DURATION": 30,  # seconds a lock lives unless renewed
+    "LOCK_DURATION": defaults.LOCK_DURATION_MS / 1000,  # seconds a lock lives unless renewed
     "LOCK_RENEW_INTERVAL": None,  # seconds between renewals; None = half the lock duration
-    "SWEEP_INTERVAL": 30,  # seconds between sweeps; also the gate's lifetime
-    "MAX_STALLED_COUNT": 1,  # stalls a job may survive before it is failed
-    "ATTEMPTS": 3,  # default attempts of a job added without its own
+    "SWEEP_INTERVAL": defaults.SWEEP_INTERVAL_MS / 1000,  # seconds between sweeps; also the gate's lifetime
+    "MAX_STALLED_COUNT": defaults.MAX_STALLED_COUNT,  # stalls a job may survive before it is failed
+    "ATTEMPTS": defaults.ATTEMPTS,  # default attempts of a job added without its own
     "BACKOFF": {"TYPE": "fixed", "DELAY": 0},  # default backoff; DELAY in seconds
-    "CONCURRENCY": 1,  # worker threads per queue
-    "KEEP_COMPLETED": {"COUNT": 1000, "AGE": None},  # None = no limit; AGE in seconds
+    "CONCURRENCY": defaults.CONCURRENCY,  # worker threads per queue
+    "KEEP_COMPLETED": {"COUNT": defaults.KEEP_COMPLETED_COUNT, "AGE": None},  # None = no limit; AGE in seconds
     "KEEP_FAILED": {"COUNT": None, "AGE": None},
 }
 
@@ -84,6 +90,7 @@ class EchoMQSettings:
     max_payload_bytes: int
     queues: dict[str, QueueConfig]
     confirm: Confirm | None = None  # None: writes are not confirmed by replicas
+    enqueue_timeout_s: float = TOP_LEVEL_DEFAULTS["ENQUEUE_TIMEOUT"]
 
     def queue(self, name: str) -> QueueConfig:
         """The configuration of `name`; a queue that is not configured gets the defaults."""
@@ -118,7 +125,7 @@ def _retention(value: Any, where: str, problems: list[Problem]) -> Retention:
     if not isinstance(value, dict) or set(value) - {"COUNT", "AGE"}:
         problems.append(Problem("echomq.E006", f"{where} must be a dict with COUNT and/or AGE.",
                                 'For example {"COUNT": 1000, "AGE": 86400}; None means no limit.'))
-        return Retention()
+        return Retention()  # a wrong value: the caller falls back to the default
     count = _count(value.get("COUNT"), f"{where}['COUNT']", problems, minimum=0, allow_none=True)
     age_ms = _seconds_to_ms(value.get("AGE"), f"{where}['AGE']", problems, allow_none=True)
     return Retention(count=-1 if count is None else count, age_ms=age_ms or 0)
@@ -140,6 +147,22 @@ def _backoff(value: Any, where: str, problems: list[Problem]) -> Backoff:
         return Backoff()
 
 
+# How one option is read: (value, where, problems) -> the resolved value; a wrong
+# value adds to `problems`.
+Parse = Callable[[Any, str, list[Problem]], Any]
+
+
+def _option(values: dict[str, Any], known: dict[str, Any], key: str, where: str, problems: list[Problem],
+            parse: Parse) -> Any:
+    """The option `key` of `values`, parsed; a wrong value is reported and its default used instead."""
+    found: list[Problem] = []
+    value = parse(values[key], f"{where}[{key!r}]", found)
+    if not found:
+        return value
+    problems += found
+    return parse(known[key], f"{where}[{key!r}]", [])
+
+
 def _queue_config(name: str, raw: Any) -> tuple[QueueConfig, list[Problem]]:
     problems: list[Problem] = []
     where = f"ECHOMQ['QUEUES'][{name!r}]"
@@ -151,29 +174,48 @@ def _queue_config(name: str, raw: Any) -> tuple[QueueConfig, list[Problem]]:
         problems.append(Problem("echomq.W002", f"{where} has an unknown option {unknown!r}; it is ignored.",
                                 f"Known options: {', '.join(QUEUE_DEFAULTS)}.", warning=True))
     values = {**QUEUE_DEFAULTS, **raw}
-    lock_ms = _seconds_to_ms(values["LOCK_DURATION"], f"{where}['LOCK_DURATION']", problems) or 30_000
-    renew_ms = _seconds_to_ms(values["LOCK_RENEW_INTERVAL"], f"{where}['LOCK_RENEW_INTERVAL']", problems,
-                              allow_none=True) or lock_ms // 2
+
+    def option(key: str, parse: Parse) -> Any:
+        return _option(values, QUEUE_DEFAULTS, key, where, problems, parse)
+
+    lock_ms = option("LOCK_DURATION", _seconds_to_ms)
+    renew_ms = option("LOCK_RENEW_INTERVAL", functools.partial(_seconds_to_ms, allow_none=True)) or lock_ms // 2
     if renew_ms >= lock_ms:
         problems.append(Problem(
             "echomq.E004", f"{where}: the lock is renewed every {renew_ms / 1000:g} s, which is not shorter "
             f"than the lock duration of {lock_ms / 1000:g} s, so live jobs would look stalled.",
             "Make LOCK_RENEW_INTERVAL at most half of LOCK_DURATION, or leave it None."))
-    backoff = _backoff(values["BACKOFF"], f"{where}['BACKOFF']", problems)
     config = QueueConfig(
         name=name,
         lock_duration_ms=lock_ms,
         renew_interval_ms=renew_ms,
-        sweep_interval_ms=_seconds_to_ms(values["SWEEP_INTERVAL"], f"{where}['SWEEP_INTERVAL']", problems) or 30_000,
-        max_stalled_count=_count(values["MAX_STALLED_COUNT"], f"{where}['MAX_STALLED_COUNT']", problems,
-                                 minimum=0) or 0,
-        attempts=_count(values["ATTEMPTS"], f"{where}['ATTEMPTS']", problems, minimum=1) or 1,
-        backoff=backoff,
-        concurrency=_count(values["CONCURRENCY"], f"{where}['CONCURRENCY']", problems, minimum=1) or 1,
-        keep_completed=_retention(values["KEEP_COMPLETED"], f"{where}['KEEP_COMPLETED']", problems),
-        keep_failed=_retention(values["KEEP_FAILED"], f"{where}['KEEP_FAILED']", problems),
+        sweep_interval_ms=option("SWEEP_INTERVAL", _seconds_to_ms),
+        max_stalled_count=option("MAX_STALLED_COUNT", functools.partial(_count, minimum=0)),
+        attempts=option("ATTEMPTS", functools.partial(_count, minimum=1)),
+        backoff=option("BACKOFF", _backoff),
+        concurrency=option("CONCURRENCY", functools.partial(_count, minimum=1)),
+        keep_completed=option("KEEP_COMPLETED", _retention),
+        keep_failed=option("KEEP_FAILED", _retention),
     )
     return config, problems
+
+
+def _redis_url(value: Any, where: str, problems: list[Problem]) -> str:
+    try:
+        parse_redis_url(value)
+    except RedisURLError as error:
+        problems.append(Problem("echomq.E002", f"{where} is wrong: {error}.",
+                                "Use redis://host:port/db (rediss:// for TLS, unix:///path.sock), "
+                                "redis+cluster://host:port,host:port or redis+sentinel://host:port/service."))
+    return value
+
+
+def _prefix(value: Any, where: str, problems: list[Problem]) -> str:
+    try:
+        validate_name(value, where)
+    except InvalidNameError as error:
+        problems.append(Problem("echomq.E003", f"{error}.", f"Use {ALPHABET}."))
+    return value
 
 
 def parse_settings(raw: Any) -> tuple[EchoMQSettings, list[Problem]]:
@@ -187,29 +229,22 @@ def parse_settings(raw: Any) -> tuple[EchoMQSettings, list[Problem]]:
         problems.append(Problem("echomq.W001", f"ECHOMQ has an unknown key {unknown!r}; it is ignored.",
                                 f"Known keys: {', '.join(TOP_LEVEL_DEFAULTS)}.", warning=True))
     values = {**TOP_LEVEL_DEFAULTS, **raw}
-    url = values["REDIS_URL"]
-    try:
-        parse_redis_url(url)
-    except RedisURLError as error:
-        problems.append(Problem("echomq.E002", f"ECHOMQ['REDIS_URL'] is wrong: {error}.",
-                                "Use redis://host:port/db (rediss:// for TLS, unix:///path.sock), "
-                                "redis+cluster://host:port,host:port or redis+sentinel://host:port/service."))
-        url = DEFAULT_REDIS_URL
-    prefix = values["PREFIX"]
-    try:
-        validate_name(prefix, "ECHOMQ['PREFIX']")
-    except InvalidNameError as error:
-        problems.append(Problem("echomq.E003", f"{error}.", f"Use {ALPHABET}."))
-        prefix = "emq"
-    max_payload = _count(values["MAX_PAYLOAD_BYTES"], "ECHOMQ['MAX_PAYLOAD_BYTES']", problems, minimum=1)
-    replicas = _count(values["CONFIRM_REPLICAS"], "ECHOMQ['CONFIRM_REPLICAS']", problems, minimum=0)
-    confirm_ms = _seconds_to_ms(values["CONFIRM_TIMEOUT"], "ECHOMQ['CONFIRM_TIMEOUT']", problems)
+
+    def option(key: str, parse: Parse) -> Any:
+        return _option(values, TOP_LEVEL_DEFAULTS, key, "ECHOMQ", problems, parse)
+
+    url = option("REDIS_URL", _redis_url)
+    prefix = option("PREFIX", _prefix)
+    max_payload = option("MAX_PAYLOAD_BYTES", functools.partial(_count, minimum=1))
+    replicas = option("CONFIRM_REPLICAS", functools.partial(_count, minimum=0))
+    confirm_ms = option("CONFIRM_TIMEOUT", _seconds_to_ms)
+    enqueue_timeout_ms = option("ENQUEUE_TIMEOUT", _seconds_to_ms)
     queues: dict[str, QueueConfig] = {}
     raw_queues = values["QUEUES"]
     if not isinstance(raw_queues, dict) or not raw_queues:
         problems.append(Problem("echomq.E001", "ECHOMQ['QUEUES'] must be a non-empty dict of queue name -> options.",
                                 'For example {"default": {}}.'))
-        raw_queues = {"default": {}}
+        raw_queues = TOP_LEVEL_DEFAULTS["QUEUES"]
     for name, options in raw_queues.items():
         try:
             validate_name(name, "queue name")
@@ -219,9 +254,9 @@ def parse_settings(raw: Any) -> tuple[EchoMQSettings, list[Problem]]:
             continue
         queues[name], queue_problems = _queue_config(name, options)
         problems += queue_problems
-    resolved = EchoMQSettings(redis_url=url, prefix=prefix,
-                              max_payload_bytes=max_payload or DEFAULT_MAX_PAYLOAD_BYTES, queues=queues,
-                              confirm=Confirm(replicas, confirm_ms or 1000) if replicas else None)
+    resolved = EchoMQSettings(redis_url=url, prefix=prefix, max_payload_bytes=max_payload, queues=queues,
+                              confirm=Confirm(replicas, confirm_ms) if replicas else None,
+                              enqueue_timeout_s=enqueue_timeout_ms / 1000)
     return resolved, problems
 
 

@@ -9,28 +9,62 @@ from typing import Any
 import redis
 from django.core.signals import setting_changed
 from django.dispatch import receiver
+from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
+from redis.retry import Retry
 
 from .conf import get_settings
-from .core import Confirm, JobOptions, Queue, Sweeper, SweepTarget, connect
+from .core import Confirm, JobOptions, Queue, Scripts, Sweeper, SweepTarget, connect
 from .core.worker import Handler, Worker
 
 
 @functools.cache
-def _client_for(url: str) -> redis.Redis:
-    return connect(url)
+def _connection(url: str, call_timeout_s: float | None) -> tuple[Any, Scripts]:
+    """A client for `url` and the scripts registered on it, built once per role and forgotten when ECHOMQ changes.
+
+    `call_timeout_s` None: the client of workers and sweepers, which rides out
+    outages of any length; else a producer's, whose calls fail within about
+    that many seconds, retries included.
+    """
+    client = connect(url) if call_timeout_s is None else connect(url, **bounded_call_options(call_timeout_s))
+    return client, Scripts(client)
 
 
-def get_client() -> redis.Redis:
-    """The shared Redis client of this process, for the configured REDIS_URL."""
-    return _client_for(get_settings().redis_url)
+def bounded_call_options(timeout_s: float) -> dict[str, Any]:
+    """Client options under which a call Redis does not answer raises within about `timeout_s`.
+
+    Three tries (a blip is retried, and a re-sent add is harmless), each
+    connect or reply waited for a quarter of the budget, short pauses between.
+    No health-check PING: it retries on its own, inside a try, and would
+    multiply the tries; a dead pooled connection fails the first try instead.
+    """
+    per_try = timeout_s / 4
+    return {"socket_connect_timeout": per_try, "socket_timeout": per_try, "health_check_interval": 0,
+            "retry": Retry(ExponentialBackoff(cap=timeout_s / 20, base=timeout_s / 60), retries=2)}
 
 
-def get_queue(name: str) -> Queue:
-    """A producer handle on `name`, with that queue's default attempts and backoff."""
+def get_client() -> Any:
+    """The Redis client of this process's workers and sweepers, for the configured REDIS_URL."""
+    return _connection(get_settings().redis_url, None)[0]
+
+
+def get_producer_client() -> Any:
+    """The Redis client of enqueues and the admin: its calls give up after ENQUEUE_TIMEOUT."""
+    settings = get_settings()
+    return _connection(settings.redis_url, settings.enqueue_timeout_s)[0]
+
+
+def get_queue(name: str, *, long_running: bool = False) -> Queue:
+    """A producer handle on `name`, with that queue's default attempts and backoff.
+
+    Its calls raise ConnectionError or TimeoutError once Redis has not answered
+    for ENQUEUE_TIMEOUT, so a web request fails fast; `long_running` (a
+    sweeper's or a worker's process) puts it on the client that waits out outages.
+    """
     settings = get_settings()
     config = settings.queue(name)
-    return Queue(name, get_client(), prefix=settings.prefix,
+    client, scripts = _connection(settings.redis_url, None if long_running else settings.enqueue_timeout_s)
+    return Queue(name, client, prefix=settings.prefix, scripts=scripts,
                  default_opts=JobOptions(attempts=config.attempts, backoff=config.backoff),
                  max_payload_bytes=settings.max_payload_bytes, confirm=settings.confirm)
 
@@ -58,7 +92,8 @@ def make_sweeper(names: Iterable[str], **overrides: Any) -> Sweeper:
             default_attempts=config.attempts,
             lock_duration_ms=config.lock_duration_ms,
         ))
-    return Sweeper(get_client(), targets, prefix=settings.prefix)
+    client, scripts = _connection(settings.redis_url, None)
+    return Sweeper(client, targets, prefix=settings.prefix, scripts=scripts)
 
 
 def make_worker(name: str, handler: Handler, **overrides: Any) -> Worker:
@@ -76,13 +111,14 @@ def make_worker(name: str, handler: Handler, **overrides: Any) -> Worker:
         "confirm": settings.confirm,
     }
     options.update({key: value for key, value in overrides.items() if value is not None})
-    return Worker(name, handler, get_client(), **options)
+    client, scripts = _connection(settings.redis_url, None)
+    return Worker(name, handler, client, scripts=scripts, **options)
 
 
 @receiver(setting_changed)
 def _forget_clients(*, setting: str, **kwargs: Any) -> None:
     if setting == "ECHOMQ":
-        _client_for.cache_clear()
+        _connection.cache_clear()
 
 
 def check_redis() -> list[str]:

@@ -1,5 +1,6 @@
 """`manage.py echomq_sweep`, through call_command and as a real process."""
 
+import re
 import signal
 import subprocess
 import sys
@@ -33,10 +34,16 @@ def stalled(queue) -> str:
 def test_once_marks_then_the_gate_holds_then_force_recovers(echomq_settings, queue):
     job_id = stalled(queue)
     assert "queue q: marked 1, recovered 0" in sweep_command()
-    assert sweep_command() == "", "a skipped sweep says nothing at verbosity 1"
-    assert "queue q: skipped" in sweep_command("-v", "2")
+    assert re.fullmatch(r"queue q: skipped: another sweep ran \d+\.\d s ago; use --force to sweep now\n",
+                        sweep_command()), "--once says why it did nothing"
+    assert sweep_command("-v", "0") == ""
     assert "recovered 1 to wait" in sweep_command("--force")
     assert queue.get_state(job_id) == "wait"
+
+
+def test_a_skip_without_a_report_to_date_it_still_says_why(echomq_settings, queue):
+    queue.client.set(queue.keys.stalled_check, "another host", px=30_000)  # a gate with no report beside it
+    assert sweep_command() == "queue q: skipped: another sweep ran within its interval; use --force to sweep now\n"
 
 
 def test_fractional_interval_is_the_gates_px(echomq_settings, queue):
@@ -89,7 +96,8 @@ def test_the_loop_marks_recovers_and_stops_on_sigterm(queue, subprocess_env):
         stdout, stderr = process.communicate(timeout=10)
     assert process.returncode == 0, stderr
     lines = stdout.splitlines()
-    assert lines[0].startswith("queue q: marked 1, recovered 0")
+    assert lines[0] == "sweeping q every 0.2 s", "it says at start what it sweeps and how often"
+    assert lines[1].startswith("queue q: marked 1, recovered 0")
     assert any(line.startswith("queue q: marked 0, recovered 1") for line in lines)
 
 

@@ -74,6 +74,7 @@ def test_max_jobs_and_concurrency(echomq_settings, queue):
 def test_enqueue_through_a_job_function_uses_its_queue_and_options(echomq_settings, redis_client, prefix):
     from echomq_django.core import Queue
 
+    echomq_settings.ECHOMQ = {**echomq_settings.ECHOMQ, "QUEUES": {"q": {}, "demo": {}}}
     job_id = demo.flaky.enqueue()
     job = Queue("demo", redis_client, prefix=prefix).get_job(job_id)
     assert job.name == demo.flaky.name and job.data == {"args": [], "kwargs": {}}
@@ -181,3 +182,61 @@ def test_status_survives_a_last_sweep_report_it_cannot_read(echomq_settings, que
     queue.client.hset(queue.keys.meta, "lastSweep", last_sweep)
     assert run("echomq_status").splitlines()[1].startswith("q")
     assert json.loads(run("echomq_status", "--json"))[0]["queue"] == "q"
+
+
+CONSOLE_LOGGING = """
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"echomq": {"handlers": ["console"], "level": "INFO"}},
+}
+"""
+
+
+def worker_output(env, tmp_path, logging_setting: str, *args: str) -> tuple[str, str]:
+    """Run a burst worker on q under the demo's settings with `logging_setting` for LOGGING: (stdout, stderr)."""
+    (tmp_path / "project_settings.py").write_text(
+        f"from demo_project.settings import *  # noqa: F403\n{logging_setting}\n")
+    env = {**env, "DJANGO_SETTINGS_MODULE": "project_settings", "PYTHONPATH": str(tmp_path)}
+    result = subprocess.run([sys.executable, "manage.py", "echomq_worker", "--queue", "q", "--burst", *args],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout, result.stderr
+
+
+def progress(queue) -> tuple[list[str], str, str]:
+    """Enqueue a job that completes and one that fails twice: the progress lines a worker must print."""
+    from echomq_django.core import JobOptions
+
+    done = add(queue, demo.greet, "Ada")
+    doomed = queue.add(demo.doomed.name, {"args": ["bad input"], "kwargs": {}}, opts=JobOptions(attempts=2))
+    return [f"job {done} of queue q started: {demo.greet.name}, attempt 1 of 3",
+            f"job {done} of queue q completed in ",
+            f"job {doomed} of queue q started: {demo.doomed.name}, attempt 1 of 2",
+            f"job {doomed} of queue q failed, retrying now: ValueError: bad input (attempt 1)",
+            f"job {doomed} of queue q started: {demo.doomed.name}, attempt 2 of 2",
+            f"job {doomed} of queue q failed, no attempts left: ValueError: bad input (attempt 2)"], done, doomed
+
+
+def test_a_project_without_logging_settings_sees_each_job_start_complete_and_fail(queue, subprocess_env, tmp_path):
+    expected, _, _ = progress(queue)
+    out, err = worker_output(subprocess_env, tmp_path, "LOGGING = {}")
+    lines = [line for line in out.splitlines() if line.startswith("job ")]
+    assert len(lines) == len(expected) and all(line.startswith(start) for line, start in zip(lines, expected)), out
+    assert "job " not in err
+
+
+def test_verbosity_0_silences_the_progress(queue, subprocess_env, tmp_path):
+    progress(queue)
+    out, err = worker_output(subprocess_env, tmp_path, "LOGGING = {}", "-v", "0")
+    assert out == "" and err == ""
+
+
+def test_logging_settings_for_echomq_get_the_lines_once(queue, subprocess_env, tmp_path):
+    expected, _, _ = progress(queue)
+    out, err = worker_output(subprocess_env, tmp_path, CONSOLE_LOGGING)
+    lines = [line for line in (out + err).splitlines() if line.startswith("job ")]
+    assert len(lines) == len(expected) and all(line.startswith(start) for line, start in zip(lines, expected)), \
+        (out, err)
+    assert all(line in err for line in lines), "through the project's own handler (stderr), not the command's"

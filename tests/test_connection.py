@@ -1,8 +1,14 @@
-"""Reading Redis URLs: each kind names its servers, and a malformed one is refused with a reason."""
+"""Reading Redis URLs (each kind names its servers, a malformed one is refused), and how long a call may wait."""
+
+import signal
+import threading
+import time
 
 import pytest
+import redis
 
 from echomq_django.core.connection import RedisURLError, connect, parse_redis_url
+from tests.redis_servers import RedisServer, free_port
 
 
 @pytest.mark.parametrize("url, expected", [
@@ -46,3 +52,71 @@ def test_a_password_never_appears_in_the_error():
     with pytest.raises(RedisURLError) as caught:
         parse_redis_url("redis+cluster://app:hunter2@a:x")
     assert "hunter2" not in str(caught.value) and "app:***@" in str(caught.value)
+
+
+# An enqueue from a web request must fail fast when Redis does not answer
+# (ENQUEUE_TIMEOUT), while workers and sweepers wait out outages.
+
+def timed_enqueue() -> tuple[float, BaseException | None]:
+    """Seconds one @job enqueue took, and what it raised."""
+    from demo_project.demo_app.jobs import greet
+
+    started = time.monotonic()
+    try:
+        greet.enqueue("Ada")
+    except Exception as error:
+        return time.monotonic() - started, error
+    return time.monotonic() - started, None
+
+
+def test_an_enqueue_raises_at_once_when_nobody_listens(settings, prefix):
+    settings.ECHOMQ = {"REDIS_URL": f"redis://127.0.0.1:{free_port()}/0", "PREFIX": prefix,
+                       "QUEUES": {"demo": {}}}
+    took_s, error = timed_enqueue()
+    assert isinstance(error, redis.ConnectionError)
+    assert took_s < 3, f"took {took_s:.1f} s, more than ENQUEUE_TIMEOUT's default of 3 s"
+
+
+@pytest.mark.slow
+def test_an_enqueue_to_a_redis_that_does_not_answer_fails_within_enqueue_timeout_while_workers_wait(settings,
+                                                                                                    prefix):
+    from echomq_django.queues import get_queue
+
+    server = RedisServer()
+    server.start()
+    settings.ECHOMQ = {"REDIS_URL": server.url, "PREFIX": prefix, "ENQUEUE_TIMEOUT": 1, "QUEUES": {"demo": {}}}
+    long_running = get_queue("demo", long_running=True)  # the client of workers and sweepers
+    long_running.counts()
+    answers: list[dict[str, int]] = []
+    waiting = threading.Thread(target=lambda: answers.append(long_running.counts()), daemon=True)
+    server.process.send_signal(signal.SIGSTOP)  # connections are accepted, nothing is answered
+    try:
+        stopped_at = time.monotonic()
+        waiting.start()
+        took_s, error = timed_enqueue()
+        assert isinstance(error, (redis.ConnectionError, redis.TimeoutError)), error
+        assert took_s < 1.5, f"took {took_s:.1f} s with ENQUEUE_TIMEOUT 1"
+        time.sleep(max(0.0, stopped_at + 3 - time.monotonic()))  # the outage lasts 3 s, three enqueue timeouts
+        assert answers == [], "nothing answered during the outage"
+    finally:
+        server.process.send_signal(signal.SIGCONT)
+    try:
+        waiting.join(10)
+        assert answers and answers[0]["wait"] == 0, "the long-running client waited the outage out"
+        assert timed_enqueue()[1] is None, "the producer works again"
+    finally:
+        server.stop()
+        server.workdir.cleanup()
+
+
+def test_the_runtime_objects_are_built_once_per_settings_and_again_when_they_change(settings, redis_url, prefix):
+    from echomq_django.queues import get_queue, make_sweeper
+
+    settings.ECHOMQ = {"REDIS_URL": redis_url, "PREFIX": prefix, "QUEUES": {"q": {}}}
+    first, second = get_queue("q"), get_queue("q")
+    assert first.client is second.client and first.scripts is second.scripts, "no scripts registered per enqueue"
+    long_running = get_queue("q", long_running=True)
+    assert long_running.client is not first.client, "workers and sweepers have a client of their own"
+    assert make_sweeper(["q"]).scripts is long_running.scripts
+    settings.ECHOMQ = {**settings.ECHOMQ, "ENQUEUE_TIMEOUT": 1}
+    assert get_queue("q").client is not first.client, "a change of settings builds them again"

@@ -6,7 +6,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
-from echomq_django.conf import get_settings
+from echomq_django.conf import get_settings, parse_settings
 from tests.redis_servers import free_port, redis_server
 
 
@@ -22,6 +22,41 @@ def test_defaults_apply_without_any_setting(settings):
     default = resolved.queue("default")
     assert (default.lock_duration_ms, default.renew_interval_ms, default.sweep_interval_ms) == (30_000, 15_000, 30_000)
     assert (default.max_stalled_count, default.attempts) == (1, 3)
+
+
+def test_the_runtime_without_settings_and_django_without_echomq_agree(settings):
+    """A Queue, Worker and Sweeper built with no options behave as the Django app's defaults say."""
+    from echomq_django.core import DEFAULT_REDIS_URL, Queue, Sweeper, Worker, connect
+    from echomq_django.queues import get_queue, make_sweeper, make_worker
+
+    del settings.ECHOMQ
+    assert get_settings().redis_url == DEFAULT_REDIS_URL  # what connect() takes without a URL
+    client = connect()  # nothing is sent to it
+    bare_queue, django_queue = Queue("default", client), get_queue("default")
+    assert (bare_queue.keys.base, bare_queue.max_payload_bytes, bare_queue.default_opts) == \
+        (django_queue.keys.base, django_queue.max_payload_bytes, django_queue.default_opts)
+    bare_worker, django_worker = Worker("default", print, client), make_worker("default", print)
+    worker_fields = ("concurrency", "lock_duration_ms", "renew_interval_ms", "default_attempts", "keep_completed",
+                     "keep_failed")
+    assert [getattr(bare_worker, f) for f in worker_fields] == [getattr(django_worker, f) for f in worker_fields]
+    assert bare_worker.keys.base == django_worker.keys.base
+    assert Sweeper(client, ["default"]).targets == make_sweeper(["default"]).targets
+
+
+def test_a_wrong_value_falls_back_to_the_default_not_to_another_number():
+    wrong, _ = parse_settings({
+        "PREFIX": "a b", "REDIS_URL": "http://x", "MAX_PAYLOAD_BYTES": 0, "CONFIRM_REPLICAS": -1,
+        "ENQUEUE_TIMEOUT": 0,
+        "QUEUES": {"a": {"ATTEMPTS": 0, "MAX_STALLED_COUNT": -1, "LOCK_DURATION": 0, "SWEEP_INTERVAL": "x",
+                         "LOCK_RENEW_INTERVAL": -1, "CONCURRENCY": 0, "BACKOFF": {"TYPE": "linear"},
+                         "KEEP_COMPLETED": 5, "KEEP_FAILED": {"COUNT": -1}}}})
+    defaults, problems = parse_settings({"QUEUES": {"a": {}}})
+    assert problems == [] and wrong == defaults
+
+
+def test_max_stalled_count_zero_is_kept():
+    resolved, problems = parse_settings({"QUEUES": {"a": {"MAX_STALLED_COUNT": 0}}})
+    assert problems == [] and resolved.queue("a").max_stalled_count == 0
 
 
 def test_per_queue_options_and_rereading_on_change():
@@ -56,6 +91,8 @@ def test_a_correct_setting_passes_the_checks():
     ({"QUEUES": {"a": "fast"}}, "echomq.E006"),
     ({"CONFIRM_REPLICAS": -1}, "echomq.E005"),
     ({"CONFIRM_REPLICAS": 1, "CONFIRM_TIMEOUT": 0}, "echomq.E005"),
+    ({"ENQUEUE_TIMEOUT": 0}, "echomq.E005"),
+    ({"ENQUEUE_TIMEOUT": "3"}, "echomq.E005"),
     ({"REDIS_ULR": "redis://x"}, "echomq.W001"),
     ({"QUEUES": {"a": {"LOCK_DURATON": 5}}}, "echomq.W002"),
 ])
@@ -104,3 +141,28 @@ def test_confirming_more_replicas_than_connected_gets_a_warning(settings, capsys
 def test_the_project_passes_django_checks_and_has_every_migration():
     call_command("check", fail_level="WARNING")
     call_command("makemigrations", "--check", "--dry-run", verbosity=0)
+
+
+def test_the_readmes_configuration_table_matches_the_defaults():
+    """Every key in the README's table with its default, and no other: the table restates conf.py."""
+    import ast
+    import re
+    from pathlib import Path
+
+    from echomq_django.conf import QUEUE_DEFAULTS, TOP_LEVEL_DEFAULTS
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
+    documented = {}
+    for key, default in re.findall(r"^\| `([^`]+)` \| ([^|]+) \|", section, re.MULTILINE):
+        queue_option = re.fullmatch(r'QUEUES\[name\]\["(\w+)"\]', key)
+        documented[("queue", queue_option[1]) if queue_option else ("top", key)] = default.strip().strip("`")
+    in_code = {**{("top", k): v for k, v in TOP_LEVEL_DEFAULTS.items()},
+               **{("queue", k): v for k, v in QUEUE_DEFAULTS.items()}}
+    assert set(documented) == set(in_code)
+    for where, text in documented.items():
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text  # words, such as "half the lock" for None
+        assert value == in_code[where] or (in_code[where] is None and isinstance(value, str)), (where, text)

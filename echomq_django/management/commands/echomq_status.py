@@ -1,27 +1,16 @@
 """`manage.py echomq_status`: jobs per state, marks and the last sweep of each queue."""
 
 import json
-import math
-import time
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from redis.exceptions import ResponseError
 
-from echomq_django.core import COUNTED, InvalidNameError, QueueStateError
+from echomq_django.core import COUNTED, InvalidNameError
 from echomq_django.core.connection import UNREACHABLE
-from echomq_django.core.sweeper import last_sweep
-from echomq_django.queues import get_queue, queue_names
+from echomq_django.queues import queue_names
+from echomq_django.status import describe_sweep, queue_status
 
-
-def queue_status(name: str) -> dict[str, Any]:
-    """Everything the status shows for one queue, as plain data; `error` instead when a key is broken."""
-    queue = get_queue(name)
-    try:
-        return {"queue": name, "paused": queue.is_paused(), "counts": queue.counts(),
-                "last_sweep": last_sweep(queue.client, queue.keys)}
-    except (QueueStateError, ResponseError) as error:  # a key another client gave another Redis type
-        return {"queue": name, "error": str(error)}
+COLUMN = 2 + max(len(state) for state in COUNTED)  # so that no two headers run together
 
 
 class Command(BaseCommand):
@@ -43,7 +32,7 @@ class Command(BaseCommand):
         if as_json:
             self.stdout.write(json.dumps(statuses))
         else:
-            self.stdout.write(f"{'queue':<20}" + "".join(f"{state:>10}" for state in COUNTED) + "  last sweep")
+            self.stdout.write(f"{'queue':<20}" + "".join(f"{state:>{COLUMN}}" for state in COUNTED) + "  last sweep")
             for status in statuses:
                 self.stdout.write(status_line(status))
         broken = [status["queue"] for status in statuses if "error" in status]
@@ -55,22 +44,5 @@ def status_line(status: dict[str, Any]) -> str:
     if "error" in status:
         return f"{status['queue']:<20}  error: {status['error']}"
     name = status["queue"] + (" (paused)" if status["paused"] else "")
-    return (f"{name:<20}" + "".join(f"{status['counts'][s]:>10}" for s in COUNTED)
+    return (f"{name:<20}" + "".join(f"{status['counts'][s]:>{COLUMN}}" for s in COUNTED)
             + "  " + describe_sweep(status["last_sweep"]))
-
-
-def describe_sweep(sweep: Any) -> str:
-    """The last sweep report in one line (the admin's dashboard shows it too)."""
-    if not sweep:
-        return "never"
-    # The report is JSON any client may have written: a field missing or of
-    # another type makes it unreadable, not the status.
-    try:
-        finished_s = float(sweep["finished_at_ms"]) / 1000
-        if not math.isfinite(finished_s):
-            raise ValueError(finished_s)
-        return (f"{max(0.0, time.time() - finished_s):.0f} s ago on {sweep['host']}: marked {sweep['marked']}, "
-                f"recovered {sweep['recovered']}, failed {sweep['failed']}")
-    except (KeyError, TypeError, ValueError):
-        return "unreadable report"
-

@@ -8,10 +8,13 @@ from django.db import DatabaseError, close_old_connections
 
 from echomq_django.core import InvalidNameError, QueueStateError, SweepReport
 from echomq_django.core.connection import UNREACHABLE
+from echomq_django.core.sweeper import last_sweep
 from echomq_django.mirror import sync_queue
 from echomq_django.queues import get_queue, make_sweeper, queue_names
+from echomq_django.status import seconds_since
 
 from ._options import connect_or_fail, non_negative_int, on_stop_signals, positive_seconds
+from ._output import echomq_logs_shown
 
 logger = logging.getLogger("echomq.sweeper")
 
@@ -58,28 +61,38 @@ class Command(BaseCommand):
         connect_or_fail(lambda message: self.stderr.write(self.style.WARNING(message)))
 
         def report(result: SweepReport) -> None:
-            if verbosity >= 2 or (verbosity >= 1 and not result.skipped):
-                self.stdout.write(result.summary())
-            if not result.skipped:
-                self.mirror(result.queue, verbosity)
-
-        try:
-            if once:
-                for result in sweeper.sweep_all(force=force):
-                    report(result)
+            if result.skipped:
+                # A skipped sweep is routine in the loop (other sweepers), news with --once.
+                if once and verbosity >= 1:
+                    self.stdout.write(skipped_line(result.queue))
+                elif verbosity >= 2:
+                    self.stdout.write(result.summary())
                 return
-            on_stop_signals(sweeper.stop)
-            sweeper.run(report, force=force)
-        except QueueStateError as error:
-            raise CommandError(str(error)) from None
-        except UNREACHABLE as error:  # only --once gets here: the loop waits out outages
-            raise CommandError(f"cannot reach Redis: {error}") from None
+            if verbosity >= 1:
+                self.stdout.write(result.summary())
+            self.mirror(result.queue, verbosity)
+
+        with echomq_logs_shown(self, verbosity):
+            try:
+                if once:
+                    for result in sweeper.sweep_all(force=force):
+                        report(result)
+                    return
+                if verbosity >= 1:
+                    self.stdout.write("sweeping " + ", ".join(
+                        f"{target.queue} every {target.interval_ms / 1000:g} s" for target in sweeper.targets))
+                on_stop_signals(sweeper.stop)
+                sweeper.run(report, force=force)
+            except QueueStateError as error:
+                raise CommandError(str(error)) from None
+            except UNREACHABLE as error:  # only --once gets here: the loop waits out outages
+                raise CommandError(f"cannot reach Redis: {error}") from None
 
     def mirror(self, queue: str, verbosity: int) -> None:
         """Bring the admin's copy of this queue's failed and stalled sets up to date."""
         close_old_connections()
         try:
-            synced = sync_queue(get_queue(queue))
+            synced = sync_queue(get_queue(queue, long_running=True))
         except UNREACHABLE:
             raise  # the sweeper's loop waits for Redis and tries again
         except DatabaseError as error:
@@ -93,3 +106,13 @@ class Command(BaseCommand):
             return
         if verbosity >= 2 or (verbosity >= 1 and (synced.written or synced.deleted)):
             self.stdout.write(synced.summary())
+
+
+def skipped_line(queue_name: str) -> str:
+    """Why a sweep of `queue_name` was skipped: the gate, closed by another sweep within its interval."""
+    queue = get_queue(queue_name, long_running=True)
+    try:
+        why = f"another sweep ran {seconds_since(last_sweep(queue.client, queue.keys) or {}):.1f} s ago"
+    except (KeyError, TypeError, ValueError):  # no report yet, or one this package did not write
+        why = "another sweep ran within its interval"
+    return f"queue {queue_name}: skipped: {why}; use --force to sweep now"

@@ -2,16 +2,18 @@
 
 import logging
 import threading
+import time
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.module_loading import autodiscover_modules
 
-from echomq_django.core import InvalidNameError, Worker
+from echomq_django.core import InvalidNameError, Job, Worker
 from echomq_django.jobs import registered_jobs, run_job
 from echomq_django.queues import make_worker, queue_names
 
 from ._options import connect_or_fail, on_stop_signals, positive_int
+from ._output import echomq_logs_shown
 
 logger = logging.getLogger("echomq.worker")
 
@@ -37,7 +39,7 @@ class Command(BaseCommand):
                max_jobs: int | None, verbosity: int, **options: Any) -> None:
         autodiscover_modules("jobs")
         try:
-            workers = [make_worker(name, run_job, concurrency=concurrency) for name in queue_names(queues)]
+            workers = [make_worker(name, run_and_report, concurrency=concurrency) for name in queue_names(queues)]
         except (InvalidNameError, ValueError) as error:
             raise CommandError(str(error)) from None
         connect_or_fail(lambda message: self.stderr.write(self.style.WARNING(message)))
@@ -45,33 +47,53 @@ class Command(BaseCommand):
             names = ", ".join(sorted(registered_jobs())) or "none (add @job functions to an app's jobs.py)"
             self.stdout.write(f"worker on {', '.join(w.keys.queue for w in workers)}; job functions: {names}")
 
-        processed: dict[str, int] = {}
-        crashed: list[str] = []
-
-        def run(worker: Worker) -> None:
-            try:
-                processed[worker.keys.queue] = worker.run(burst=burst, max_jobs=max_jobs)
-            except BaseException:
-                # A worker that can no longer work must not look like one that
-                # finished: stop the others, then exit non-zero.
-                logger.exception("the worker of queue %s stopped on an error", worker.keys.queue)
-                crashed.append(worker.keys.queue)
-                stop_all()
-
-        def stop_all() -> None:
-            for worker in workers:
-                worker.stop()
-
-        threads = [threading.Thread(target=run, args=(worker,), name=f"echomq-worker-{worker.keys.queue}",
-                                    daemon=True) for worker in workers]
-        on_stop_signals(stop_all)
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            while thread.is_alive():
-                thread.join(0.2)
+        with echomq_logs_shown(self, verbosity):
+            processed, crashed = run_all(workers, burst=burst, max_jobs=max_jobs)
         if crashed:
             raise CommandError(f"the worker of queue(s) {', '.join(crashed)} stopped on an error (logged above)")
         if verbosity >= 1:
             self.stdout.write("worker finished: " + ", ".join(
                 f"{queue} {count} job attempt(s)" for queue, count in sorted(processed.items())))
+
+
+def run_all(workers: list[Worker], *, burst: bool, max_jobs: int | None) -> tuple[dict[str, int], list[str]]:
+    """Run each worker on a thread of its own until all return: (job attempts per queue, queues that crashed)."""
+    processed: dict[str, int] = {}
+    crashed: list[str] = []
+
+    def run(worker: Worker) -> None:
+        try:
+            processed[worker.keys.queue] = worker.run(burst=burst, max_jobs=max_jobs)
+        except BaseException:
+            # A worker that can no longer work must not look like one that
+            # finished: stop the others, then exit non-zero.
+            logger.exception("the worker of queue %s stopped on an error", worker.keys.queue)
+            crashed.append(worker.keys.queue)
+            stop_all()
+
+    def stop_all() -> None:
+        for worker in workers:
+            worker.stop()
+
+    threads = [threading.Thread(target=run, args=(worker,), name=f"echomq-worker-{worker.keys.queue}",
+                                daemon=True) for worker in workers]
+    on_stop_signals(stop_all)
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(0.2)
+    return processed, crashed
+
+
+def run_and_report(job: Job) -> Any:
+    """Run a job as the worker's handler does, logging its start and its completion.
+
+    Its failure is logged by the worker, which knows whether it will be retried.
+    """
+    logger.info("job %s of queue %s started: %s, attempt %d of %d",
+                job.id, job.queue, job.name, job.attempts_made + 1, job.opts.attempts)
+    started = time.monotonic()
+    result = run_job(job)
+    logger.info("job %s of queue %s completed in %.0f ms", job.id, job.queue, (time.monotonic() - started) * 1000)
+    return result

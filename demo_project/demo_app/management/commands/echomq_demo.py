@@ -20,12 +20,21 @@ from django.core.signals import setting_changed
 
 from demo_project.demo_app import tasks
 from demo_project.demo_app.jobs import QUEUE, STORY
+from demo_project.demo_app.relay import Relay, SweepNarrator
 from echomq_django.conf import get_settings
 from echomq_django.core import connect
+from echomq_django.core.queue import now_ms
+from echomq_django.core.sweeper import last_sweep
 from echomq_django.queues import get_queue
 
 MANAGE = str(Path(__file__).resolve().parents[4] / "manage.py")
 FINISHED = ("completed", "failed")
+INTRODUCTION = """\
+Each line of a worker or of the sweeper starts with its name. A worker says when a job starts,
+completes or fails; the sweeper sweeps every configured queue, says what each sweep did, and
+keeps the admin's copy of the failed and stalled jobs (the "mirror", in the database) in step.
+"Task id=... state=..." lines are Django's Tasks framework reporting the task add(2, 3), which
+runs on echomq like the jobs."""
 
 
 class Command(BaseCommand):
@@ -43,32 +52,55 @@ class Command(BaseCommand):
         # process, which stops them in order: the processes, then Redis.
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.default_int_handler)
-        children: list[subprocess.Popen] = []
+        self.children: list[tuple[subprocess.Popen, Relay | None]] = []
+        redis_dir: tempfile.TemporaryDirectory | None = None
         try:
             if not os.environ.get("ECHOMQ_REDIS_URL"):
-                children.append(self.start_private_redis())
+                redis_dir = tempfile.TemporaryDirectory(prefix="echomq-demo-redis-")
+                self.start_private_redis(redis_dir.name)
             call_command("migrate", verbosity=0)
-            self.create_admin(port)
-            self.tell_the_story(children)
+            password = self.create_admin(port)
+            sweeper = self.tell_the_story()
+            sweeper.quiet.set()  # from here on its routine lines would bury what follows
+            admin = f"http://127.0.0.1:{port}/admin/"
             if no_serve:
+                self.stdout.write(self.style.SUCCESS(
+                    f"\nThe admin user is admin, password {password}: `python manage.py runserver {port}` "
+                    f"serves the admin at {admin}"))
                 return
+            runserver = self.start("runserver", f"127.0.0.1:{port}", "--noreload", label="runserver")
+            runserver.quiet.set()  # its banner would bury the address; its request log (stderr) shows
             self.stdout.write(self.style.SUCCESS(
-                f"\nThe admin is at http://127.0.0.1:{port}/admin/ (worker and sweeper keep running); "
-                "Ctrl-C stops everything the demo started."))
-            children.append(self.manage("runserver", f"127.0.0.1:{port}", "--noreload", "-v", "0"))
-            children[-1].wait()
+                f"\nThe admin is at {admin} (user admin, password {password}). The worker and the sweeper "
+                "keep running (the sweeper now shows only warnings); Ctrl-C stops everything the demo started."))
+            runserver.process.wait()
         except KeyboardInterrupt:
             self.stdout.write("\nstopping the demo")
         finally:
-            for child in reversed(children):
-                if child.poll() is None:
-                    child.terminate()
-                    child.wait(15)
+            self.stop_children()
+            if redis_dir is not None:
+                redis_dir.cleanup()
 
-    def manage(self, *args: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, MANAGE, *args], start_new_session=True)
+    def start(self, *args: str, label: str, annotate: Any = None) -> Relay:
+        """Run `manage.py *args` in a session of its own, its output relayed under `label`."""
+        process = subprocess.Popen([sys.executable, "-u", MANAGE, *args], start_new_session=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        relay = Relay(process, label, self.stdout, self.stderr, annotate)
+        self.children.append((process, relay))
+        return relay
 
-    def start_private_redis(self) -> subprocess.Popen:
+    def stop_children(self) -> None:
+        for _process, relay in self.children:
+            if relay:
+                relay.quiet.set()  # their goodbyes would only bury the last message
+        for process, relay in reversed(self.children):
+            if process.poll() is None:
+                process.terminate()
+                process.wait(15)
+            if relay:
+                relay.join(5)
+
+    def start_private_redis(self, directory: str) -> None:
         """A throwaway redis-server on a free loopback port, used by every child process."""
         binary = shutil.which("redis-server")
         if not binary:
@@ -78,24 +110,25 @@ class Command(BaseCommand):
             redis_port = probe.getsockname()[1]
         process = subprocess.Popen(
             [binary, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", tempfile.mkdtemp(prefix="echomq-demo-redis-"), "--maxmemory-policy", "noeviction"],
+             "--dir", directory, "--maxmemory-policy", "noeviction"],
             stdout=subprocess.DEVNULL, start_new_session=True)
+        self.children.append((process, None))
         url = f"redis://127.0.0.1:{redis_port}/0"
         os.environ["ECHOMQ_REDIS_URL"] = url  # for the child processes
         settings.ECHOMQ = {**settings.ECHOMQ, "REDIS_URL": url}
         setting_changed.send(sender=type(self), setting="ECHOMQ", value=settings.ECHOMQ, enter=True)
         client = connect(url, retry=None, retry_on_error=[])
-        for _ in range(100):
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
             try:
                 client.ping()
                 self.stdout.write(f"started a private redis-server for the demo at {url}")
-                return process
+                return
             except Exception:
                 time.sleep(0.05)
-        process.terminate()
         raise CommandError(f"the private redis-server on port {redis_port} did not start")
 
-    def create_admin(self, port: int) -> None:
+    def create_admin(self, port: int) -> str:
         password = secrets.token_urlsafe(9)
         user, _ = get_user_model().objects.get_or_create(
             username="admin", defaults={"is_staff": True, "is_superuser": True})
@@ -103,42 +136,52 @@ class Command(BaseCommand):
         user.set_password(password)
         user.save()
         self.stdout.write(f"admin user: admin / {password}  (for http://127.0.0.1:{port}/admin/)")
+        return password
 
-    def tell_the_story(self, children: list[subprocess.Popen]) -> None:
+    def tell_the_story(self) -> Relay:
+        """Enqueue the jobs, let a worker die on one, watch the sweeper and a second worker; returns the sweeper."""
         queue = get_queue(QUEUE)
         queue.obliterate()
         ids = [function.enqueue(*args) for function, args in STORY]
+        names = {job_id: function.func.__name__ for job_id, (function, _) in zip(ids, STORY)}
         task_result = tasks.add.using(queue_name=QUEUE).enqueue(2, 3)  # Django's Tasks framework, on echomq
         self.stdout.write(f"enqueued {len(ids)} jobs on queue {QUEUE!r}: " + ", ".join(
-            f"{job_id} {function.func.__name__}" for job_id, (function, _) in zip(ids, STORY)))
+            f"{job_id} {name}" for job_id, name in names.items()))
+        self.stdout.write(f"\n{INTRODUCTION}\n")
         config = get_settings().queue(QUEUE)
-        first = self.manage("echomq_worker", "--queue", QUEUE, "-v", "0")
-        children.append(first)
-        first.wait(60)
+        first = self.start("echomq_worker", "--queue", QUEUE, label="worker 1")
+        process = first.process
+        process.wait(60)
+        first.join(5)
+        died_in = ", ".join(f"job {job.id} ({names.get(job.id, job.name)})" for job in queue.get_jobs("active"))
         self.stdout.write(self.style.WARNING(
-            f"worker 1 died (exit {first.returncode}) in the middle of a job; its lock lapses within "
-            f"{config.lock_duration_ms / 1000:g} s, then a sweep marks the job and the next one recovers it"))
-        children.append(self.manage("echomq_sweep", "--queue", QUEUE))
-        children.append(self.manage("echomq_worker", "--queue", QUEUE, "-v", "0"))
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not all(queue.get_state(i) in FINISHED for i in ids):
-            time.sleep(0.2)
-        time.sleep(config.sweep_interval_ms / 1000 + 0.5)  # one more sweep updates the admin's copy
+            f"worker 1 died (exit {process.returncode}) in the middle of {died_in or 'a job'}; its lock lapses "
+            f"within {config.lock_duration_ms / 1000:g} s, then a sweep marks the job and the next one recovers it"))
+        sweeper = self.start("echomq_sweep", label="sweeper", annotate=SweepNarrator(queue, names))
+        self.start("echomq_worker", "--queue", QUEUE, label="worker 2")
+        self.wait_for(lambda: all(queue.get_state(i) in FINISHED for i in ids), "the jobs to finish")
+        finished_ms = now_ms()
+        # The sweep after that brings the admin's copy up to date.
+        self.wait_for(lambda: (last_sweep(queue.client, queue.keys) or {}).get("finished_at_ms", 0) > finished_ms,
+                      "a sweep after the jobs finished")
         self.show(queue, ids)
         task_result.refresh()
         self.stdout.write(f"\nDjango task add(2, 3) through the Tasks framework: {task_result.status}, "
                           f"return value {task_result.return_value if task_result.is_finished else '-'}")
+        return sweeper
+
+    def wait_for(self, condition: Any, what: str, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if time.monotonic() > deadline:
+                raise CommandError(f"gave up waiting for {what} after {timeout_s:g} s")
+            time.sleep(0.2)
 
     def show(self, queue: Any, ids: list[str]) -> None:
         self.stdout.write(f"\n{'id':>3}  {'job':<7} {'state':<10} {'attempts':>8} {'stalls':>6}  outcome")
-        unfinished = []
         for job_id in ids:
             job, state = queue.get_job(job_id), queue.get_state(job_id)
-            if state not in FINISHED:
-                unfinished.append(job_id)
             outcome = job.failed_reason if state == "failed" else repr(job.returnvalue)
             short_name = job.name.rsplit(".", 1)[-1]
             self.stdout.write(f"{job_id:>3}  {short_name:<7} {state:<10} {job.attempts_made:>8} "
                               f"{job.stall_count:>6}  {outcome}")
-        if unfinished:
-            raise CommandError(f"jobs {', '.join(unfinished)} did not finish within a minute")
