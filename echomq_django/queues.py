@@ -26,8 +26,11 @@ def _connection(url: str, call_timeout_s: float | None) -> tuple[Any, Scripts]:
     outages of any length; else a producer's, whose calls fail within about
     that many seconds, retries included.
     """
-    client = connect(url) if call_timeout_s is None else connect(url, **bounded_call_options(call_timeout_s))
-    return client, Scripts(client)
+    if call_timeout_s is None:
+        client = connect(url)
+        return client, Scripts(client)
+    client = connect(url, **bounded_call_options(call_timeout_s))
+    return client, Scripts(client, reroute_s=call_timeout_s / 2)  # on a cluster, the failover wait fits too
 
 
 def bounded_call_options(timeout_s: float) -> dict[str, Any]:

@@ -43,8 +43,10 @@ class Confirm:
 class ScriptClient:
     """The protocol's scripts registered on one client, and the ways to call them."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, *, reroute_s: float = _REROUTE_S) -> None:
+        """`reroute_s`: how long a batch on a cluster keeps looking for the new owner of its slot."""
         self.client = client
+        self.reroute_s = reroute_s
         self._scripts = {name: client.register_script(script_source(name)) for name in script_names()}
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
@@ -96,7 +98,7 @@ class ScriptClient:
         replies: list[Any] = [None] * len(calls)
         pending = list(range(len(calls)))
         acked: int | None = None  # the fewest replicas any round's writes reached
-        reloads, deadline, pause = 0, time.monotonic() + _REROUTE_S, 0.05
+        reloads, deadline, pause = 0, time.monotonic() + self.reroute_s, 0.05
         while pending:
             try:
                 answers, round_acked = self._pipelined([calls[i] for i in pending], confirm)
