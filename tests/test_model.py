@@ -136,6 +136,17 @@ class QueueMachine(RuleBasedStateMachine):
         kill_lock(self.queue, job_id)
         self.jobs[job_id].lock_alive = False
 
+    @precondition(lambda self: any(j.lock_alive for j in self.jobs.values()))
+    @rule()
+    def workers_die_and_two_sweeps_pass(self) -> None:
+        """The fault the sweep exists for, in one step, so that recoveries are frequent."""
+        for job_id, job in self.jobs.items():
+            if job.lock_alive:
+                kill_lock(self.queue, job_id)
+                job.lock_alive = False
+        self.forced_sweep()
+        self.forced_sweep()
+
     @rule()
     def forced_sweep(self) -> None:
         self.sweeper.sweep(self.sweeper.targets[0], force=True)
