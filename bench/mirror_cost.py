@@ -73,6 +73,7 @@ def main() -> None:
     from django.core.management import call_command
     from django.db import connection
     from django.test import Client
+    from django.urls import reverse
 
     from echomq_django.core.queue import now_ms
     from echomq_django.mirror import sync_queue
@@ -103,11 +104,12 @@ def main() -> None:
 
         browser = Client()
         browser.force_login(User.objects.create_superuser(f"bench-{uuid.uuid4().hex[:6]}", password="x"))
-        detail_pk = FailedJob.objects.only("pk").first().pk
+        detail = FailedJob.objects.only("queue", "job_id").first()
+        detail_url = reverse("admin:echomq_failedjob_job", args=[detail.queue, detail.job_id])
         for label, url in (("failed list, first page", "/admin/echomq/failedjob/"),
                            ("failed list, search", "/admin/echomq/failedjob/?q=declined"),
                            ("failed list, filter by name", "/admin/echomq/failedjob/?name=billing.charge3"),
-                           ("failed job detail", f"/admin/echomq/failedjob/{detail_pk}/change/")):
+                           ("failed job detail", detail_url)):
             ms, response = timed(lambda url=url: browser.get(url), repeat=5)
             assert response.status_code == 200, (url, response.status_code)
             print(f"{label:<32} {ms:>9.1f} ms   (median of 5, {len(response.content) // 1024} KiB)")

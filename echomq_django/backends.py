@@ -29,10 +29,19 @@ from django.utils.module_loading import import_string
 
 from .checks import echomq_settings_readable
 from .conf import get_settings
-from .core import Backoff, InvalidNameError, Job, PayloadError, UnrecoverableError, validate_job_id, validate_name
-from .core.errors import fail_for_good
-from .core.job import datetime_from_ms, encode_json
-from .core.queue import now_ms
+from .core import (
+    Backoff,
+    InvalidNameError,
+    Job,
+    PayloadError,
+    UnrecoverableError,
+    datetime_from_ms,
+    encode_json,
+    fail_for_good,
+    now_ms,
+    validate_job_id,
+    validate_name,
+)
 from .jobs import unserved_queue
 from .queues import get_queue
 from .tasks_compat import (

@@ -27,9 +27,17 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from .core import Backoff, Confirm, InvalidNameError, Retention, defaults, validate_name
-from .core.connection import RedisURLError, parse_redis_url
-from .core.keys import ALPHABET
+from .core import (
+    ALPHABET,
+    Backoff,
+    Confirm,
+    InvalidNameError,
+    RedisURLError,
+    Retention,
+    defaults,
+    parse_redis_url,
+    validate_name,
+)
 
 # The runtime's defaults (core/defaults.py, in ms) in the settings' units (seconds),
 # so that a value left out means the same with or without Django.

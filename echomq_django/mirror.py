@@ -7,6 +7,12 @@ comparison runs only when the counts of Redis and the mirror disagree (a job
 left the failed set, or arrived with an old score), so a queue with 100,000
 failed jobs and no news costs two counts and one short range read.
 
+`echomq_sweep` syncs without a limit after every sweep. The admin syncs each
+time a list is opened, with a limit (`sync_queue(queue, limit=...)`), so a
+large backlog cannot hold the page: then only the newest failures are copied,
+the whole-set comparison is left to the sweeper, and the result says the copy
+is incomplete. The cursor's `synced_at` is the time of the last complete sync.
+
 Redis may hold what no other client checked (scores of 1e20 or inf, counters
 no column holds): such a job is clamped into range or, if the database still
 refuses its row, skipped and logged, so it never hides the other jobs.
@@ -17,22 +23,34 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 from django.db import DatabaseError, transaction
+from django.utils import timezone
 
-from .core import Job, Queue
-from .core.job import datetime_from_ms
-from .core.queue import batched, now_ms
+from .core import (
+    Job,
+    Queue,
+    count_failed_since,
+    datetime_from_ms,
+    failed_by_rank,
+    failed_count,
+    failed_since,
+    read_jobs,
+)
 from .models import JobRecord, MirrorCursor
 
+T = TypeVar("T")
 BATCH = 1000
 # How far before the cursor each sync looks again for failed jobs: covers
 # workers whose clocks run a little behind the one that moved the cursor. A job
 # scored further back is still found: the counts then disagree and the sync
 # compares the whole set.
 CLOCK_MARGIN_MS = 5_000
+# A limited sync compares the whole set only up to this many times its limit of ids.
+COMPARE_FACTOR = 20
 # The range of score_ms (a BigIntegerField, 64 bits).
 SCORE_MIN_MS, SCORE_MAX_MS = -(2**63), 2**63 - 1
 UPDATE_FIELDS = ["name", "state", "data", "opts", "attempts_made", "stall_count", "failed_reason",
@@ -48,11 +66,16 @@ class SyncResult:
     deleted: int
     compared_all: bool
     duration_ms: float
+    # False: a limited sync left work for the next one; the rows may miss up to
+    # `pending` failed or marked jobs, or still hold some that left Redis.
+    complete: bool = True
+    pending: int = 0
 
     def summary(self) -> str:
         full = ", compared all ids" if self.compared_all else ""
+        behind = "" if self.complete else f", incomplete (about {self.pending} job(s) left for the next sync)"
         return (f"mirror of {self.queue}: {self.written} row(s) written, {self.deleted} deleted "
-                f"in {self.duration_ms:.0f} ms{full}")
+                f"in {self.duration_ms:.0f} ms{full}{behind}")
 
 
 def clamped_score_ms(score: float) -> int:
@@ -64,6 +87,12 @@ def clamped_score_ms(score: float) -> int:
     if math.isinf(score):
         return SCORE_MAX_MS if score > 0 else SCORE_MIN_MS
     return min(max(int(score), SCORE_MIN_MS), SCORE_MAX_MS)
+
+
+def _batches(items: Iterable[T], size: int = BATCH) -> Iterator[list[T]]:
+    ordered = list(items)
+    for start in range(0, len(ordered), size):
+        yield ordered[start:start + size]
 
 
 def _record(job: Job, state: str, score_ms: int | None) -> JobRecord:
@@ -78,17 +107,11 @@ def _record(job: Job, state: str, score_ms: int | None) -> JobRecord:
 
 def _write(queue: Queue, state: str, scored_ids: list[tuple[str, int | None]]) -> int:
     """Read these jobs' hashes in one pipeline and upsert their rows in one statement."""
-    pipe = queue.client.pipeline(transaction=False)
-    for job_id, _score in scored_ids:
-        pipe.hgetall(queue.keys.job(job_id))
     records = []
-    for (job_id, score), fields in zip(scored_ids, pipe.execute(raise_on_error=False)):
-        wrong_type = isinstance(fields, Exception)  # a key another client overwrote
-        job = Job.from_hash(queue.name, job_id, {} if wrong_type else fields)
-        if wrong_type:
-            job.failed_reason = "the job key holds another type than a hash"
-        elif not fields:
-            job.failed_reason = "the job hash no longer exists in Redis"
+    for (_job_id, score), read in zip(scored_ids, read_jobs(queue, [job_id for job_id, _ in scored_ids])):
+        job = read.job or Job.from_hash(queue.name, read.job_id, {})
+        if read.problem:
+            job.failed_reason = read.problem
         records.append(_record(job, state, score))
     try:
         _upsert(records)
@@ -115,7 +138,7 @@ def _upsert(records: list[JobRecord]) -> None:
 
 def _delete(queue: Queue, state: str, job_ids: Iterable[str]) -> int:
     deleted = 0
-    for batch in batched(job_ids, BATCH):
+    for batch in _batches(job_ids):
         deleted += JobRecord.objects.filter(queue=queue.name, state=state, job_id__in=batch).delete()[0]
     return deleted
 
@@ -126,62 +149,111 @@ def _new_or_changed(queue: Queue, state: str, scored_ids: list[tuple[str, int | 
     return [(job_id, score) for job_id, score in scored_ids if job_id not in known or known[job_id] != score]
 
 
-def _sync_failed_since(queue: Queue, since_ms: int) -> tuple[int, int]:
-    """Upsert failed jobs scored at or after `since_ms`; returns (rows written, highest score)."""
+def _copy_failed(queue: Queue, page: list[tuple[str, float]]) -> int:
+    """Upsert the rows of these (id, score) pairs of the failed set that are new or changed."""
+    changed = _new_or_changed(queue, JobRecord.State.FAILED,
+                              [(job_id, clamped_score_ms(score)) for job_id, score in page])
+    return _write(queue, JobRecord.State.FAILED, changed) if changed else 0
+
+
+def _sync_failed_since(queue: Queue, since_ms: int, limit: int | None = None) -> tuple[int, int, bool]:
+    """Upsert failed jobs scored at or after `since_ms`, oldest first.
+
+    Returns (rows written, highest score read, whether it read them all). With
+    `limit`, it stops once it wrote that many rows or read COMPARE_FACTOR times
+    as many ids; everything scored below the highest score read is then copied.
+    """
     written, highest, offset = 0, since_ms, 0
-    while True:
-        page = queue.client.zrangebyscore(queue.keys.failed, since_ms, "+inf", start=offset, num=BATCH,
-                                          withscores=True)
-        if not page:
-            return written, highest
-        scored = [(job_id, clamped_score_ms(score)) for job_id, score in page]
-        highest = max(highest, scored[-1][1])
-        changed = _new_or_changed(queue, JobRecord.State.FAILED, scored)
-        if changed:
-            written += _write(queue, JobRecord.State.FAILED, changed)
+    page_size = BATCH if limit is None else min(BATCH, limit)
+    while page := failed_since(queue, since_ms, offset=offset, count=page_size):
+        highest = max(highest, clamped_score_ms(page[-1][1]))
+        written += _copy_failed(queue, page)
         offset += len(page)
+        if limit is not None and (written >= limit or offset >= limit * COMPARE_FACTOR):
+            return written, highest, not failed_since(queue, since_ms, offset=offset, count=1)
+    return written, highest, True
+
+
+def _copy_newest_failed(queue: Queue, limit: int) -> int:
+    """Upsert the newest `limit` failed jobs that are new or changed."""
+    written = 0
+    for offset in range(0, limit, BATCH):
+        page = failed_since(queue, -math.inf, offset=offset, count=min(BATCH, limit - offset), newest_first=True)
+        written += _copy_failed(queue, page)
+    return written
 
 
 def _compare_all_failed(queue: Queue) -> tuple[int, int]:
     """Make the failed rows equal the failed set, id by id; returns (written, deleted)."""
     in_redis: dict[str, int] = {}
-    for start in range(0, queue.client.zcard(queue.keys.failed), BATCH * 10):
-        for job_id, score in queue.client.zrange(queue.keys.failed, start, start + BATCH * 10 - 1, withscores=True):
+    for start in range(0, failed_count(queue), BATCH * 10):
+        for job_id, score in failed_by_rank(queue, start, BATCH * 10):
             in_redis[job_id] = clamped_score_ms(score)
     in_mirror = set(JobRecord.objects.filter(queue=queue.name, state=JobRecord.State.FAILED)
                     .values_list("job_id", flat=True).iterator(chunk_size=10_000))
     written = 0
-    for batch in batched(sorted(set(in_redis) - in_mirror), BATCH):
+    for batch in _batches(sorted(set(in_redis) - in_mirror)):
         written += _write(queue, JobRecord.State.FAILED, [(job_id, in_redis[job_id]) for job_id in batch])
     return written, _delete(queue, JobRecord.State.FAILED, in_mirror - set(in_redis))
 
 
-def _sync_stalled(queue: Queue) -> tuple[int, int]:
+def _sync_stalled(queue: Queue, limit: int | None) -> tuple[int, int, int]:
+    """Make the stalled rows follow the marks; returns (written, deleted, marks left uncopied)."""
     in_redis = queue.stalled_ids()
     in_mirror = set(JobRecord.objects.filter(queue=queue.name, state=JobRecord.State.STALLED)
                     .values_list("job_id", flat=True))
+    new = sorted(in_redis - in_mirror)
+    copied = new if limit is None else new[:limit]
     written = 0
-    for batch in batched(sorted(in_redis - in_mirror), BATCH):
+    for batch in _batches(copied):
         written += _write(queue, JobRecord.State.STALLED, [(job_id, None) for job_id in batch])
-    return written, _delete(queue, JobRecord.State.STALLED, in_mirror - in_redis)
+    return written, _delete(queue, JobRecord.State.STALLED, in_mirror - in_redis), len(new) - len(copied)
 
 
-def sync_queue(queue: Queue) -> SyncResult:
-    """Bring the mirror of one queue's failed and stalled sets up to date."""
+def sync_queue(queue: Queue, *, limit: int | None = None) -> SyncResult:
+    """Bring the mirror of one queue's failed and stalled sets up to date.
+
+    With `limit`, write about that many rows of each set at most, and compare
+    whole sets only while neither side holds more than COMPARE_FACTOR * limit ids. A larger backlog of
+    failures is copied from both ends: the oldest (the cursor moves past them)
+    and the newest (the first page of the admin's list); the rest is left to
+    the next sync, and the result says so.
+    """
     started = time.perf_counter()
-    cursor, _ = MirrorCursor.objects.get_or_create(queue=queue.name)
-    written, highest = _sync_failed_since(queue, max(0, cursor.failed_through_ms - CLOCK_MARGIN_MS))
-    deleted, compared_all = 0, False
-    mirrored = JobRecord.objects.filter(queue=queue.name, state=JobRecord.State.FAILED).count()
-    if mirrored != queue.client.zcard(queue.keys.failed):
-        more_written, deleted = _compare_all_failed(queue)
-        written, compared_all = written + more_written, True
-    stalled_written, stalled_deleted = _sync_stalled(queue)
+    cursor = MirrorCursor.objects.filter(queue=queue.name).first()
+    since = max(0, (cursor.failed_through_ms if cursor else 0) - CLOCK_MARGIN_MS)
+    deleted, compared_all, pending = 0, False, 0
+    written, highest, read_all = _sync_failed_since(queue, since, limit)
+    if not read_all and limit is not None:
+        written += _copy_newest_failed(queue, limit)
+        pending = max(1, count_failed_since(queue, highest) - limit)
+    else:
+        in_redis = failed_count(queue)
+        mirrored = JobRecord.objects.filter(queue=queue.name, state=JobRecord.State.FAILED).count()
+        if mirrored != in_redis and (limit is None or max(in_redis, mirrored) <= limit * COMPARE_FACTOR):
+            more_written, deleted = _compare_all_failed(queue)
+            written, compared_all = written + more_written, True
+        elif mirrored != in_redis:
+            pending = abs(in_redis - mirrored)
+    stalled_written, stalled_deleted, stalled_pending = _sync_stalled(queue, limit)
+    pending += stalled_pending
+    _advance(queue.name, cursor, highest, complete=not pending)
+    return SyncResult(queue.name, written + stalled_written, deleted + stalled_deleted, compared_all,
+                      (time.perf_counter() - started) * 1000, complete=not pending, pending=pending)
+
+
+def _advance(queue_name: str, cursor: MirrorCursor | None, highest_ms: int, *, complete: bool) -> None:
+    """Move the cursor to `highest_ms`, and stamp `synced_at` when the sync left nothing behind."""
     # Never past the present: a job scored in the far future (1e20, inf) would
     # otherwise leave every later failure behind the cursor, found only by a
     # whole-set comparison. Jobs scored ahead of now are simply read again.
-    through_ms = min(highest, now_ms())
-    if through_ms > cursor.failed_through_ms:
-        MirrorCursor.objects.filter(pk=cursor.pk).update(failed_through_ms=through_ms)
-    return SyncResult(queue.name, written + stalled_written, deleted + stalled_deleted, compared_all,
-                      (time.perf_counter() - started) * 1000)
+    through_ms = min(highest_ms, int(time.time() * 1000))
+    changes: dict[str, object] = {}
+    if through_ms > (cursor.failed_through_ms if cursor else 0):
+        changes["failed_through_ms"] = through_ms
+    if complete:
+        changes["synced_at"] = timezone.now()
+    if cursor is None:
+        MirrorCursor.objects.get_or_create(queue=queue_name, defaults=changes)
+    elif changes:
+        MirrorCursor.objects.filter(pk=cursor.pk).update(**changes)

@@ -78,7 +78,9 @@ class MirrorCursor(models.Model):
 
     queue = models.CharField(max_length=128, unique=True)
     failed_through_ms = models.BigIntegerField(default=0)
-    synced_at = models.DateTimeField(auto_now=True)
+    # When a sync last left the rows equal to Redis (None: never); a sync the
+    # admin limits may leave some for the next one, and does not set it.
+    synced_at = models.DateTimeField("last complete sync", null=True, blank=True)
 
 
 class Queue(models.Model):

@@ -14,8 +14,7 @@ from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from .conf import get_settings
-from .core import Confirm, JobOptions, Queue, Scripts, Sweeper, SweepTarget, connect
-from .core.worker import Handler, Worker
+from .core import Confirm, Handler, JobOptions, Queue, Scripts, Sweeper, SweepTarget, Worker, connect
 
 
 @functools.cache

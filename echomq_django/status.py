@@ -8,8 +8,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from .core import QueueStateError
-from .core.sweeper import last_sweep
+from .core import QueueStateError, last_sweep
 from .queues import get_queue
 
 

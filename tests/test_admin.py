@@ -8,7 +8,7 @@ from django.urls import reverse
 from echomq_django.core import JobOptions
 from echomq_django.mirror import sync_queue
 from echomq_django.models import FailedJob
-from tests.helpers import fetch, kill_lock, sweep
+from tests.helpers import fetch, finish_attempt, kill_lock, sweep
 
 pytestmark = pytest.mark.django_db
 HOSTILE = '<script>alert("x")</script>'
@@ -33,7 +33,7 @@ def superuser_client(echomq_settings) -> Client:
 def failed_job(queue, data=None, reason="boom", stacktrace="", name="work") -> str:
     job_id = queue.add(name, data if data is not None else {"n": 1}, opts=JobOptions(attempts=1))
     fetch(queue, token="t")
-    queue.scripts.move_to_finished(queue.keys, job_id, "t", 1_700_000_000_000, completed=False, value=reason,
+    finish_attempt(queue, job_id, "t", 1_700_000_000_000, completed=False, value=reason,
                                    stacktrace=stacktrace, default_attempts=1)
     sync_queue(queue)
     return job_id
@@ -48,6 +48,13 @@ def stalled_jobs(queue, *attempts: int) -> list[str]:
     sweep(queue)
     sync_queue(queue)
     return ids
+
+
+CONFIRMED = {"post": "yes"}
+
+
+def job_page(job_id: str, queue_name: str = "q", model: str = "failedjob") -> str:
+    return reverse(f"admin:echomq_{model}_job", args=[queue_name, job_id])
 
 
 URLS = {
@@ -69,8 +76,9 @@ def test_staff_without_permissions_sees_and_changes_nothing(echomq_settings, que
     assert reverse("admin:echomq_failedjob_changelist") not in nobody.get(reverse("admin:index")).content.decode()
     for url in URLS.values():
         assert nobody.get(url()).status_code == 403
-    detail = reverse("admin:echomq_failedjob_change", args=[FailedJob.objects.get().pk])
-    assert nobody.get(detail).status_code == 403
+    assert nobody.get(job_page(job_id)).status_code == 403
+    for view in ("job_retry", "job_delete"):
+        assert nobody.post(reverse(f"admin:echomq_failedjob_{view}", args=["q", job_id])).status_code == 403
     for name in ("echomq_queue_sweep", "echomq_queue_retry_failed", "echomq_queue_clean_failed"):
         assert nobody.post(reverse(f"admin:{name}", args=["q"]), {"days": "0"}).status_code == 403
     assert queue.get_state(job_id) == "failed"
@@ -126,16 +134,16 @@ def test_failed_changelist_searches_and_filters(superuser_client, queue):
 
 
 def test_detail_page_shows_pretty_json_and_the_trace_escaped(superuser_client, queue):
-    failed_job(queue, data={"payload": HOSTILE, "nested": {"a": 1}}, reason=HOSTILE, stacktrace=f"Trace {HOSTILE}")
-    row = FailedJob.objects.get()
-    page = superuser_client.get(reverse("admin:echomq_failedjob_change", args=[row.pk])).content.decode()
+    job_id = failed_job(queue, data={"payload": HOSTILE, "nested": {"a": 1}}, reason=HOSTILE,
+                        stacktrace=f"Trace {HOSTILE}")
+    page = superuser_client.get(job_page(job_id)).content.decode()
     assert "<script>alert" not in page
     assert page.count(ESCAPED) >= 2 and page.count("&lt;script&gt;") >= 3
     assert "&quot;nested&quot;: {\n" in page, "data shown as indented JSON"
 
 
 def test_hostile_job_data_is_escaped_in_every_list(superuser_client, queue):
-    failed_job(queue, reason=HOSTILE, name=HOSTILE)
+    failed = failed_job(queue, reason=HOSTILE, name=HOSTILE)
     stalled = queue.add(HOSTILE, {"html": HOSTILE})
     fetch(queue)
     kill_lock(queue, stalled)
@@ -146,6 +154,9 @@ def test_hostile_job_data_is_escaped_in_every_list(superuser_client, queue):
         assert "<script>alert" not in page
     for url in (URLS["failed"](), URLS["stalled"]()):
         assert ESCAPED in superuser_client.get(url).content.decode(), "shown, escaped"
+    for url in (job_page(failed), job_page(stalled, model="stalledjob")):
+        page = superuser_client.get(url).content.decode()
+        assert "<script>alert" not in page and ESCAPED in page
 
 
 def post_action(client, action, rows):
@@ -185,12 +196,13 @@ def test_delete_selected_removes_the_jobs_from_redis(echomq_settings, queue):
 def test_retry_all_failed_and_clean_old_failed(echomq_settings, queue):
     ids = [failed_job(queue) for _ in range(3)]
     operator = staff("operator", "view_queue", "retry_failedjob", "delete_failedjob")
-    operator.post(reverse("admin:echomq_queue_retry_failed", args=["q"]))
+    operator.post(reverse("admin:echomq_queue_retry_failed", args=["q"]), CONFIRMED)
     assert [queue.get_state(i) for i in ids] == ["wait"] * 3 and not FailedJob.objects.exists()
 
     queue.client.delete(queue.keys.wait)
     old = failed_job(queue)  # failed at 1_700_000_000_000 ms: long ago
-    response = operator.post(reverse("admin:echomq_queue_clean_failed", args=["q"]), {"days": "1"}, follow=True)
+    response = operator.post(reverse("admin:echomq_queue_clean_failed", args=["q"]), {"days": "1", **CONFIRMED},
+                             follow=True)
     assert "1 failed job(s) of q older than 1 day(s) deleted" in response.content.decode()
     assert queue.get_job(old) is None and not FailedJob.objects.exists()
     for bad in ("soon", "nan", "inf", "-1"):
@@ -249,8 +261,9 @@ def test_dashboard_shows_a_broken_queue_as_an_error_and_the_others(superuser_cli
 def test_buttons_of_a_broken_queue_answer_with_a_message(superuser_client, echomq_settings, queue, redis_client,
                                                          prefix, name):
     broken_queues(echomq_settings, queue, redis_client, prefix)
-    response = superuser_client.post(reverse(f"admin:{name}", args=["broken"]), {"days": "1"}, follow=True)
-    assert response.status_code == 200 and "wrong type" in response.content.decode()
+    for data in ({"days": "1"}, {"days": "1", **CONFIRMED}):  # the confirmation page, then the change
+        response = superuser_client.post(reverse(f"admin:{name}", args=["broken"]), data, follow=True)
+        assert response.status_code == 200 and "wrong type" in response.content.decode()
 
 
 @pytest.mark.parametrize("last_sweep", ["not json", "[1, 2]", '{"marked": 1}', '{"finished_at_ms": "soon"}',
@@ -296,3 +309,170 @@ def test_actions_on_a_mirrored_job_with_an_id_no_longer_valid_answer_with_a_mess
                                      follow=True)
     assert response.status_code == 200 and "may hold only" in response.content.decode()
     assert queue.client.zscore(queue.keys.failed, "ümlaut id") is not None
+
+
+# -- the list shows what Redis has now (C2) --------------------------------------------------------
+
+def fail_unsynced(queue, name="work", count=1, reason="boom") -> list[str]:
+    """Jobs that fail after the mirror's last sync (no sweep has copied them)."""
+    ids = [queue.add(name, {"n": n}, opts=JobOptions(attempts=1)) for n in range(count)]
+    for n, (job_id, _) in enumerate(fetch(queue, token="late", count=count)):
+        finish_attempt(queue, job_id, "late", 1_700_000_000_000 + n * 60_000, completed=False,
+                                       value=f"{reason} {n}", default_attempts=1)
+    return ids
+
+
+def test_the_failed_list_shows_a_job_that_failed_since_the_last_sync(superuser_client, queue):
+    failed_job(queue)
+    [late] = fail_unsynced(queue, reason="failed after the sweep")
+    page = superuser_client.get(URLS["failed"]()).content.decode()
+    assert "failed after the sweep 0" in page and job_page(late) in page
+    assert "copied from Redis as this page opened" in page and "Last complete copy: 20" in page
+
+
+def test_the_stalled_list_shows_marks_made_since_the_last_sync_and_drops_recovered_ones(superuser_client, queue):
+    [recovered] = stalled_jobs(queue, 3)
+    fresh = queue.add("work", job_id="marked-later")
+    fetch(queue, token="another-worker")
+    kill_lock(queue, fresh)
+    sweep(queue)  # recovers the first, marks the second; nobody syncs the mirror
+    page = superuser_client.get(URLS["stalled"]()).content.decode()
+    assert job_page(fresh, model="stalledjob") in page
+    assert job_page(recovered, model="stalledjob") not in page
+
+
+def test_a_large_backlog_is_copied_only_in_part_when_the_list_opens(superuser_client, queue, monkeypatch):
+    from echomq_django import admin as echomq_admin
+
+    monkeypatch.setattr(echomq_admin, "VIEW_SYNC_LIMIT", 2)
+    fail_unsynced(queue, count=9, reason="late failure")
+    page = superuser_client.get(URLS["failed"]()).content.decode()
+    assert FailedJob.objects.count() == 4, "the two oldest and the two newest"
+    assert "late failure 8" in page and "job(s) are not copied yet" in page and "Last complete copy: never" in page
+    sync_queue(queue)  # the sweeper's sync copies the rest
+    page = superuser_client.get(URLS["failed"]()).content.decode()
+    assert FailedJob.objects.count() == 9 and "copied from Redis as this page opened" in page
+
+
+# -- no row-id pages (C6), job pages by queue and job id (C7) ---------------------------------------
+
+@pytest.mark.parametrize("url", ["/admin/echomq/queue/1/change/", "/admin/echomq/queue/1/history/",
+                                 "/admin/echomq/queue/1/delete/", "/admin/echomq/queue/1/",
+                                 "/admin/echomq/queue/add/", "/admin/echomq/failedjob/1/change/",
+                                 "/admin/echomq/failedjob/1/history/", "/admin/echomq/failedjob/1/delete/",
+                                 "/admin/echomq/stalledjob/1/change/"])
+def test_row_id_pages_do_not_exist(superuser_client, queue, url):
+    failed_job(queue)
+    assert superuser_client.get(url).status_code == 404
+    assert superuser_client.post(url, CONFIRMED).status_code in (404, 405)
+
+
+@pytest.mark.parametrize("queue_name, job_id", [("q", "no-such-job"), ("unknown", "job-1"), ("q", ".."),
+                                                ("q", "a\u200bb"), ("bad{name}", "x"), ("q", "x" * 300)])
+def test_a_job_page_of_a_job_or_queue_that_does_not_exist_is_404(superuser_client, queue_name, job_id):
+    assert superuser_client.get(f"/admin/echomq/failedjob/{queue_name}/{job_id}/").status_code == 404
+
+
+def test_the_failed_list_links_each_job_to_its_page_by_queue_and_job_id(superuser_client, queue):
+    job_id = failed_job(queue)
+    page = superuser_client.get(URLS["failed"]()).content.decode()
+    assert f'href="/admin/echomq/failedjob/q/{job_id}/"' in page
+    detail = superuser_client.get(job_page(job_id)).content.decode()
+    assert "2023-11-14 22:13:20 UTC" in detail, "times to the second"
+    assert "state now" in detail and "failed" in detail
+
+
+def test_the_job_page_retries_by_post_with_csrf_and_permission(echomq_settings, queue):
+    job_id = failed_job(queue)
+    url = reverse("admin:echomq_failedjob_job_retry", args=["q", job_id])
+    viewer = staff("viewer", "view_failedjob")
+    page = viewer.get(job_page(job_id)).content.decode()
+    assert url not in page and "Retry" not in page
+    assert viewer.post(url).status_code == 403
+    retrier = staff("retrier", "view_failedjob", "retry_failedjob")
+    assert f'action="{url}"' in retrier.get(job_page(job_id)).content.decode()
+    assert retrier.get(url).status_code == 405
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(User.objects.get(username="retrier"))
+    assert strict.post(url).status_code == 403 and queue.get_state(job_id) == "failed"
+    response = retrier.post(url, follow=True)
+    assert f"Job {job_id} of q sent back to wait." in response.content.decode()
+    assert queue.get_state(job_id) == "wait" and not FailedJob.objects.exists()
+    assert retrier.get(job_page(job_id)).status_code == 404, "no longer failed, and no row: not a failed job"
+
+
+def test_the_job_page_deletes_only_after_a_confirmation(echomq_settings, queue):
+    job_id = failed_job(queue)
+    url = reverse("admin:echomq_failedjob_job_delete", args=["q", job_id])
+    deleter = staff("deleter", "view_failedjob", "delete_failedjob")
+    confirm = deleter.post(url).content.decode()
+    assert "this cannot be undone" in confirm and 'name="post" value="yes"' in confirm
+    assert queue.get_state(job_id) == "failed"
+    deleter.post(url, CONFIRMED)
+    assert queue.get_job(job_id) is None and not FailedJob.objects.exists()
+    assert staff("viewer", "view_failedjob").post(url, CONFIRMED).status_code == 403
+
+
+def test_a_job_page_shows_the_copy_when_redis_lost_the_job(superuser_client, queue):
+    job_id = failed_job(queue, reason=HOSTILE)
+    queue.client.delete(queue.keys.job(job_id))
+    queue.client.zrem(queue.keys.failed, job_id)
+    page = superuser_client.get(job_page(job_id)).content.decode()
+    assert "Redis no longer has this job" in page and ESCAPED in page and "<script>alert" not in page
+
+
+def test_a_stalled_job_page_says_what_the_next_sweep_will_do(superuser_client, queue):
+    [job_id] = stalled_jobs(queue, 1)
+    page = superuser_client.get(job_page(job_id, model="stalledjob")).content.decode()
+    assert "fail it: attempt ceiling (1 of 1)" in page and "gone" in page
+
+
+# -- bulk buttons ask first (C8) --------------------------------------------------------------------
+
+def test_retry_all_failed_asks_first_and_acts_only_on_the_confirming_post(echomq_settings, queue):
+    ids = [failed_job(queue) for _ in range(2)]
+    operator = staff("operator", "view_queue", "retry_failedjob")
+    url = reverse("admin:echomq_queue_retry_failed", args=["q"])
+    page = operator.post(url).content.decode()
+    assert "Send all 2 failed job(s) of queue q back to wait?" in page and 'name="post" value="yes"' in page
+    assert [queue.get_state(i) for i in ids] == ["failed"] * 2
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(User.objects.get(username="operator"))
+    assert strict.post(url, CONFIRMED).status_code == 403 and queue.get_state(ids[0]) == "failed"
+    operator.post(url, CONFIRMED)
+    assert [queue.get_state(i) for i in ids] == ["wait"] * 2
+
+
+def test_clean_failed_asks_first_saying_how_many_it_would_delete(echomq_settings, queue):
+    ids = [failed_job(queue) for _ in range(3)]
+    operator = staff("operator", "view_queue", "delete_failedjob")
+    url = reverse("admin:echomq_queue_clean_failed", args=["q"])
+    page = operator.post(url, {"days": "0"}).content.decode()
+    assert "Delete all 3 failed job(s) of queue q?" in page and 'name="days" value="0"' in page
+    assert operator.post(url, {"days": "36500"}).content.decode().count("Delete 0 failed job(s)") == 1
+    assert [queue.get_state(i) for i in ids] == ["failed"] * 3
+    operator.post(url, {"days": "0", **CONFIRMED})
+    assert [queue.get_job(i) for i in ids] == [None] * 3
+
+
+# -- search inside the name (C9) --------------------------------------------------------------------
+
+def test_search_finds_a_function_by_a_part_of_its_dotted_name(superuser_client, queue):
+    failed_job(queue, name="demo_project.demo_app.jobs.doomed", reason="gave up")
+    failed_job(queue, name="demo_project.demo_app.jobs.flaky", reason="timeout")
+    page = superuser_client.get(URLS["failed"]() + "?q=DOOMED").content.decode()
+    assert "gave up" in page and "timeout" not in page
+    assert "demo_project.<wbr>demo_app.<wbr>jobs.<wbr>doomed<wbr>" in page, "a line may break after each dot"
+
+
+# -- the verdicts come from core.inspection, with the queue's settings (A4) -------------------------
+
+def test_the_stalled_list_uses_the_queues_default_attempts_as_the_sweep_does(superuser_client, echomq_settings,
+                                                                             queue):
+    echomq_settings.ECHOMQ = {**echomq_settings.ECHOMQ, "QUEUES": {"q": {"ATTEMPTS": 1}}}
+    [job_id] = stalled_jobs(queue, 3)
+    queue.client.hset(queue.keys.job(job_id), "opts", "{}")  # no attempts of its own: the queue's default counts
+    page = superuser_client.get(URLS["stalled"]()).content.decode()
+    assert "fail it: attempt ceiling (1 of 1)" in page
+    sweep(queue, default_attempts=1)  # what echomq_sweep does with ATTEMPTS 1
+    assert queue.get_state(job_id) == "failed"

@@ -1,4 +1,4 @@
-"""One real browser: headless Chromium logs into the admin, opens the failed set and retries a job."""
+"""A real browser: headless Chromium logs into the admin, retries failed jobs and checks that the lists fit."""
 
 import os
 import shutil
@@ -7,9 +7,15 @@ from pathlib import Path
 import pytest
 from django.contrib.auth.models import User
 
-from tests.test_admin import failed_job
+from tests.helpers import fetch, kill_lock
+from tests.test_admin import failed_job, stalled_jobs
 
 SCREENSHOTS = Path(__file__).resolve().parents[1] / ".artifacts"
+WIDTH = 1400
+# What operators' jobs look like: dotted function paths and reasons with long unbroken words.
+LONG_NAME = "demo_project.demo_app.jobs.reconcile_the_quarterly_ledger_of_every_subsidiary"
+LONG_REASON = ("IntegrityError: duplicate key value violates unique constraint "
+               "ledger_entries_subsidiary_id_quarter_account_reference_currency_key " * 2)
 
 
 @pytest.fixture
@@ -25,12 +31,27 @@ def browser():
     options.binary_location = chromium
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--window-size=1400,900"):
+                 f"--window-size={WIDTH},900"):
         options.add_argument(flag)
     session = webdriver.Chrome(service=webdriver.ChromeService(executable_path=driver), options=options)
     session.implicitly_wait(5)
     yield session
     session.quit()
+
+
+def log_in(browser, live_server, next_url: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    User.objects.create_superuser("operator", password="a-long-password")
+    browser.get(f"{live_server.url}/admin/login/?next={next_url}")
+    browser.find_element(By.NAME, "username").send_keys("operator")
+    browser.find_element(By.NAME, "password").send_keys("a-long-password")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+
+
+def screenshot(browser, name: str) -> None:
+    SCREENSHOTS.mkdir(exist_ok=True)
+    assert browser.save_screenshot(str(SCREENSHOTS / name))
 
 
 @pytest.mark.slow
@@ -40,12 +61,7 @@ def test_an_operator_retries_a_failed_job_in_a_real_browser(browser, live_server
     from selenium.webdriver.support.ui import Select
 
     job_id = failed_job(queue, reason="card declined <b>twice</b>", name="charge")
-    User.objects.create_superuser("operator", password="a-long-password")
-
-    browser.get(f"{live_server.url}/admin/login/?next=/admin/echomq/failedjob/")
-    browser.find_element(By.NAME, "username").send_keys("operator")
-    browser.find_element(By.NAME, "password").send_keys("a-long-password")
-    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    log_in(browser, live_server, "/admin/echomq/failedjob/")
 
     assert "card declined <b>twice</b>" in browser.find_element(By.ID, "result_list").text, "shown as text"
     browser.find_element(By.CSS_SELECTOR, "input.action-select").click()
@@ -53,6 +69,53 @@ def test_an_operator_retries_a_failed_job_in_a_real_browser(browser, live_server
     browser.find_element(By.CSS_SELECTOR, "button[name=index]").click()
 
     assert "1 job(s) sent back to wait" in browser.find_element(By.CSS_SELECTOR, "ul.messagelist").text
-    SCREENSHOTS.mkdir(exist_ok=True)
-    assert browser.save_screenshot(str(SCREENSHOTS / "admin-failed-set-retried.png"))
+    screenshot(browser, "admin-failed-set-retried.png")
     assert queue.get_state(job_id) == "wait"
+
+
+@pytest.mark.slow
+def test_an_operator_retries_a_job_from_its_page(browser, live_server, echomq_settings, queue, transactional_db):
+    from selenium.webdriver.common.by import By
+
+    job_id = failed_job(queue, reason="gateway timeout", name="charge")
+    log_in(browser, live_server, "/admin/echomq/failedjob/")
+    browser.find_element(By.LINK_TEXT, job_id).click()
+    assert browser.current_url.endswith(f"/admin/echomq/failedjob/q/{job_id}/")
+    assert "2023-11-14 22:13:20 UTC" in browser.find_element(By.CSS_SELECTOR, "table.echomq-job").text
+    screenshot(browser, "admin-failed-job-page.png")
+    browser.find_element(By.CSS_SELECTOR, "input[value=Retry]").click()
+    assert f"Job {job_id} of q sent back to wait" in browser.find_element(By.CSS_SELECTOR, "ul.messagelist").text
+    assert queue.get_state(job_id) == "wait"
+
+
+def overflow(browser) -> dict:
+    """How the result table sits in a 1,400 px window: its right edge, and whether its box scrolls."""
+    return browser.execute_script("""
+        const table = document.getElementById("result_list");
+        const box = table.closest(".results");
+        const last = table.querySelector("thead th:last-child");
+        return {window: document.documentElement.clientWidth, table: table.getBoundingClientRect().right,
+                last: last.getBoundingClientRect().right, scrolls: box.scrollWidth > box.clientWidth,
+                page: document.documentElement.scrollWidth};""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model, column", [("failedjob", "finished at"), ("stalledjob", "next sweep will")])
+def test_the_lists_fit_a_1400_px_window_with_every_column_in_sight(browser, live_server, echomq_settings, queue,
+                                                                   transactional_db, model, column):
+    from selenium.webdriver.common.by import By
+
+    for _ in range(3):
+        failed_job(queue, name=LONG_NAME, reason=LONG_REASON)
+    long_one = queue.add(LONG_NAME, {"n": 1}, job_id="x" * 128)
+    fetch(queue, token="another")
+    kill_lock(queue, long_one)
+    stalled_jobs(queue, 3, 1)  # marks these and the long one
+    log_in(browser, live_server, f"/admin/echomq/{model}/")
+    screenshot(browser, f"admin-{model}-{WIDTH}px.png")
+    header = browser.find_element(By.CSS_SELECTOR, "#result_list thead").text.lower()
+    assert column in header
+    cells = browser.find_elements(By.CSS_SELECTOR, "td.field-dotted_name")
+    assert LONG_NAME in [cell.get_attribute("textContent") for cell in cells], "shown whole, dots included"
+    sizes = overflow(browser)
+    assert not sizes["scrolls"] and sizes["last"] <= sizes["window"] and sizes["page"] <= sizes["window"], sizes

@@ -1,12 +1,13 @@
 """The mirror: JobRecord rows follow the failed and stalled sets, incrementally."""
 
 import pytest
+from django.utils import timezone
 
 from echomq_django.core import JobOptions, NewJob
 from echomq_django.core.queue import now_ms
 from echomq_django.mirror import sync_queue
 from echomq_django.models import FailedJob, JobRecord, MirrorCursor, StalledJob
-from tests.helpers import fetch, finish, kill_lock, sweep
+from tests.helpers import fetch, finish, finish_attempt, kill_lock, sweep
 
 pytestmark = pytest.mark.django_db
 
@@ -135,3 +136,75 @@ def test_a_row_the_database_refuses_is_skipped_and_logged_not_the_others(queue, 
     assert "huge-count" in caplog.text and "skipped" in caplog.text
     sync_queue(queue)  # and again: the refused row does not stop later syncs
     assert set(healthy) <= set(FailedJob.objects.values_list("job_id", flat=True))
+
+
+def fail_at(queue, *scores_ms):
+    """One failed job per score (ms), in order."""
+    ids = queue.add_bulk([NewJob("work", {"n": n}, JobOptions(attempts=1)) for n in range(len(scores_ms))])
+    for job_id, score in zip(ids, scores_ms):
+        fetch(queue, token=f"t-{job_id}")
+        finish_attempt(queue, job_id, f"t-{job_id}", score, completed=False, value="boom",
+                                       default_attempts=1)
+    return ids
+
+
+def test_a_limited_sync_copies_both_ends_of_a_backlog_and_the_next_ones_finish(queue):
+    ids = fail_at(queue, *(1_700_000_000_000 + n * 60_000 for n in range(10)))
+    first = sync_queue(queue, limit=3)
+    copied = set(FailedJob.objects.values_list("job_id", flat=True))
+    assert not first.complete and first.pending > 0 and first.written == 6
+    assert copied == {*ids[:3], *ids[-3:]}, "the oldest (the cursor moves past them) and the newest"
+    assert MirrorCursor.objects.get(queue="q").synced_at is None, "never complete yet"
+    results = [sync_queue(queue, limit=3) for _ in range(3)]
+    assert results[-1].complete and FailedJob.objects.count() == 10
+    assert MirrorCursor.objects.get(queue="q").synced_at is not None
+
+
+def test_a_limited_sync_takes_a_burst_inside_the_clock_margin_for_no_backlog(queue):
+    # Failures within CLOCK_MARGIN_MS of the cursor are read again by every sync: they must not look
+    # like news that a limited sync leaves behind.
+    fail_at(queue, *(1_700_000_000_000 + n for n in range(8)))
+    sync_queue(queue)
+    again = sync_queue(queue, limit=3)
+    assert (again.complete, again.written, again.pending) == (True, 0, 0)
+
+
+def test_a_limited_sync_leaves_a_large_whole_set_comparison_to_the_sweeper(queue):
+    from echomq_django.mirror import COMPARE_FACTOR
+
+    fail_at(queue, *(1_700_000_000_000 + n for n in range(COMPARE_FACTOR + 2)))
+    sync_queue(queue)
+    queue.client.zrem(queue.keys.failed, queue.client.zrange(queue.keys.failed, 0, 0)[0])
+    limited = sync_queue(queue, limit=1)
+    assert (limited.complete, limited.compared_all, limited.pending) == (False, False, 1)
+    full = sync_queue(queue)
+    assert full.complete and full.deleted == 1
+
+
+def test_a_limited_sync_leaves_deleting_many_rows_to_the_sweeper(queue):
+    from echomq_django.mirror import COMPARE_FACTOR
+
+    fail_at(queue, *(1_700_000_000_000 + n for n in range(COMPARE_FACTOR + 2)))
+    sync_queue(queue)
+    queue.clean("failed", 0)  # every failed job is gone from Redis (another client, a FLUSHDB)
+    limited = sync_queue(queue, limit=1)
+    assert (limited.complete, limited.deleted) == (False, 0) and FailedJob.objects.count() == COMPARE_FACTOR + 2
+    assert sync_queue(queue).deleted == COMPARE_FACTOR + 2
+
+
+def test_a_limited_sync_copies_at_most_limit_new_marks(queue):
+    ids = queue.add_bulk([NewJob("work") for _ in range(5)])
+    fetch(queue, count=5)
+    for job_id in ids:
+        kill_lock(queue, job_id)
+    sweep(queue)
+    limited = sync_queue(queue, limit=2)
+    assert (limited.complete, limited.pending, StalledJob.objects.count()) == (False, 3, 2)
+    assert sync_queue(queue).complete and StalledJob.objects.count() == 5
+
+
+def test_a_complete_sync_stamps_the_time_of_the_copy(queue):
+    fail_jobs(queue, 1)
+    before = timezone.now()
+    assert sync_queue(queue).complete
+    assert MirrorCursor.objects.get(queue="q").synced_at >= before

@@ -73,3 +73,26 @@ def test_the_installed_wheel_loads_every_script_outside_the_repository(tmp_path,
     shipped = set(result.stdout.split())
     in_repo = {path.stem for path in (ROOT / "lua").glob("*.lua")}
     assert shipped == in_repo and "moveStalledJobsToWait-8" in shipped
+
+
+def test_the_django_layer_uses_only_what_core_exports():
+    import ast
+
+    import echomq_django.core as core
+
+    package = ROOT / "echomq_django"
+    wrong = []
+    for path in package.rglob("*.py"):
+        if package / "core" in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level == 0 and not (node.module or "").startswith("echomq_django."):
+                continue  # django.core and the like
+            module = (node.module or "").removeprefix("echomq_django.")
+            if module == "core":
+                wrong += [f"{path.name}: {alias.name}" for alias in node.names if alias.name not in core.__all__]
+            elif module.startswith("core.") or module == "" and any(a.name == "core" for a in node.names):
+                wrong.append(f"{path.name}: imports {node.module or 'core'}")
+    assert wrong == [], "import these from echomq_django.core, and export them in its __all__"

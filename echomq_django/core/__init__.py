@@ -1,10 +1,13 @@
 """The queue runtime: Redis, the Lua protocol and Python, without Django.
 
-Everything a producer, a worker or a sweeper needs is importable from here;
-the Django app around it only adds settings, commands, models and the admin.
+Everything a producer, a worker, a sweeper or an operator's page needs is
+importable from here, and the Django app around it imports nothing else of
+core (tests/test_packaging.py checks); the app only adds settings, commands,
+models and the admin.
 """
 
-from .connection import DEFAULT_REDIS_URL, RedisURLError, connect
+from . import defaults
+from .connection import DEFAULT_REDIS_URL, UNREACHABLE, RedisURLError, connect, parse_redis_url
 from .errors import (
     EchoMQError,
     InvalidNameError,
@@ -15,18 +18,32 @@ from .errors import (
     PayloadError,
     QueueStateError,
     UnrecoverableError,
+    fail_for_good,
 )
-from .job import Backoff, Job, JobOptions
-from .keys import COUNTED, STATES, QueueKeys, validate_job_id, validate_name
-from .queue import NewJob, Queue
+from .inspection import (
+    LiveJob,
+    count_failed_older_than,
+    count_failed_since,
+    failed_by_rank,
+    failed_count,
+    failed_since,
+    inspect_jobs,
+    read_jobs,
+)
+from .job import Backoff, Job, JobOptions, datetime_from_ms, encode_json
+from .keys import ALPHABET, COUNTED, STATES, QueueKeys, validate_job_id, validate_name
+from .queue import NewJob, Queue, now_ms
 from .scripts import Confirm, Scripts
-from .sweeper import Sweeper, SweepReport, SweepTarget
-from .worker import Retention, Worker
+from .sweeper import Sweeper, SweepReport, SweepTarget, last_sweep
+from .worker import Handler, Retention, Worker
 
 __all__ = [
-    "COUNTED", "DEFAULT_REDIS_URL", "Backoff", "Confirm", "EchoMQError", "InvalidNameError", "Job", "JobLockedError",
-    "JobNotFoundError", "JobOptions", "LockLostError", "NewJob", "NotConfirmedError", "PayloadError",
-    "Queue", "QueueKeys", "QueueStateError", "RedisURLError", "Retention", "STATES", "Scripts", "SweepReport",
-    "SweepTarget", "Sweeper", "UnrecoverableError", "Worker",
-    "connect", "validate_job_id", "validate_name",
+    "ALPHABET", "COUNTED", "DEFAULT_REDIS_URL", "STATES", "UNREACHABLE",
+    "Backoff", "Confirm", "EchoMQError", "Handler", "InvalidNameError", "Job", "JobLockedError", "JobNotFoundError",
+    "JobOptions", "LiveJob", "LockLostError", "NewJob", "NotConfirmedError", "PayloadError", "Queue", "QueueKeys",
+    "QueueStateError", "RedisURLError", "Retention", "Scripts", "SweepReport", "SweepTarget", "Sweeper",
+    "UnrecoverableError", "Worker",
+    "connect", "count_failed_older_than", "count_failed_since", "datetime_from_ms", "defaults", "encode_json",
+    "fail_for_good", "failed_by_rank", "failed_count", "failed_since", "inspect_jobs", "last_sweep", "now_ms",
+    "parse_redis_url", "read_jobs", "validate_job_id", "validate_name",
 ]

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from django.core.management.base import CommandError
 
 from echomq_django.conf import get_settings
-from echomq_django.core.connection import UNREACHABLE
+from echomq_django.core import UNREACHABLE
 from echomq_django.queues import check_redis
 
 

@@ -5,8 +5,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from echomq_django.core import COUNTED, InvalidNameError
-from echomq_django.core.connection import UNREACHABLE
+from echomq_django.core import COUNTED, UNREACHABLE, InvalidNameError
 from echomq_django.queues import queue_names
 from echomq_django.status import describe_sweep, queue_status
 

@@ -6,9 +6,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, close_old_connections
 
-from echomq_django.core import InvalidNameError, QueueStateError, SweepReport
-from echomq_django.core.connection import UNREACHABLE
-from echomq_django.core.sweeper import last_sweep
+from echomq_django.core import UNREACHABLE, InvalidNameError, QueueStateError, SweepReport, last_sweep
 from echomq_django.mirror import sync_queue
 from echomq_django.queues import get_queue, make_sweeper, queue_names
 from echomq_django.status import seconds_since
