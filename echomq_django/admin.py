@@ -33,6 +33,7 @@ from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from .conf import get_settings
 from .core import (
+    UNREACHABLE,
     InvalidNameError,
     Job,
     JobLockedError,
@@ -59,6 +60,13 @@ MAX_CLEAN_DAYS = 36_500
 JOB_ERRORS = (InvalidNameError, QueueStateError, ResponseError, JobLockedError)
 # What a read of Redis can raise: the errors above, or Redis out of reach.
 REDIS_ERRORS = (RedisError, RedisClusterException, QueueStateError)
+
+
+def redis_problem(error: Exception) -> str:
+    """An error of a Redis call in words for a page: out of reach, or what Redis answered."""
+    return f"Redis did not answer ({error})" if isinstance(error, UNREACHABLE) else str(error)
+
+
 # Failed (and marked) jobs a list copies from Redis per queue when it is opened;
 # a larger backlog is copied by echomq_sweep's sync, so the page never waits for it.
 VIEW_SYNC_LIMIT = 1000
@@ -469,7 +477,10 @@ class QueueAdmin(admin.ModelAdmin):
 
     def queue_row(self, name: str) -> dict[str, Any]:
         """One queue's line of the dashboard; `error` instead of counts when one of its keys is broken."""
-        status = queue_status(name)  # what echomq_status shows, read the same way
+        try:
+            status = queue_status(name)  # what echomq_status shows, read the same way
+        except REDIS_ERRORS as error:  # out of reach: a page says so rather than failing
+            return {"name": name, "error": redis_problem(error)}
         if "error" in status:
             return {"name": name, "error": status["error"]}
         return {"name": name, "counts": status["counts"], "paused": status["paused"],
@@ -496,8 +507,8 @@ class QueueAdmin(admin.ModelAdmin):
         try:
             summary = operation()
             sync_queue(queue)
-        except (QueueStateError, ResponseError) as error:
-            self.message_user(request, f"Queue {queue.name}: {error}", messages.ERROR)
+        except REDIS_ERRORS as error:
+            self.message_user(request, f"Queue {queue.name}: {redis_problem(error)}", messages.ERROR)
         else:
             self.message_user(request, summary, messages.SUCCESS)
         return self._back()
@@ -507,8 +518,8 @@ class QueueAdmin(admin.ModelAdmin):
         """The confirmation page of a bulk button, saying how many jobs it would change now."""
         try:
             found = count()
-        except (QueueStateError, ResponseError) as error:
-            self.message_user(request, f"Queue {queue.name}: {error}", messages.ERROR)
+        except REDIS_ERRORS as error:
+            self.message_user(request, f"Queue {queue.name}: {redis_problem(error)}", messages.ERROR)
             return self._back()
         return confirmation(request, self, question=ask(found), **options)
 
@@ -516,7 +527,7 @@ class QueueAdmin(admin.ModelAdmin):
         queue = self._queue_for(request, queue_name, "echomq.sweep_queue")
 
         def sweep() -> str:
-            sweeper = make_sweeper([queue.name])
+            sweeper = make_sweeper([queue.name], long_running=False)
             return sweeper.sweep(sweeper.targets[0], force=True).summary()
 
         return self._operate(request, queue, sweep)

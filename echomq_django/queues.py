@@ -76,11 +76,13 @@ def queue_names(requested: Iterable[str] | None = None) -> list[str]:
     return list(requested or get_settings().queues)
 
 
-def make_sweeper(names: Iterable[str], **overrides: Any) -> Sweeper:
+def make_sweeper(names: Iterable[str], *, long_running: bool = True, **overrides: Any) -> Sweeper:
     """A sweeper over `names`, each with its configured interval and ceilings.
 
     `overrides` (interval_ms, max_stalled_count) replace the configured values
-    for every queue, as the command-line options do.
+    for every queue, as the command-line options do. Without `long_running`
+    (the admin's "sweep now", in a web request) its calls give up after
+    ENQUEUE_TIMEOUT instead of waiting out an outage.
     """
     settings = get_settings()
     targets = []
@@ -94,7 +96,7 @@ def make_sweeper(names: Iterable[str], **overrides: Any) -> Sweeper:
             default_attempts=config.attempts,
             lock_duration_ms=config.lock_duration_ms,
         ))
-    client, scripts = _connection(settings.redis_url, None)
+    client, scripts = _connection(settings.redis_url, None if long_running else settings.enqueue_timeout_s)
     return Sweeper(client, targets, prefix=settings.prefix, scripts=scripts)
 
 

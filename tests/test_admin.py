@@ -1,5 +1,7 @@
 """The admin: dashboard, stalled and failed sets, actions, permissions, CSRF and escaping."""
 
+import time
+
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.test import Client
@@ -9,6 +11,7 @@ from echomq_django.core import JobOptions
 from echomq_django.mirror import sync_queue
 from echomq_django.models import FailedJob
 from tests.helpers import fetch, finish_attempt, kill_lock, sweep
+from tests.redis_servers import free_port
 
 pytestmark = pytest.mark.django_db
 HOSTILE = '<script>alert("x")</script>'
@@ -476,3 +479,14 @@ def test_the_stalled_list_uses_the_queues_default_attempts_as_the_sweep_does(sup
     assert "fail it: attempt ceiling (1 of 1)" in page
     sweep(queue, default_attempts=1)  # what echomq_sweep does with ATTEMPTS 1
     assert queue.get_state(job_id) == "failed"
+
+
+@pytest.mark.parametrize("name", ["admin:echomq_queue_sweep", "admin:echomq_queue_retry_failed"])
+def test_buttons_answer_within_enqueue_timeout_when_redis_does_not(superuser_client, echomq_settings, name):
+    echomq_settings.ECHOMQ = {**echomq_settings.ECHOMQ, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+                              "ENQUEUE_TIMEOUT": 1}
+    started = time.monotonic()
+    response = superuser_client.post(reverse(name, args=["q"]), {"post": "yes"}, follow=True)
+    took_s = time.monotonic() - started
+    assert response.status_code == 200 and "Redis did not answer" in response.content.decode()
+    assert took_s < 2, f"a web request waited {took_s:.1f} s for Redis"
