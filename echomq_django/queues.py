@@ -18,7 +18,7 @@ from .core import Confirm, Handler, JobOptions, Queue, Scripts, Sweeper, SweepTa
 
 
 @functools.cache
-def _connection(url: str, call_timeout_s: float | None) -> tuple[Any, Scripts]:
+def _connection(url: str, call_timeout_s: float | None, wait_s: float = 0) -> tuple[Any, Scripts]:
     """A client for `url` and the scripts registered on it, built once per role and forgotten when ECHOMQ changes.
 
     `call_timeout_s` None: the client of workers and sweepers, which rides out
@@ -28,12 +28,16 @@ def _connection(url: str, call_timeout_s: float | None) -> tuple[Any, Scripts]:
     if call_timeout_s is None:
         client = connect(url)
         return client, Scripts(client)
-    client = connect(url, **bounded_call_options(call_timeout_s))
+    client = connect(url, **bounded_call_options(call_timeout_s, wait_s))
     return client, Scripts(client, reroute_s=call_timeout_s / 2)  # on a cluster, the failover wait fits too
 
 
-def bounded_call_options(timeout_s: float) -> dict[str, Any]:
+def bounded_call_options(timeout_s: float, wait_s: float = 0) -> dict[str, Any]:
     """Client options under which a call Redis does not answer raises within about `timeout_s`.
+
+    `wait_s`: how long Redis itself may take to answer on purpose (the WAIT of
+    CONFIRM_REPLICAS), added to each try's reply time so a slow confirmation
+    ends in NotConfirmedError, not in a timeout that hides whether the add happened.
 
     Three tries (a blip is retried, and a re-sent add is harmless), each
     connect or reply waited for a quarter of the budget, short pauses between.
@@ -41,8 +45,16 @@ def bounded_call_options(timeout_s: float) -> dict[str, Any]:
     multiply the tries; a dead pooled connection fails the first try instead.
     """
     per_try = timeout_s / 4
-    return {"socket_connect_timeout": per_try, "socket_timeout": per_try, "health_check_interval": 0,
+    return {"socket_connect_timeout": per_try, "socket_timeout": per_try + wait_s, "health_check_interval": 0,
             "retry": Retry(ExponentialBackoff(cap=timeout_s / 20, base=timeout_s / 60), retries=2)}
+
+
+def _runtime(settings: Any, long_running: bool) -> tuple[Any, Scripts]:
+    """The client and scripts of a long-running process, or of a producer (bounded by ENQUEUE_TIMEOUT)."""
+    if long_running:
+        return _connection(settings.redis_url, None)
+    wait_s = settings.confirm.timeout_ms / 1000 if settings.confirm else 0
+    return _connection(settings.redis_url, settings.enqueue_timeout_s, wait_s)
 
 
 def get_client() -> Any:
@@ -53,7 +65,7 @@ def get_client() -> Any:
 def get_producer_client() -> Any:
     """The Redis client of enqueues and the admin: its calls give up after ENQUEUE_TIMEOUT."""
     settings = get_settings()
-    return _connection(settings.redis_url, settings.enqueue_timeout_s)[0]
+    return _runtime(settings, long_running=False)[0]
 
 
 def get_queue(name: str, *, long_running: bool = False) -> Queue:
@@ -65,7 +77,7 @@ def get_queue(name: str, *, long_running: bool = False) -> Queue:
     """
     settings = get_settings()
     config = settings.queue(name)
-    client, scripts = _connection(settings.redis_url, None if long_running else settings.enqueue_timeout_s)
+    client, scripts = _runtime(settings, long_running)
     return Queue(name, client, prefix=settings.prefix, scripts=scripts,
                  default_opts=JobOptions(attempts=config.attempts, backoff=config.backoff),
                  max_payload_bytes=settings.max_payload_bytes, confirm=settings.confirm)
@@ -73,7 +85,7 @@ def get_queue(name: str, *, long_running: bool = False) -> Queue:
 
 def queue_names(requested: Iterable[str] | None = None) -> list[str]:
     """The queues a command works on: those requested, else every configured one."""
-    return list(requested or get_settings().queues)
+    return list(dict.fromkeys(requested or get_settings().queues))  # each once, in the order given
 
 
 def make_sweeper(names: Iterable[str], *, long_running: bool = True, **overrides: Any) -> Sweeper:
@@ -96,7 +108,7 @@ def make_sweeper(names: Iterable[str], *, long_running: bool = True, **overrides
             default_attempts=config.attempts,
             lock_duration_ms=config.lock_duration_ms,
         ))
-    client, scripts = _connection(settings.redis_url, None if long_running else settings.enqueue_timeout_s)
+    client, scripts = _runtime(settings, long_running)
     return Sweeper(client, targets, prefix=settings.prefix, scripts=scripts)
 
 

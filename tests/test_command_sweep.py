@@ -1,9 +1,12 @@
 """`manage.py echomq_sweep`, through call_command and as a real process."""
 
+import os
 import re
 import signal
 import subprocess
 import sys
+import threading
+import time
 from io import StringIO
 from pathlib import Path
 
@@ -41,6 +44,18 @@ def test_once_marks_then_the_gate_holds_then_force_recovers(echomq_settings, que
     assert queue.get_state(job_id) == "wait"
 
 
+def test_once_on_a_schedule_is_held_unless_its_interval_covers_the_period(echomq_settings, queue):
+    echomq_settings.ECHOMQ = {**echomq_settings.ECHOMQ, "QUEUES": {"q": {"LOCK_DURATION": 0.4}}}
+    job_id = stalled(queue)
+    assert "marked 1" in sweep_command("--interval", "0.2")
+    time.sleep(0.7)  # the schedule's period: longer than the interval and half a lock
+    held = sweep_command("--interval", "0.2")
+    assert "held for" in held and "--interval set to the schedule's period" in held
+    time.sleep(0.7)  # the hold (one lock duration) is over
+    assert "recovered 1" in sweep_command("--interval", "1"), "an interval that covers the period is no outage"
+    assert queue.get_state(job_id) == "wait"
+
+
 def test_a_skip_without_a_report_to_date_it_still_says_why(echomq_settings, queue):
     queue.client.set(queue.keys.stalled_check, "another host", px=30_000)  # a gate with no report beside it
     assert sweep_command() == "queue q: skipped: another sweep ran within its interval; use --force to sweep now\n"
@@ -74,7 +89,8 @@ def test_invalid_queue_name_is_a_command_error(echomq_settings):
         sweep_command("--queue", "bad{name}")
 
 
-@pytest.mark.parametrize("args", [["--interval", "0"], ["--interval", "soon"], ["--max-stalled-count", "-1"]])
+@pytest.mark.parametrize("args", [["--interval", "0"], ["--interval", "soon"], ["--max-stalled-count", "-1"],
+                                  ["--interval", "inf"], ["--interval", "nan"], ["--interval", "1e300"]])
 def test_bad_option_values_are_refused(args):
     result = subprocess.run([sys.executable, "manage.py", "echomq_sweep", "--once", *args],
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -124,3 +140,27 @@ def test_a_failing_mirror_is_logged_and_the_sweeps_go_on(echomq_settings, redis_
     assert list(StalledJob.objects.values_list("job_id", flat=True)) == [job_id], "q was still mirrored"
     [record] = [r for r in caplog.records if "a bug in the mirror" in r.getMessage() or r.exc_info]
     assert "broken" in record.getMessage() and record.levelname == "ERROR"
+
+
+def test_the_start_up_error_hides_the_redis_password(echomq_settings):
+    from tests.redis_servers import free_port
+
+    echomq_settings.ECHOMQ = {**echomq_settings.ECHOMQ,
+                              "REDIS_URL": f"redis://user:s3cret@127.0.0.1:{free_port()}/0"}
+    with pytest.raises(CommandError, match=r"cannot reach Redis at redis://user:\*\*\*@127") as raised:
+        sweep_command()
+    assert "s3cret" not in str(raised.value)
+
+
+def test_the_loop_gives_back_the_signal_handlers_it_took(echomq_settings, queue):
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+
+    def stop_once_it_sweeps() -> None:  # the loop has its handlers by then: SIGINT stops the command
+        if wait_until(lambda: queue.client.hexists(queue.keys.meta, "lastSweep"), 10):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    stopping = threading.Thread(target=stop_once_it_sweeps)
+    stopping.start()
+    call_command("echomq_sweep", "--interval", "0.1", stdout=StringIO())
+    stopping.join()
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before

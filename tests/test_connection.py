@@ -120,3 +120,19 @@ def test_the_runtime_objects_are_built_once_per_settings_and_again_when_they_cha
     assert make_sweeper(["q"]).scripts is long_running.scripts
     settings.ECHOMQ = {**settings.ECHOMQ, "ENQUEUE_TIMEOUT": 1}
     assert get_queue("q").client is not first.client, "a change of settings builds them again"
+
+
+def test_a_confirmation_that_times_out_is_not_confirmed_not_a_timeout(settings, prefix):
+    from echomq_django.core import NotConfirmedError
+
+    server = RedisServer()  # no replicas: WAIT waits all of CONFIRM_TIMEOUT and counts 0
+    server.start()
+    try:
+        settings.ECHOMQ = {"REDIS_URL": server.url, "PREFIX": prefix, "QUEUES": {"demo": {}},
+                           "CONFIRM_REPLICAS": 1, "CONFIRM_TIMEOUT": 1}  # longer than a try of ENQUEUE_TIMEOUT 3
+        took_s, error = timed_enqueue()
+        assert isinstance(error, NotConfirmedError) and error.job_ids, error
+        assert 1 <= took_s < 3
+    finally:
+        server.stop()
+        server.workdir.cleanup()

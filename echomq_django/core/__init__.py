@@ -7,7 +7,7 @@ models and the admin.
 """
 
 from . import defaults
-from .connection import DEFAULT_REDIS_URL, UNREACHABLE, RedisURLError, connect, parse_redis_url
+from .connection import DEFAULT_REDIS_URL, UNREACHABLE, RedisURLError, connect, parse_redis_url, redacted_url
 from .errors import (
     EchoMQError,
     InvalidNameError,
@@ -45,5 +45,5 @@ __all__ = [
     "UnrecoverableError", "Worker",
     "connect", "count_failed_older_than", "count_failed_since", "datetime_from_ms", "defaults", "encode_json",
     "fail_for_good", "failed_by_rank", "failed_count", "failed_since", "inspect_jobs", "last_sweep", "now_ms",
-    "parse_redis_url", "read_jobs", "validate_job_id", "validate_name",
+    "parse_redis_url", "read_jobs", "redacted_url", "validate_job_id", "validate_name",
 ]

@@ -154,13 +154,17 @@ def _node(item: str, default_port: int, url: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _shown(url: str) -> str:
-    """The URL as it may appear in an error message: without its password."""
+def redacted_url(url: str) -> str:
+    """The URL as it may appear in a message or a log: its password replaced by ***."""
     scheme, sep, rest = url.partition("://")
     credentials, at, hosts = rest.partition("@")
     if at and ":" in credentials:
         rest = f"{credentials.split(':', 1)[0]}:***@{hosts}"
-    return repr(f"{scheme}{sep}{rest}")
+    return f"{scheme}{sep}{rest}"
+
+
+def _shown(url: str) -> str:
+    return repr(redacted_url(url))
 
 
 def socket_timeout(client: Any) -> float | None:

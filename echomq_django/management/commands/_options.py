@@ -1,18 +1,22 @@
 """Argument types and start-up helpers shared by the echomq management commands."""
 
+import contextlib
+import math
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from django.core.management.base import CommandError
 
 from echomq_django.conf import get_settings
-from echomq_django.core import UNREACHABLE
+from echomq_django.core import UNREACHABLE, redacted_url
 from echomq_django.queues import check_redis
+
+MAX_SECONDS = 10 * 365 * 86_400  # ten years, as for delays: anything longer is a mistake
 
 
 def positive_seconds(text: str) -> float:
     value = float(text)
-    if not value > 0:
+    if not 0 < value <= MAX_SECONDS or not math.isfinite(value):
         raise ValueError(text)
     return value
 
@@ -37,12 +41,24 @@ def connect_or_fail(warn: Callable[[str], None]) -> None:
     try:
         warnings = check_redis()
     except UNREACHABLE as error:
-        raise CommandError(f"cannot reach Redis at {url}: {error}") from None
+        raise CommandError(f"cannot reach Redis at {redacted_url(url)}: {error}") from None
     for warning in warnings:
         warn(f"WARNING: {warning}")
 
 
-def on_stop_signals(stop: Callable[[], None]) -> None:
-    """Call `stop` on every SIGINT and SIGTERM (the callee counts them: two stages)."""
-    for signum in (signal.SIGINT, signal.SIGTERM):
+@contextlib.contextmanager
+def on_stop_signals(stop: Callable[[], None]) -> Iterator[None]:
+    """Inside the block, call `stop` on every SIGINT and SIGTERM (the callee counts them: two stages).
+
+    The handlers from before come back when the block ends, so a command run
+    with call_command leaves the process's own signal handling as it was.
+    """
+    signals = (signal.SIGINT, signal.SIGTERM)
+    before = [signal.getsignal(signum) for signum in signals]
+    for signum in signals:
         signal.signal(signum, lambda *_: stop())
+    try:
+        yield
+    finally:
+        for signum, handler in zip(signals, before):
+            signal.signal(signum, handler)

@@ -68,6 +68,9 @@ class Command(BaseCommand):
                 return
             if verbosity >= 1:
                 self.stdout.write(result.summary())
+                if once and result.held_ms:
+                    self.stdout.write(f"queue {result.queue}: run --once on a schedule with --interval set to the "
+                                      "schedule's period, so the time between runs is not taken for an outage")
             self.mirror(result.queue, verbosity)
 
         with echomq_logs_shown(self, verbosity):
@@ -79,8 +82,8 @@ class Command(BaseCommand):
                 if verbosity >= 1:
                     self.stdout.write("sweeping " + ", ".join(
                         f"{target.queue} every {target.interval_ms / 1000:g} s" for target in sweeper.targets))
-                on_stop_signals(sweeper.stop)
-                sweeper.run(report, force=force)
+                with on_stop_signals(sweeper.stop):
+                    sweeper.run(report, force=force)
             except QueueStateError as error:
                 raise CommandError(str(error)) from None
             except UNREACHABLE as error:  # only --once gets here: the loop waits out outages

@@ -77,12 +77,12 @@ def run_all(workers: list[Worker], *, burst: bool, max_jobs: int | None) -> tupl
 
     threads = [threading.Thread(target=run, args=(worker,), name=f"echomq-worker-{worker.keys.queue}",
                                 daemon=True) for worker in workers]
-    on_stop_signals(stop_all)
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        while thread.is_alive():
-            thread.join(0.2)
+    with on_stop_signals(stop_all):
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(0.2)
     return processed, crashed
 
 
