@@ -29,6 +29,7 @@ from django.dispatch import receiver
 
 from .core import (
     ALPHABET,
+    MAX_DELAY_MS,
     Backoff,
     Confirm,
     InvalidNameError,
@@ -63,6 +64,10 @@ QUEUE_DEFAULTS: dict[str, Any] = {
     "KEEP_COMPLETED": {"COUNT": defaults.KEEP_COMPLETED_COUNT, "AGE": None},  # None = no limit; AGE in seconds
     "KEEP_FAILED": {"COUNT": None, "AGE": None},
 }
+
+
+# The longest duration a setting may give, as for a job's delay (nan fails every comparison).
+MAX_SECONDS = MAX_DELAY_MS // 1000
 
 
 @dataclass(frozen=True)
@@ -112,9 +117,9 @@ class EchoMQSettings:
 def _seconds_to_ms(value: Any, where: str, problems: list[Problem], *, allow_none: bool = False) -> int | None:
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        problems.append(Problem("echomq.E005", f"{where} must be a positive number of seconds, not {value!r}.",
-                                "Use a number such as 30 or 0.5."))
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_SECONDS:
+        problems.append(Problem("echomq.E005", f"{where} must be a positive number of seconds up to "
+                                f"{MAX_SECONDS:,} (ten years), not {value!r}.", "Use a number such as 30 or 0.5."))
         return None
     return max(1, round(value * 1000))
 
@@ -129,13 +134,14 @@ def _count(value: Any, where: str, problems: list[Problem], *, minimum: int, all
     return value
 
 
-def _retention(value: Any, where: str, problems: list[Problem]) -> Retention:
+def _retention(value: Any, where: str, problems: list[Problem], *, defaults: dict[str, Any]) -> Retention:
     if not isinstance(value, dict) or set(value) - {"COUNT", "AGE"}:
         problems.append(Problem("echomq.E006", f"{where} must be a dict with COUNT and/or AGE.",
                                 'For example {"COUNT": 1000, "AGE": 86400}; None means no limit.'))
         return Retention()  # a wrong value: the caller falls back to the default
-    count = _count(value.get("COUNT"), f"{where}['COUNT']", problems, minimum=0, allow_none=True)
-    age_ms = _seconds_to_ms(value.get("AGE"), f"{where}['AGE']", problems, allow_none=True)
+    # A limit left out keeps its default (KEEP_COMPLETED's COUNT is 1000); None says "no limit".
+    count = _count(value.get("COUNT", defaults["COUNT"]), f"{where}['COUNT']", problems, minimum=0, allow_none=True)
+    age_ms = _seconds_to_ms(value.get("AGE", defaults["AGE"]), f"{where}['AGE']", problems, allow_none=True)
     return Retention(count=-1 if count is None else count, age_ms=age_ms or 0)
 
 
@@ -145,8 +151,9 @@ def _backoff(value: Any, where: str, problems: list[Problem]) -> Backoff:
         problems.append(Problem("echomq.E006", f"{where} must be a dict with TYPE and DELAY.", hint))
         return Backoff()
     delay = value.get("DELAY", 0)
-    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or delay < 0:
-        problems.append(Problem("echomq.E005", f"{where}['DELAY'] must be seconds >= 0, not {delay!r}.", hint))
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= MAX_SECONDS:
+        problems.append(Problem("echomq.E005", f"{where}['DELAY'] must be seconds from 0 to {MAX_SECONDS:,} "
+                                f"(ten years), not {delay!r}.", hint))
         delay = 0
     try:
         return Backoff(str(value.get("TYPE", "fixed")), round(delay * 1000))
@@ -202,8 +209,9 @@ def _queue_config(name: str, raw: Any) -> tuple[QueueConfig, list[Problem]]:
         attempts=option("ATTEMPTS", functools.partial(_count, minimum=1)),
         backoff=option("BACKOFF", _backoff),
         concurrency=option("CONCURRENCY", functools.partial(_count, minimum=1)),
-        keep_completed=option("KEEP_COMPLETED", _retention),
-        keep_failed=option("KEEP_FAILED", _retention),
+        keep_completed=option("KEEP_COMPLETED", functools.partial(_retention,
+                                                                  defaults=QUEUE_DEFAULTS["KEEP_COMPLETED"])),
+        keep_failed=option("KEEP_FAILED", functools.partial(_retention, defaults=QUEUE_DEFAULTS["KEEP_FAILED"])),
     )
     return config, problems
 

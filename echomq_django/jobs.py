@@ -29,7 +29,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections
 
 from .conf import get_settings
-from .core import Backoff, Job, UnrecoverableError
+from .core import Backoff, Job, JobOptions, UnrecoverableError
 from .queues import get_queue
 
 _current_job: contextvars.ContextVar[Job | None] = contextvars.ContextVar("echomq_current_job", default=None)
@@ -87,6 +87,9 @@ def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queu
 
     `attempts` and `backoff` default to the queue's settings.
     """
+
+    if attempts is not None:
+        JobOptions(attempts=attempts)  # a wrong count fails at import (PayloadError), not at the first enqueue
 
     def register(target: Callable[..., Any]) -> JobFunction:
         job_name = name or f"{target.__module__}.{target.__qualname__}"

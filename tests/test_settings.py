@@ -93,6 +93,12 @@ def test_a_correct_setting_passes_the_checks():
     ({"CONFIRM_REPLICAS": 1, "CONFIRM_TIMEOUT": 0}, "echomq.E005"),
     ({"ENQUEUE_TIMEOUT": 0}, "echomq.E005"),
     ({"ENQUEUE_TIMEOUT": "3"}, "echomq.E005"),
+    ({"ENQUEUE_TIMEOUT": float("inf")}, "echomq.E005"),
+    ({"ENQUEUE_TIMEOUT": 1e300}, "echomq.E005"),
+    ({"QUEUES": {"a": {"LOCK_DURATION": 1e15}}}, "echomq.E005"),
+    ({"QUEUES": {"a": {"SWEEP_INTERVAL": float("nan")}}}, "echomq.E005"),
+    ({"QUEUES": {"a": {"BACKOFF": {"TYPE": "fixed", "DELAY": float("inf")}}}}, "echomq.E005"),
+    ({"QUEUES": {"a": {"KEEP_COMPLETED": {"AGE": float("inf")}}}}, "echomq.E005"),
     ({"REDIS_ULR": "redis://x"}, "echomq.W001"),
     ({"QUEUES": {"a": {"LOCK_DURATON": 5}}}, "echomq.W002"),
 ])
@@ -166,3 +172,20 @@ def test_the_readmes_configuration_table_matches_the_defaults():
         except (ValueError, SyntaxError):
             value = text  # words, such as "half the lock" for None
         assert value == in_code[where] or (in_code[where] is None and isinstance(value, str)), (where, text)
+
+
+def test_a_retention_limit_left_out_keeps_its_default():
+    from echomq_django.core import Retention
+
+    resolved, problems = parse_settings({"QUEUES": {"q": {"KEEP_COMPLETED": {"AGE": 60}}}})
+    assert problems == [] and resolved.queue("q").keep_completed == Retention(count=1000, age_ms=60_000)
+    resolved, _ = parse_settings({"QUEUES": {"q": {"KEEP_COMPLETED": {"COUNT": None}}}})
+    assert resolved.queue("q").keep_completed == Retention(count=-1, age_ms=0), "None: no limit"
+
+
+def test_a_job_with_a_wrong_attempt_count_is_refused_where_it_is_declared():
+    from echomq_django.core import PayloadError
+    from echomq_django.jobs import job
+
+    with pytest.raises(PayloadError, match="attempts must be a whole number from 1"):
+        job(attempts=0)

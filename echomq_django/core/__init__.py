@@ -30,7 +30,7 @@ from .inspection import (
     inspect_jobs,
     read_jobs,
 )
-from .job import Backoff, Job, JobOptions, datetime_from_ms, encode_json
+from .job import MAX_DELAY_MS, Backoff, Job, JobOptions, datetime_from_ms, encode_json
 from .keys import ALPHABET, COUNTED, STATES, QueueKeys, validate_job_id, validate_name
 from .queue import NewJob, Queue, now_ms
 from .scripts import Confirm, Scripts
@@ -38,7 +38,7 @@ from .sweeper import Sweeper, SweepReport, SweepTarget, last_sweep
 from .worker import Handler, Retention, Worker
 
 __all__ = [
-    "ALPHABET", "COUNTED", "DEFAULT_REDIS_URL", "STATES", "UNREACHABLE",
+    "ALPHABET", "COUNTED", "DEFAULT_REDIS_URL", "MAX_DELAY_MS", "STATES", "UNREACHABLE",
     "Backoff", "Confirm", "EchoMQError", "Handler", "InvalidNameError", "Job", "JobLockedError", "JobNotFoundError",
     "JobOptions", "LiveJob", "LockLostError", "NewJob", "NotConfirmedError", "PayloadError", "Queue", "QueueKeys",
     "QueueStateError", "RedisURLError", "Retention", "Scripts", "SweepReport", "SweepTarget", "Sweeper",

@@ -85,7 +85,8 @@ class JobOptions:
     def overridden(self, *, attempts: int | None = None, backoff: Backoff | None = None,
                    delay_ms: int = 0, priority: int = 0) -> JobOptions:
         """These options as defaults, with a job's own attempts and backoff where it has them."""
-        return JobOptions(attempts=attempts or self.attempts, backoff=backoff or self.backoff,
+        return JobOptions(attempts=self.attempts if attempts is None else attempts,
+                          backoff=backoff or self.backoff,
                           delay_ms=delay_ms, priority=priority)
 
     def to_json(self) -> dict[str, Any]:
