@@ -9,3 +9,12 @@ class EchoMQConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
+
+        # Importing the Tasks framework registers Django's check_tasks, which runs each TASKS
+        # backend's check() (EchoMQBackend's E010-E014, W011); nothing else imports it before
+        # `manage.py check` reads the registry. Without the framework (Django 5.2 without the
+        # django-tasks backport) there is nothing to check.
+        try:
+            from . import tasks_compat  # noqa: F401
+        except ImportError:
+            pass

@@ -14,6 +14,8 @@ every queue of ECHOMQ["QUEUES"], and get_result then looks in each of them.
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 import math
 import traceback
 import uuid
@@ -33,6 +35,7 @@ from .core import (
     Backoff,
     InvalidNameError,
     Job,
+    JobOptions,
     PayloadError,
     UnrecoverableError,
     datetime_from_ms,
@@ -54,11 +57,13 @@ from .tasks_compat import (
     TaskResult,
     TaskResultDoesNotExist,
     TaskResultStatus,
+    normalize_json,
     task_enqueued,
     task_finished,
     task_started,
 )
 
+logger = logging.getLogger("echomq.tasks")
 KNOWN_OPTIONS = {"ENQUEUE_ON_COMMIT", "DATABASE"}
 # The state that holds a task's job, as the task's status; any other state (wait, delayed...) is READY.
 STATUS_OF_STATE = {"active": TaskResultStatus.RUNNING, "completed": TaskResultStatus.SUCCESSFUL,
@@ -95,7 +100,14 @@ class EchoMQBackend(BaseTaskBackend):
         self.database = self.options.get("DATABASE", DEFAULT_DB_ALIAS)
 
     def validate_task(self, task: Task) -> None:
+        if isinstance(task.priority, bool):  # True == 1 passes Django's own check
+            raise InvalidTask("priority must be a whole number between -100 and 100, not a bool.")
         super().validate_task(task)
+        if task.run_after is not None:  # the job's delay has a limit (ten years): refuse it here, not at enqueue
+            try:
+                JobOptions(delay_ms=max(0, math.ceil(task.run_after.timestamp() * 1000) - now_ms()))
+            except PayloadError as error:
+                raise InvalidTask(f"run_after {task.run_after.isoformat()} is too far ahead: {error}.") from None
         attempts = getattr(task, "attempts", None)
         if attempts is not None and (not isinstance(attempts, int) or attempts < 1):
             raise InvalidTask(f"attempts must be a whole number >= 1, not {attempts!r}.")
@@ -128,7 +140,7 @@ class EchoMQBackend(BaseTaskBackend):
                                              delay_ms=delay_ms, priority=task.priority)
         job_id = new_job_id()
         result = TaskResult(
-            task=task, id=job_id, status=TaskResultStatus.READY, enqueued_at=datetime_from_ms(timestamp_ms),
+            task=task, id=job_id, status=TaskResultStatus.READY, enqueued_at=task_datetime(timestamp_ms),
             started_at=None, finished_at=None, last_attempted_at=None, args=payload["args"],
             kwargs=payload["kwargs"], backend=self.alias, errors=[], worker_ids=[],
         )
@@ -144,16 +156,23 @@ class EchoMQBackend(BaseTaskBackend):
         return result
 
     def job_data(self, task: Task, args: Any, kwargs: Any, max_bytes: int) -> dict[str, Any]:
-        """The job's data: the arguments and what rebuilds the Task; TaskArgumentsError if it cannot be stored."""
+        """The job's data: the arguments and what rebuilds the Task; TaskArgumentsError if it cannot be stored.
+
+        The arguments as they are stored, and as get_result reads them back: normalized as Django's
+        TaskResult does (tuples become lists, UTF-8 bytes str), then through JSON (so {1: 2} is {"1": 2}).
+        """
         spec = {"backend": self.alias, "priority": task.priority, "queue_name": task.queue_name}
         if task.run_after is not None:
             spec["run_after"] = task.run_after.isoformat()
-        data = {"args": list(args), "kwargs": dict(kwargs), "task": spec}
+        what = f"the arguments of task {task.module_path}"
+        try:
+            data = {"args": normalize_json(list(args)), "kwargs": normalize_json(dict(kwargs)), "task": spec}
+        except (TypeError, ValueError, RecursionError) as error:
+            raise TaskArgumentsError(f"{what} must be JSON-serializable: {error}") from None
         try:  # refuse now what the send would refuse after the commit
-            encode_json(data, f"the arguments of task {task.module_path}", max_bytes)
+            return json.loads(encode_json(data, what, max_bytes))
         except PayloadError as error:
             raise TaskArgumentsError(str(error)) from None
-        return data
 
     def get_result(self, result_id: str) -> TaskResult:
         """The task's result as Redis has it now; TaskResultDoesNotExist if no queue of this backend has it."""
@@ -235,9 +254,9 @@ def task_result_of(job: Job, task: Task, status: TaskResultStatus) -> TaskResult
     """A TaskResult of `task` (as stored_task rebuilt it) from its job's hash."""
     traces = job.stacktrace[-len(job.error_classes):] if job.error_classes else []
     result = TaskResult(
-        task=task, id=job.id, status=status, enqueued_at=datetime_from_ms(job.timestamp),
-        started_at=datetime_from_ms(job.started_on), last_attempted_at=datetime_from_ms(job.processed_on),
-        finished_at=(datetime_from_ms(job.finished_on)
+        task=task, id=job.id, status=status, enqueued_at=task_datetime(job.timestamp),
+        started_at=task_datetime(job.started_on), last_attempted_at=task_datetime(job.processed_on),
+        finished_at=(task_datetime(job.finished_on)
                      if status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED) else None),
         args=job.data.get("args", []), kwargs=job.data.get("kwargs", {}), backend=task.backend,
         errors=[TaskError(exception_class_path=path, traceback=trace)
@@ -249,6 +268,22 @@ def task_result_of(job: Job, task: Task, status: TaskResultStatus) -> TaskResult
     return result
 
 
+def task_datetime(ms: int | None) -> datetime | None:
+    """A result's time from a protocol timestamp (ms): aware UTC, or with USE_TZ = False naive in TIME_ZONE."""
+    value = datetime_from_ms(ms)
+    if value is not None and not settings.USE_TZ:
+        value = django_timezone.make_naive(value, django_timezone.get_default_timezone())
+    return value
+
+
+def send_finished(result: TaskResult) -> None:
+    """Send task_finished; a receiver's error is logged, and never changes the task's outcome or runs it again."""
+    for receiver, response in task_finished.send_robust(EchoMQBackend, task_result=result):
+        if isinstance(response, Exception):
+            logger.error("task_finished receiver %r failed for task %s (id %s)", receiver,
+                         result.task.module_path, result.id, exc_info=response)
+
+
 def is_task_job(job: Job) -> bool:
     return isinstance(job.data, dict) and isinstance(job.data.get("task"), dict)
 
@@ -257,6 +292,11 @@ def run_task_job(job: Job) -> Any:
     """Run a task job in the worker, sending task_started and task_finished around it.
 
     A return value that is not JSON fails the attempt with a TypeError, as in Django's backends.
+    task_started is sent as Django's backends send it: a receiver's error fails the attempt before
+    the task runs. task_finished is sent robustly: a receiver's error is logged on "echomq.tasks"
+    and the outcome stands, so a successful task is never run again. Its finished_at has the
+    kind and ms precision of get_result's, but is the handler's end: the job's finishedOn is
+    written just after, so get_result's finished_at can be a few ms later.
     """
     result = task_result_of(job, stored_task(job), TaskResultStatus.RUNNING)
     task, args, kwargs = result.task, result.args, result.kwargs
@@ -272,15 +312,15 @@ def run_task_job(job: Job) -> Any:
             raise fail_for_good(TypeError(str(error))) from None  # running it again would not help
     except BaseException as error:  # SystemExit and KeyboardInterrupt too: the worker records them as failures
         object.__setattr__(result, "status", TaskResultStatus.FAILED)
-        object.__setattr__(result, "finished_at", django_timezone.now())
+        object.__setattr__(result, "finished_at", task_datetime(now_ms()))
         result.errors.append(TaskError(
             exception_class_path=f"{type(error).__module__}.{type(error).__qualname__}",
             traceback="".join(traceback.format_exception(error))))
-        task_finished.send(EchoMQBackend, task_result=result)
+        send_finished(result)  # inside the handler, so receivers see sys.exc_info() as in Django's backends
         raise
     object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
-    object.__setattr__(result, "finished_at", django_timezone.now())
+    object.__setattr__(result, "finished_at", task_datetime(now_ms()))
     object.__setattr__(result, "_return_value", value)
-    task_finished.send(EchoMQBackend, task_result=result)
+    send_finished(result)
     return value
 

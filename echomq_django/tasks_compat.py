@@ -15,7 +15,13 @@ except ImportError:  # Django 5.2: pip install "echomq-django[tasks]"
     from django_tasks.exceptions import TaskResultDoesNotExist  # type: ignore[no-redef]
     from django_tasks.signals import task_enqueued, task_finished, task_started  # type: ignore[no-redef]
 
+try:  # what TaskResult does to args and kwargs: tuples become lists, UTF-8 bytes str
+    from django.utils.json import normalize_json
+except ImportError:  # Django 5.2: the backport has the same function
+    from django_tasks.utils import normalize_json  # type: ignore[no-redef]
+
 __all__ = [
     "BaseTaskBackend", "InvalidTask", "InvalidTaskBackend", "Task", "TaskContext", "TaskError", "TaskResult",
-    "TaskResultDoesNotExist", "TaskResultStatus", "task_backends", "task_enqueued", "task_finished", "task_started",
+    "TaskResultDoesNotExist", "TaskResultStatus", "normalize_json", "task_backends", "task_enqueued",
+    "task_finished", "task_started",
 ]

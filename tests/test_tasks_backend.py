@@ -1,5 +1,6 @@
 """Django's Tasks framework on echomq: every flag the backend claims, through the real worker."""
 
+import os
 import subprocess
 import sys
 import threading
@@ -219,6 +220,18 @@ def test_the_backend_checks_its_configuration(settings):
                                   "OPTIONS": {"ENQUEUE_ON_COMMIT": "yes", "DATABASE": "nope", "COLOUR": 1}}}
     ids = {message.id for message in task_backends["default"].check()}
     assert ids == {"echomq.E010", "echomq.E014", "echomq.W011", "echomq.E011", "echomq.E012"}
+
+
+def test_manage_py_check_runs_the_backend_checks(tmp_path):
+    """Nothing else imports the Tasks framework before the check registry is read: the app's ready() does."""
+    (tmp_path / "unserved_settings.py").write_text(
+        "from demo_project.settings import *  # noqa: F403\n"
+        "TASKS = {'default': {'BACKEND': 'echomq_django.backends.EchoMQBackend', 'QUEUES': ['default', 'unserved']}}\n")
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "unserved_settings",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    checked = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=60)
+    assert checked.returncode == 1 and "echomq.E014" in checked.stderr, checked.stderr
 
 
 def test_invalid_task_options_are_refused():

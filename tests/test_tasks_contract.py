@@ -106,6 +106,14 @@ def started_at_ns() -> int:
     return time.monotonic_ns()
 
 
+@task(attempts=3)
+def counted_run(path: str) -> str:
+    """Record each run as a line of the file at `path`."""
+    with open(path, "a") as file:
+        file.write("ran\n")
+    return "done"
+
+
 @pytest.fixture(autouse=True)
 def backends(settings, redis_url, prefix):
     """Two queues on this test's prefix, a second backend, and this module as an app (the worker runs only those)."""
@@ -161,6 +169,21 @@ def test_enqueue_logs_the_id(caplog):
     with caplog.at_level("DEBUG", logger="django.tasks"):
         result = noop_task.enqueue()
     assert any("enqueued" in line and result.id in line for line in caplog.messages)
+
+
+def test_the_returned_arguments_are_the_stored_ones():
+    """As Django's TaskResult normalizes them (tuples, UTF-8 bytes), and as JSON keeps them (int keys)."""
+    result = noop_task.enqueue({1: 2}, b"bytes", (1, (2,)), key=b"x", mapping={None: 1.5})
+    assert result.args == [{"1": 2}, "bytes", [1, [2]]]
+    assert result.kwargs == {"key": "x", "mapping": {"null": 1.5}}
+    assert noop_task.get_result(result.id) == result
+
+
+def test_arguments_django_refuses_are_refused():
+    with pytest.raises(ValueError, match="Unsupported value"):  # as Django's normalize_json: not UTF-8
+        noop_task.enqueue(b"\xff")
+    with pytest.raises(TypeError, match="Unsupported type"):
+        noop_task.enqueue(key=object())
 
 
 def test_a_non_json_argument_is_a_type_error_and_sends_nothing(redis_client, prefix):
@@ -273,6 +296,8 @@ def test_a_correct_configuration_passes_the_backend_check():
     ({"run_after": datetime.now()}, "run_after must be an aware datetime"),
     ({"priority": 101}, "priority must be a whole number between -100 and 100"),
     ({"priority": 3.1}, "priority must be a whole number between -100 and 100"),
+    ({"priority": True}, "priority must be a whole number between -100 and 100"),
+    ({"run_after": timezone.now() + timedelta(days=3651)}, r"run_after .* too far ahead: .*315360000000"),
 ])
 def test_invalid_options_are_refused(change, message):
     with pytest.raises(InvalidTask, match=message):
@@ -288,6 +313,76 @@ def test_signals_around_a_successful_run(signals):
                        ("started", EchoMQBackend, TaskResultStatus.RUNNING),
                        ("finished", EchoMQBackend, TaskResultStatus.SUCCESSFUL)]
     assert noop_task.get_result(result.id).return_value is None
+
+
+def test_a_raising_task_finished_receiver_neither_reruns_nor_fails_the_task(tmp_path, caplog):
+    runs = tmp_path / "runs"
+
+    def broken(sender, task_result, **kwargs):
+        raise RuntimeError("receiver broke")
+
+    task_finished.connect(broken)
+    try:
+        with caplog.at_level("ERROR", logger="echomq.tasks"):
+            result = counted_run.enqueue(str(runs))
+            failed = failing_task_value_error.enqueue()
+            work()
+    finally:
+        task_finished.disconnect(broken)
+    assert runs.read_text() == "ran\n", "run once, not once per attempt"
+    result.refresh()
+    assert (result.status, result.attempts, result.return_value) == (TaskResultStatus.SUCCESSFUL, 1, "done")
+    failed.refresh()
+    assert failed.status == TaskResultStatus.FAILED and failed.attempts == 1
+    assert [error.exception_class for error in failed.errors] == [ValueError], "the task's error, not the receiver's"
+    logged = [record for record in caplog.records if record.name == "echomq.tasks"]
+    assert len(logged) == 2 and all(record.exc_info[0] is RuntimeError for record in logged)
+    assert result.id in logged[0].getMessage() and "receiver broke" in caplog.text
+
+
+def test_a_raising_task_started_receiver_fails_the_attempt_before_the_task_runs(tmp_path):
+    """As in Django's backends, which send task_started with send(): the task does not run."""
+    runs = tmp_path / "runs"
+
+    def broken(sender, task_result, **kwargs):
+        raise RuntimeError("receiver broke")
+
+    task_started.connect(broken)
+    try:
+        result = counted_run.enqueue(str(runs))
+        work()
+    finally:
+        task_started.disconnect(broken)
+    assert not runs.exists()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[-1].exception_class is RuntimeError and "receiver broke" in result.errors[-1].traceback
+
+
+@pytest.mark.parametrize("use_tz", [True, False])
+def test_the_signals_times_are_of_the_kind_get_result_gives(settings, use_tz):
+    settings.USE_TZ = use_tz
+    seen = {}
+
+    def record(sender, task_result, signal, **kwargs):
+        seen[signal] = task_result
+
+    task_started.connect(record)
+    task_finished.connect(record)
+    try:
+        result = noop_task.enqueue()
+        work()
+    finally:
+        task_started.disconnect(record)
+        task_finished.disconnect(record)
+    stored = noop_task.get_result(result.id)
+    finished = seen[task_finished]
+    times = [result.enqueued_at, stored.enqueued_at, stored.started_at, stored.finished_at,
+             seen[task_started].started_at, finished.started_at, finished.finished_at]
+    assert all(timezone.is_aware(value) is use_tz for value in times), times
+    assert all(value.microsecond % 1000 == 0 for value in times), "ms, as stored"
+    assert finished.started_at == stored.started_at and finished.enqueued_at == stored.enqueued_at
+    assert stored.started_at <= finished.finished_at <= stored.finished_at, "finishedOn is written just after"
 
 
 @pytest.mark.parametrize("task_, exception, message", [
