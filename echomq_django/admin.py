@@ -29,7 +29,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.text import capfirst
 from django.views.decorators.http import require_POST
-from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.exceptions import RedisClusterException, RedisError
 
 from .conf import get_settings
 from .core import (
@@ -55,11 +55,11 @@ from .status import describe_sweep, queue_status
 DAY_MS = 86_400_000
 # A century: more is surely a typo, and days * DAY_MS must stay a number Redis takes.
 MAX_CLEAN_DAYS = 36_500
-# What a job or queue can answer instead of doing what it was asked: its id or
-# name is outside the alphabet, a key holds another Redis type, a worker holds it.
-JOB_ERRORS = (InvalidNameError, QueueStateError, ResponseError, JobLockedError)
-# What a read of Redis can raise: the errors above, or Redis out of reach.
+# What a read of Redis can raise: an answer of the wrong kind, or Redis out of reach.
 REDIS_ERRORS = (RedisError, RedisClusterException, QueueStateError)
+# What a change to a job can raise instead of doing what it was asked: the
+# errors above, an id outside the alphabet (or a queue key's name), a worker holds it.
+JOB_ERRORS = (*REDIS_ERRORS, InvalidNameError, JobLockedError)
 
 
 def redis_problem(error: Exception) -> str:
@@ -73,7 +73,9 @@ VIEW_SYNC_LIMIT = 1000
 
 
 def pretty_json(value: Any) -> str:
-    return format_html("<pre>{}</pre>", json.dumps(value, indent=2, ensure_ascii=False, default=str))
+    # Lone surrogates (valid JSON from another client, not encodable as UTF-8) stay escaped.
+    text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    return format_html("<pre>{}</pre>", text.encode("utf-8", "backslashreplace").decode("utf-8"))
 
 
 def exact_time(value: datetime | None) -> str:
@@ -320,7 +322,7 @@ class FailedJobAdmin(MirrorAdmin):
         try:
             outcome = change()
         except JOB_ERRORS as error:
-            self.message_user(request, f"Job {job_id} was left alone: {error}", messages.ERROR)
+            self.message_user(request, f"Job {job_id} was left alone: {redis_problem(error)}", messages.ERROR)
             return HttpResponseRedirect(self.job_url(queue.name, job_id))
         FailedJob.objects.filter(queue=queue.name, job_id=job_id).delete()
         self.message_user(request, f"Job {job_id} of {queue.name} {outcome}.", messages.SUCCESS)
@@ -336,7 +338,8 @@ class FailedJobAdmin(MirrorAdmin):
                 else:
                     gone.append(record.job_id)
             except JOB_ERRORS as error:
-                self.message_user(request, f"Job {record.job_id!r} was left alone: {error}", messages.ERROR)
+                self.message_user(request, f"Job {record.job_id!r} was left alone: {redis_problem(error)}",
+                                  messages.ERROR)
                 continue
             record.delete()  # either way it is no longer in failed
         self.message_user(request, f"{retried} job(s) sent back to wait.", messages.SUCCESS)
@@ -349,7 +352,7 @@ class FailedJobAdmin(MirrorAdmin):
         try:
             get_queue(obj.queue).remove(obj.job_id, only_from="failed")
         except JOB_ERRORS as error:
-            self.message_user(request, f"Job {obj.job_id!r} was not deleted: {error}", messages.ERROR)
+            self.message_user(request, f"Job {obj.job_id!r} was not deleted: {redis_problem(error)}", messages.ERROR)
             return
         obj.delete()
 

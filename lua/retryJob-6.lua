@@ -15,20 +15,23 @@
   ARGV[2] job id
 
   Returns 1 when the job was moved, 0 when it is not in `failed`, -1 when its
-  key holds no job hash (nothing could run it; it stays in `failed`).
+  key holds no job hash or the id is a queue key's name (nothing could run it;
+  it stays in `failed`).
 ]]
 -- @include "emitEvent"
 -- @include "pushReady"
+-- @include "jobKey"
 
 local prefix, id = ARGV[1], ARGV[2]
 if not redis.call("ZSCORE", KEYS[1], id) then
   return 0
 end
-if redis.call("TYPE", prefix .. id)["ok"] ~= "hash" then
-  return -1  -- no job hash to run (missing, or another type): it stays failed
+local key = jobKey(prefix, id)
+if not key or redis.call("TYPE", key)["ok"] ~= "hash" then
+  return -1  -- no job hash to run (missing, another type, a queue key's name): it stays failed
 end
 redis.call("ZREM", KEYS[1], id)
-redis.call("HDEL", prefix .. id, "finishedOn", "failedReason", "processedOn")
+redis.call("HDEL", key, "finishedOn", "failedReason", "processedOn")
 pushReady(prefix, KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], id)
 emitEvent(prefix, "retried", id, "by", "retryJob")
 return 1

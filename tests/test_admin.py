@@ -481,12 +481,25 @@ def test_the_stalled_list_uses_the_queues_default_attempts_as_the_sweep_does(sup
     assert queue.get_state(job_id) == "failed"
 
 
-@pytest.mark.parametrize("name", ["admin:echomq_queue_sweep", "admin:echomq_queue_retry_failed"])
-def test_buttons_answer_within_enqueue_timeout_when_redis_does_not(superuser_client, echomq_settings, name):
+@pytest.mark.parametrize("name, args", [
+    ("admin:echomq_queue_sweep", ["q"]), ("admin:echomq_queue_retry_failed", ["q"]),
+    ("admin:echomq_failedjob_job_retry", ["q", "JOB"]), ("admin:echomq_failedjob_job_delete", ["q", "JOB"]),
+])
+def test_buttons_answer_within_enqueue_timeout_when_redis_does_not(superuser_client, echomq_settings, queue,
+                                                                   name, args):
+    job_id = failed_job(queue)  # and its row, which the job page falls back on
+    args = [job_id if arg == "JOB" else arg for arg in args]
     echomq_settings.ECHOMQ = {**echomq_settings.ECHOMQ, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
                               "ENQUEUE_TIMEOUT": 1}
     started = time.monotonic()
-    response = superuser_client.post(reverse(name, args=["q"]), {"post": "yes"}, follow=True)
+    response = superuser_client.post(reverse(name, args=args), {"post": "yes"}, follow=True)
     took_s = time.monotonic() - started
     assert response.status_code == 200 and "Redis did not answer" in response.content.decode()
     assert took_s < 2, f"a web request waited {took_s:.1f} s for Redis"
+
+
+def test_a_job_page_shows_data_that_is_not_valid_utf_8(superuser_client, queue):
+    job_id = failed_job(queue)
+    queue.client.hset(queue.keys.job(job_id), "data", '{"k": "\\ud800"}')  # valid JSON, a lone surrogate
+    response = superuser_client.get(job_page(job_id))
+    assert response.status_code == 200 and "\\ud800" in response.content.decode()

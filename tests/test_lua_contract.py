@@ -54,3 +54,11 @@ def test_an_include_is_spliced_once_even_when_named_twice():
     assert source.count("local function emitEvent(") == 1
     assert "-- @include" not in source
 
+
+
+def test_the_scripts_know_the_same_reserved_ids_as_python():
+    from echomq_django.core.keys import RESERVED_IDS
+
+    text = (scripts_dir() / "includes" / "jobKey.lua").read_text()
+    listed = text[text.index("local RESERVED_IDS = {"):text.index("}\n", text.index("local RESERVED_IDS = {"))]
+    assert set(re.findall(r'\["([a-z-]+)"\] = true', listed)) == RESERVED_IDS

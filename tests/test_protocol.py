@@ -8,6 +8,7 @@ import pytest
 from echomq_django.core import (
     Backoff,
     Confirm,
+    InvalidNameError,
     JobLockedError,
     JobNotFoundError,
     JobOptions,
@@ -358,3 +359,19 @@ def test_a_generated_id_skips_a_key_another_client_wrote(queue):
     ids = queue.add_bulk([NewJob("work", {"n": n}) for n in range(3)])
     assert ids == ["1", "3", "4"]
     assert queue.counts()["wait"] == 3 and queue.client.get(queue.keys.job("2")) == "someone else's string"
+
+
+def test_stray_entries_named_like_queue_keys_never_touch_the_queue_keys(queue):
+    ids = [queue.add("work") for _ in range(3)]
+    queue.pause()
+    queue.client.zadd(queue.keys.failed, {"wait": 1, "meta": 2, "id": 3, "paused": 4})
+    for stray in ("wait", "meta"):
+        with pytest.raises(InvalidNameError, match="queue key"):
+            queue.remove(stray)
+        with pytest.raises(InvalidNameError, match="queue key"):
+            queue.retry(stray)
+    assert queue.retry_all_failed() == 0, "a queue key is no job to retry"
+    assert queue.clean("failed", 0) == 4, "the entries leave the set"
+    assert queue.client.zcard(queue.keys.failed) == 0
+    assert queue.is_paused() and queue.client.get(queue.keys.id_counter) == "3"
+    assert queue.client.lrange(queue.keys.paused, 0, -1) == ids[::-1], "the paused jobs are where they were"

@@ -107,6 +107,18 @@ def validate_job_name(name: object) -> str:
     return name
 
 
+def validate_stored_id(job_id: object) -> str:
+    """Return the id of a job to change (retry, remove) if it can be one; else InvalidNameError.
+
+    Generated (all-digit) ids pass; a queue key name does not, even when another
+    client put it in a set: changing it as a job would change the queue's own key.
+    """
+    job_id = validate_name(job_id, "job id")
+    if job_id in RESERVED_IDS:
+        raise InvalidNameError(f"job id {job_id!r} is the name of a queue key, not of a job")
+    return job_id
+
+
 def validate_job_id(job_id: object) -> str:
     """Return a caller-chosen job id if it is valid, else raise InvalidNameError."""
     job_id = validate_name(job_id, "job id")

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from . import defaults
 from .errors import NotConfirmedError
 from .job import Job, JobOptions, encode_json
-from .keys import LIST_STATES, STATES, QueueKeys, validate_job_id, validate_job_name, validate_name
+from .keys import LIST_STATES, STATES, QueueKeys, validate_job_id, validate_job_name, validate_name, validate_stored_id
 from .scripts import Confirm, Scripts, pairs
 
 T = TypeVar("T")
@@ -161,14 +161,14 @@ class Queue:
 
     def retry(self, job_id: str) -> bool:
         """Send a failed job back to wait; False when it is not in `failed` (any more)."""
-        return self.scripts.retry_job(self.keys, validate_name(job_id, "job id")) == 1
+        return self.scripts.retry_job(self.keys, validate_stored_id(job_id)) == 1
 
     def remove(self, job_id: str, *, only_from: str | None = None) -> bool:
         """Delete a job wherever it is (or only while in `only_from`: "failed", ...).
 
         Raises JobLockedError while a worker holds it.
         """
-        return self.scripts.remove_job(self.keys, validate_name(job_id, "job id"), only_from)
+        return self.scripts.remove_job(self.keys, validate_stored_id(job_id), only_from)
 
     def retry_all_failed(self, batch: int = 1000) -> int:
         """Send every failed job back to wait, `batch` per pipelined round trip; returns how many."""

@@ -1,3 +1,5 @@
+-- @include "jobKey"
+
 -- Trim a finished set (completed or failed) to keepCount newest jobs and drop
 -- jobs older than keepAgeMs, deleting their hashes. keepCount < 0 keeps any
 -- number; keepAgeMs <= 0 keeps any age. Each call removes at most 1000 jobs so
@@ -15,7 +17,8 @@ local function applyRetention(prefix, setKey, keepCount, keepAgeMs, now)
     end
   end
   for _, id in ipairs(doomed) do
-    redis.call("DEL", prefix .. id)
+    local key = jobKey(prefix, id)
+    if key then redis.call("DEL", key) end
     redis.call("ZREM", setKey, id)
   end
   return #doomed
