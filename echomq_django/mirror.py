@@ -25,7 +25,7 @@ import math
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from django.db import DatabaseError, transaction
 from django.utils import timezone
@@ -95,11 +95,28 @@ def _batches(items: Iterable[T], size: int = BATCH) -> Iterator[list[T]]:
         yield ordered[start:start + size]
 
 
+# What every database the mirror runs on can store: PostgreSQL's text and jsonb
+# refuse NUL characters and lone surrogates, and its integer column stops at 2**31 - 1.
+_INT_MAX = 2**31 - 1
+
+
+def storable(value: Any) -> Any:
+    """`value` (text, or JSON data) with NUL as U+FFFD and lone surrogates as "?", keys included."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8").replace("\x00", "\ufffd")
+    if isinstance(value, list):
+        return [storable(item) for item in value]
+    if isinstance(value, dict):
+        return {storable(key): storable(item) for key, item in value.items()}
+    return value
+
+
 def _record(job: Job, state: str, score_ms: int | None) -> JobRecord:
     return JobRecord(
-        queue=job.queue, job_id=job.id, name=job.name[:255], state=state, data=job.data,
-        opts=job.opts.to_json(), attempts_made=job.attempts_made, stall_count=job.stall_count,
-        failed_reason=job.failed_reason or "", stacktrace=job.stacktrace,
+        queue=job.queue, job_id=job.id, name=storable(job.name[:255]), state=state, data=storable(job.data),
+        opts=job.opts.to_json(), attempts_made=min(job.attempts_made, _INT_MAX),
+        stall_count=min(job.stall_count, _INT_MAX),
+        failed_reason=storable(job.failed_reason or ""), stacktrace=storable(job.stacktrace),
         created_at=datetime_from_ms(job.timestamp), processed_at=datetime_from_ms(job.processed_on),
         finished_at=datetime_from_ms(job.finished_on) or datetime_from_ms(score_ms), score_ms=score_ms,
     )

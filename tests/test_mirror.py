@@ -208,3 +208,16 @@ def test_a_complete_sync_stamps_the_time_of_the_copy(queue):
     before = timezone.now()
     assert sync_queue(queue).complete
     assert MirrorCursor.objects.get(queue="q").synced_at >= before
+
+
+def test_text_no_database_can_store_is_stored_replaced(queue):
+    job_id = queue.add("work", {"n": 1}, opts=JobOptions(attempts=1))
+    queue.client.hset(queue.keys.job(job_id), "data", '{"k\\u0000": "a\\u0000b", "s": "\\ud800"}')
+    fetch(queue, token="t")
+    finish_attempt(queue, job_id, "t", 1_700_000_000_000, completed=False, value="byte \x00 at 3",
+                   default_attempts=1)
+    queue.client.hset(queue.keys.job(job_id), "atm", 99_999_999_999)
+    sync_queue(queue)
+    row = FailedJob.objects.get(job_id=job_id)
+    assert row.failed_reason == "byte \ufffd at 3" and row.data == {"k\ufffd": "a\ufffdb", "s": "?"}
+    assert row.attempts_made == 2**31 - 1
