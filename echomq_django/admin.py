@@ -168,14 +168,18 @@ class MirrorAdmin(admin.ModelAdmin):
             return []
         if request.GET.get("queue") in names:
             names = [request.GET["queue"]]
-        notes = []
+        notes: list[dict[str, Any]] = []
         for name in names:
             note: dict[str, Any] = {"queue": name}
+            unreachable = next((n["error"] for n in notes if n.get("unreachable")), None)
             try:
-                result = sync_queue(get_queue(name), limit=VIEW_SYNC_LIMIT)
-                note.update(complete=result.complete, pending=result.pending)
+                if unreachable:  # one wait for Redis per page, not one per queue
+                    note.update(error=unreachable, unreachable=True)
+                else:
+                    result = sync_queue(get_queue(name), limit=VIEW_SYNC_LIMIT)
+                    note.update(complete=result.complete, pending=result.pending)
             except REDIS_ERRORS as error:
-                note["error"] = str(error)
+                note.update(error=redis_problem(error), unreachable=isinstance(error, UNREACHABLE))
             notes.append(note)
         synced = dict(MirrorCursor.objects.filter(queue__in=names).values_list("queue", "synced_at"))
         for note in notes:
@@ -469,7 +473,7 @@ class QueueAdmin(admin.ModelAdmin):
             "title": "Queues",
             "opts": self.model._meta,
             "settings_error": settings_error,
-            "queues": [self.queue_row(name) for name in names],
+            "queues": self.queue_rows(names),
             "can_sweep": user.has_perm("echomq.sweep_queue"),
             "can_retry": user.has_perm("echomq.retry_failedjob"),
             "can_clean": user.has_perm("echomq.delete_failedjob"),
@@ -478,12 +482,21 @@ class QueueAdmin(admin.ModelAdmin):
         }
         return TemplateResponse(request, "admin/echomq/queue_dashboard.html", context)
 
+    def queue_rows(self, names: list[str]) -> list[dict[str, Any]]:
+        """The dashboard's lines; once Redis has not answered for one queue, the rest say so without waiting."""
+        rows: list[dict[str, Any]] = []
+        for name in names:
+            unreachable = next((row["error"] for row in rows if row.get("unreachable")), None)
+            rows.append({"name": name, "error": unreachable, "unreachable": True} if unreachable
+                        else self.queue_row(name))
+        return rows
+
     def queue_row(self, name: str) -> dict[str, Any]:
         """One queue's line of the dashboard; `error` instead of counts when one of its keys is broken."""
         try:
             status = queue_status(name)  # what echomq_status shows, read the same way
         except REDIS_ERRORS as error:  # out of reach: a page says so rather than failing
-            return {"name": name, "error": redis_problem(error)}
+            return {"name": name, "error": redis_problem(error), "unreachable": isinstance(error, UNREACHABLE)}
         if "error" in status:
             return {"name": name, "error": status["error"]}
         return {"name": name, "counts": status["counts"], "paused": status["paused"],

@@ -1,5 +1,6 @@
 """The admin: dashboard, stalled and failed sets, actions, permissions, CSRF and escaping."""
 
+import signal
 import time
 
 import pytest
@@ -11,7 +12,7 @@ from echomq_django.core import JobOptions
 from echomq_django.mirror import sync_queue
 from echomq_django.models import FailedJob
 from tests.helpers import fetch, finish_attempt, kill_lock, sweep
-from tests.redis_servers import free_port
+from tests.redis_servers import RedisServer, free_port
 
 pytestmark = pytest.mark.django_db
 HOSTILE = '<script>alert("x")</script>'
@@ -503,3 +504,23 @@ def test_a_job_page_shows_data_that_is_not_valid_utf_8(superuser_client, queue):
     queue.client.hset(queue.keys.job(job_id), "data", '{"k": "\\ud800"}')  # valid JSON, a lone surrogate
     response = superuser_client.get(job_page(job_id))
     assert response.status_code == 200 and "\\ud800" in response.content.decode()
+
+
+@pytest.mark.parametrize("page", ["dashboard", "failed", "stalled"])
+def test_a_page_waits_for_an_absent_redis_once_not_once_per_queue(superuser_client, echomq_settings, page):
+    server = RedisServer()
+    server.start()
+    echomq_settings.ECHOMQ = {"REDIS_URL": server.url, "PREFIX": "p", "ENQUEUE_TIMEOUT": 1,
+                              "QUEUES": {name: {} for name in ("a", "b", "c", "d")}}
+    superuser_client.get(URLS[page]())  # connected, so the freeze hits calls, not connects
+    server.process.send_signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        response = superuser_client.get(URLS[page]())
+        took_s = time.monotonic() - started
+    finally:
+        server.process.send_signal(signal.SIGCONT)
+        server.stop()
+        server.workdir.cleanup()
+    assert response.status_code == 200 and "Redis did not answer" in response.content.decode()
+    assert took_s < 2, f"{took_s:.1f} s for four queues with ENQUEUE_TIMEOUT 1"
