@@ -207,12 +207,12 @@ class MirrorAdmin(admin.ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         queue, row = self.job_queue(queue_name, job_id)
+        unread = ""  # why Redis could not be read, if it could not
         try:
             job, state = queue.get_job_with_state(job_id)
             in_its_set = self.in_its_set(queue, job_id, state)
         except REDIS_ERRORS as error:
-            job, state, in_its_set = None, None, False
-            self.message_user(request, f"Redis did not answer for this job: {error}", messages.ERROR)
+            job, state, in_its_set, unread = None, None, False, redis_problem(error)
         if row is None and not in_its_set:
             raise Http404(f"job {job_id} of queue {queue_name} is not in the {self.opts.verbose_name_plural}")
         facts = job_facts(job, state) if job else row_facts(row)
@@ -220,7 +220,7 @@ class MirrorAdmin(admin.ModelAdmin):
             **self.admin_site.each_context(request), "opts": self.opts,
             "title": f"{capfirst(self.opts.verbose_name)} {job_id} of queue {queue.name}",
             "facts": [*facts, *self.live_facts(queue, job_id, job)], "job_id": job_id, "queue_name": queue.name,
-            "gone": job is None, "in_its_set": in_its_set,
+            "gone": job is None and not unread, "unread": unread, "in_its_set": in_its_set,
             **self.job_buttons(request, queue, job_id, in_its_set),
         }
         return TemplateResponse(request, "admin/echomq/job_detail.html", context)

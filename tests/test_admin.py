@@ -524,3 +524,13 @@ def test_a_page_waits_for_an_absent_redis_once_not_once_per_queue(superuser_clie
         server.workdir.cleanup()
     assert response.status_code == 200 and "Redis did not answer" in response.content.decode()
     assert took_s < 2, f"{took_s:.1f} s for four queues with ENQUEUE_TIMEOUT 1"
+
+
+def test_a_job_page_says_when_redis_could_not_be_read_rather_than_that_it_lost_the_job(
+        superuser_client, echomq_settings, queue):
+    job_id = failed_job(queue)
+    echomq_settings.ECHOMQ = {**echomq_settings.ECHOMQ, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+                              "ENQUEUE_TIMEOUT": 1}
+    page = superuser_client.get(job_page(job_id)).content.decode()
+    assert "Redis could not be read (Redis did not answer" in page and "no longer has" not in page
+    assert "boom" in page, "the copy is shown"
