@@ -571,10 +571,11 @@ class QueueAdmin(admin.ModelAdmin):
             return self._back()
         older_than_ms = round(days * DAY_MS)
         if not confirmed(request):
-            which = "" if days == 0 else f" that failed more than {days:g} day(s) ago"
+            # "before now", not "all": a job another client scored in the future stays.
+            which = " that failed before now" if days == 0 else f" that failed more than {days:g} day(s) ago"
             return self._confirm(
                 request, queue, lambda: count_failed_older_than(queue, older_than_ms),
-                lambda found: f"Delete {'all ' if days == 0 else ''}{found} failed job(s) of queue "
+                lambda found: f"Delete {found} failed job(s) of queue "
                               f"{queue.name}{which}? Their data and traces go too; this cannot be undone.",
                 title=f"Delete failed jobs of {queue.name}?", button="Yes, delete them",
                 fields={"days": request.POST["days"]})

@@ -452,7 +452,7 @@ def test_clean_failed_asks_first_saying_how_many_it_would_delete(echomq_settings
     operator = staff("operator", "view_queue", "delete_failedjob")
     url = reverse("admin:echomq_queue_clean_failed", args=["q"])
     page = operator.post(url, {"days": "0"}).content.decode()
-    assert "Delete all 3 failed job(s) of queue q?" in page and 'name="days" value="0"' in page
+    assert "Delete 3 failed job(s) of queue q that failed before now?" in page and 'name="days" value="0"' in page
     assert operator.post(url, {"days": "36500"}).content.decode().count("Delete 0 failed job(s)") == 1
     assert [queue.get_state(i) for i in ids] == ["failed"] * 3
     operator.post(url, {"days": "0", **CONFIRMED})
