@@ -34,9 +34,13 @@ from echomq_django.tasks_compat import (
 try:
     from django.tasks import task
     from django.tasks.exceptions import TaskResultMismatch
+
+    FRAMEWORK_LOGGER, BACKPORT = "django.tasks", False
 except ImportError:  # Django 5.2 with the django-tasks backport
     from django_tasks import task
     from django_tasks.exceptions import TaskResultMismatch
+
+    FRAMEWORK_LOGGER, BACKPORT = "django_tasks", True
 
 pytestmark = pytest.mark.django_db(transaction=True)
 BACKEND = "echomq_django.backends.EchoMQBackend"
@@ -166,7 +170,7 @@ def test_aenqueue_and_aget_result():
 
 
 def test_enqueue_logs_the_id(caplog):
-    with caplog.at_level("DEBUG", logger="django.tasks"):
+    with caplog.at_level("DEBUG", logger=FRAMEWORK_LOGGER):
         result = noop_task.enqueue()
     assert any("enqueued" in line and result.id in line for line in caplog.messages)
 
@@ -230,6 +234,7 @@ def test_refresh_after_the_worker_ran_it():
     assert result.enqueued_at <= result.started_at <= result.last_attempted_at <= result.finished_at
 
 
+@pytest.mark.skipif(BACKPORT, reason="the backport pickles a task's function by name, which a @task shadows")
 def test_a_result_can_be_pickled():
     result = noop_task.enqueue()
     assert pickle.loads(pickle.dumps(result)) == result
