@@ -15,14 +15,28 @@ from echomq_django.core import Queue, Scripts, connect
 from tests.redis_servers import ClusterServers
 
 _cluster: ClusterServers | None = None
+_SKIP_OWN_SERVERS = pytest.StashKey[bool]()
 
 
 def pytest_configure(config) -> None:
     global _cluster
+    on_sqlite = os.environ.get("DATABASE_URL", "sqlite").startswith("sqlite")
+    if os.environ.get("ECHOMQ_TEST_REDIS_URL") == "cluster" or not on_sqlite:
+        # A test that brings its own Redis servers and tests no database would only run
+        # again here; the SQLite run of the same Python and Django has it.
+        config.stash[_SKIP_OWN_SERVERS] = True
     if os.environ.get("ECHOMQ_TEST_REDIS_URL") == "cluster":
         _cluster = ClusterServers(masters=3, replicas=0)
         _cluster.start()
         os.environ["ECHOMQ_TEST_REDIS_URL"] = _cluster.url  # child processes see it too
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    if config.stash.get(_SKIP_OWN_SERVERS, False):
+        skip = pytest.mark.skip(reason="own servers, no database: the SQLite run of this Python has it")
+        for item in items:
+            if item.get_closest_marker("own_servers"):
+                item.add_marker(skip)
 
 
 def pytest_unconfigure(config) -> None:

@@ -31,7 +31,7 @@ from tests.redis_servers import RedisServer
 from tests.test_faults import Fleet, events, started_per_job
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.own_servers]
 
 
 def attempt_counters(queue: Queue, ids: list[str]) -> dict[str, tuple[str, str, str]]:

@@ -139,6 +139,7 @@ class Load:
                 if not self.client.exists(QueueKeys(name, self.queues[0].keys.prefix).job(job_id))}
 
 
+@pytest.mark.own_servers
 def test_queues_spread_over_the_masters_and_each_queue_lives_on_one(cluster, own_prefix):
     client = connect(cluster.url)
     assert isinstance(client, RedisCluster)
@@ -156,6 +157,7 @@ def test_queues_spread_over_the_masters_and_each_queue_lives_on_one(cluster, own
     assert not load.lost()
 
 
+@pytest.mark.own_servers
 @pytest.mark.parametrize("how", ["CLUSTER FAILOVER", "kill -9"])
 def test_a_master_failover_loses_no_acknowledged_job(cluster, own_prefix, how):
     client = connect(cluster.url)
@@ -186,6 +188,7 @@ def test_a_master_failover_loses_no_acknowledged_job(cluster, own_prefix, how):
         print(load.report(how))
 
 
+@pytest.mark.own_servers
 def test_a_sentinel_failover_loses_no_acknowledged_job(own_prefix):
     servers = SentinelServers()
     servers.start()

@@ -14,7 +14,7 @@ from tests.helpers import wait_until
 from tests.redis_servers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.own_servers]  # the demo starts its own redis-server
 
 
 def process_table() -> dict[int, list[tuple[int, str]]]:

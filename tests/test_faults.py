@@ -175,6 +175,7 @@ def test_a_worker_paused_past_lock_and_two_intervals_loses_the_job_and_its_late_
     assert [job_id for _, job_id in events(queue, "completed")] == [job_id], "written once"
 
 
+@pytest.mark.own_servers
 def test_redis_crash_and_restart_loses_no_acknowledged_job():
     server = RedisServer("--appendonly", "yes", "--appendfsync", "always")
     server.start()

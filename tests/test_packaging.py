@@ -37,6 +37,7 @@ def test_the_runtime_imports_no_django():
 
 
 @pytest.mark.slow
+@pytest.mark.own_servers  # a packaging test: the Redis behind it changes nothing
 def test_the_installed_wheel_loads_every_script_outside_the_repository(tmp_path, redis_url):
     subprocess.run(
         [sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path / "dist"), str(ROOT)],
