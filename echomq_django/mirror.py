@@ -111,9 +111,16 @@ def storable(value: Any) -> Any:
     return value
 
 
+def _storable_data(data: Any) -> Any:
+    try:
+        return storable(data)
+    except RecursionError:  # nested deeper than Python recurses: no database takes it; the row is skipped
+        return data
+
+
 def _record(job: Job, state: str, score_ms: int | None) -> JobRecord:
     return JobRecord(
-        queue=job.queue, job_id=job.id, name=storable(job.name[:255]), state=state, data=storable(job.data),
+        queue=job.queue, job_id=job.id, name=storable(job.name[:255]), state=state, data=_storable_data(job.data),
         opts=job.opts.to_json(), attempts_made=min(job.attempts_made, _INT_MAX),
         stall_count=min(job.stall_count, _INT_MAX),
         failed_reason=storable(job.failed_reason or ""), stacktrace=storable(job.stacktrace),
