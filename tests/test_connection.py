@@ -39,6 +39,9 @@ def test_each_kind_of_url_names_its_nodes_and_options(url, expected):
     ("redis+sentinel://a:26379/svc/1/2", "only a database number may follow"),
     ("redis+sentinel://a:26379/svc/x", "'x' is not a database number"),
     ("redis://a:port", "Port could not be cast"),
+    ("redis://a:6379/abc", "'abc' is not a database number"),
+    ("redis://a:6379/0?bogus=1", "no connection option is called 'bogus'"),
+    ("redis+cluster://a:7000?bogus=1", "no connection option is called 'bogus'"),
     (None, "must be a string, not NoneType"),
 ])
 def test_a_malformed_url_is_refused_with_what_is_wrong(url, message):

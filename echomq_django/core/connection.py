@@ -104,9 +104,13 @@ def parse_redis_url(url: object) -> tuple[str, list[tuple[str, int]], dict[str, 
             + ", ".join(f"{s}://" for s in SCHEMES))
     if scheme in ("redis", "rediss", "unix"):
         try:
-            parse_url(url)
+            options = parse_url(url)
         except ValueError as error:
             raise RedisURLError(f"{_shown(url)}: {error}") from None
+        database = unquote(urlsplit(url).path).strip("/") if scheme != "unix" else ""
+        if database and not database.isdigit():  # redis-py would quietly use database 0
+            raise RedisURLError(f"{_shown(url)}: {database!r} is not a database number")
+        _check_options(url, options)
         return scheme, [], {}, ""
     parts = urlsplit("redis://" + rest)
     credentials, _, hosts = parts.netloc.rpartition("@")
@@ -136,7 +140,19 @@ def parse_redis_url(url: object) -> tuple[str, list[tuple[str, int]], dict[str, 
         options.pop(key, None)
     if scheme == "redis+cluster":
         options.pop("db", None)
+    _check_options(url, options)
     return scheme, nodes, options, service
+
+
+def _check_options(url: str, options: dict[str, Any]) -> None:
+    """Refuse a query parameter no connection takes (redis-py would fail on the first command)."""
+    options = dict(options)
+    connection_class = options.pop("connection_class", redis.Connection)  # SSL, a Unix socket
+    try:
+        connection_class(**options)  # builds the connection only: nothing is sent
+    except TypeError as error:
+        unknown = str(error).rpartition("argument ")[2] or str(error)
+        raise RedisURLError(f"{_shown(url)}: no connection option is called {unknown}") from None
 
 
 def _node(item: str, default_port: int, url: str) -> tuple[str, int]:
