@@ -13,12 +13,12 @@ import json
 import math
 import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .job import MAX_ATTEMPTS, Job, datetime_from_ms
-from .queue import Queue, now_ms
+from .job import MAX_ATTEMPTS, datetime_from_ms
+from .queue import JobRead, Queue, now_ms, read_jobs
 
 __all__ = [
     "FAIL", "MARK", "NOTHING", "RECOVER", "UNMARK", "DROP_MARK",
@@ -227,32 +227,6 @@ def _seconds_since(started_ms: str | None, now: float) -> float | None:
     except ValueError:
         return None
     return (now - started) / 1000 if math.isfinite(started) else None
-
-
-@dataclass(frozen=True)
-class JobRead:
-    """One job hash as read, or why there is none (`problem`)."""
-
-    job_id: str
-    job: Job | None
-    problem: str | None = None
-
-
-def read_jobs(queue: Queue, job_ids: Iterable[str]) -> list[JobRead]:
-    """Read these jobs' hashes in one pipeline, in order; a missing or broken one says why."""
-    ids = list(job_ids)
-    pipe = queue.client.pipeline(transaction=False)
-    for job_id in ids:
-        pipe.hgetall(queue.keys.job(job_id))
-    reads = []
-    for job_id, fields in zip(ids, pipe.execute(raise_on_error=False)):
-        if isinstance(fields, Exception):  # a key another client overwrote
-            reads.append(JobRead(job_id, None, "the job key holds another type than a hash"))
-        elif not fields:
-            reads.append(JobRead(job_id, None, "the job hash no longer exists in Redis"))
-        else:
-            reads.append(JobRead(job_id, Job.from_hash(queue.name, job_id, fields)))
-    return reads
 
 
 def failed_count(queue: Queue) -> int:

@@ -12,7 +12,6 @@ from typing import Any
 from . import defaults
 from .errors import PayloadError
 
-DEFAULT_ATTEMPTS = defaults.ATTEMPTS
 # The bounds of the numbers a job may carry. The Lua scripts check attempts
 # against the same bound (MAX_ATTEMPTS in lua/includes/jobFields.lua), so a
 # value one side refuses is never used by the other.
@@ -71,7 +70,7 @@ class Backoff:
 class JobOptions:
     """Per-job options, stored as the job's `opts` JSON."""
 
-    attempts: int = DEFAULT_ATTEMPTS
+    attempts: int = defaults.ATTEMPTS
     backoff: Backoff = field(default_factory=Backoff)
     delay_ms: int = 0
     priority: int = 0  # -100..100; higher runs first
@@ -109,7 +108,7 @@ class JobOptions:
         """Options from decoded `opts` JSON; PayloadError saying what is wrong when they are malformed."""
         if not isinstance(value, Mapping):
             raise PayloadError(f"opts must be a JSON object, not {type(value).__name__}")
-        return cls(attempts=value.get("attempts", DEFAULT_ATTEMPTS), backoff=Backoff.from_json(value.get("backoff")),
+        return cls(attempts=value.get("attempts", defaults.ATTEMPTS), backoff=Backoff.from_json(value.get("backoff")),
                    delay_ms=value.get("delay", 0), priority=value.get("priority", 0))
 
 

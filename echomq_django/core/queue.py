@@ -15,7 +15,6 @@ from .keys import LIST_STATES, STATES, QueueKeys, validate_job_id, validate_job_
 from .scripts import Confirm, Scripts, pairs
 
 T = TypeVar("T")
-DEFAULT_MAX_PAYLOAD_BYTES = defaults.MAX_PAYLOAD_BYTES
 # Jobs per addJob call in add_bulk: large enough that per-call costs vanish, small
 # enough that one call never blocks Redis for long (about a millisecond).
 JOBS_PER_CALL = 500
@@ -46,7 +45,7 @@ class Queue:
     def __init__(
         self, name: str, client: Any, *, prefix: str = defaults.PREFIX,
         default_opts: JobOptions | None = None,
-        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        max_payload_bytes: int = defaults.MAX_PAYLOAD_BYTES,
         scripts: Scripts | None = None, confirm: Confirm | None = None,
     ) -> None:
         self.name = name
@@ -145,15 +144,8 @@ class Queue:
             ids = self.client.zrange(key, start, stop)
         else:
             ids = self.client.zrevrange(key, start, stop)
-        pipe = self.client.pipeline(transaction=False)
-        for job_id in ids:
-            pipe.hgetall(self.keys.job(job_id))
         # A key of another type (written by some other client) is skipped like a missing one.
-        return [
-            Job.from_hash(self.name, job_id, fields)
-            for job_id, fields in zip(ids, pipe.execute(raise_on_error=False))
-            if fields and not isinstance(fields, Exception)
-        ]
+        return [read.job for read in read_jobs(self, ids) if read.job]
 
     def counts(self) -> dict[str, int]:
         """Jobs per state, plus `stalled`: marked jobs (a subset of active)."""
@@ -215,6 +207,32 @@ class Queue:
         for batch in batched(self.client.scan_iter(match=pattern, count=1000), 500):
             deleted += self.client.delete(*batch)
         return deleted
+
+
+@dataclass(frozen=True)
+class JobRead:
+    """One job hash as read, or why there is none (`problem`)."""
+
+    job_id: str
+    job: Job | None
+    problem: str | None = None
+
+
+def read_jobs(queue: Queue, job_ids: Iterable[str]) -> list[JobRead]:
+    """Read these jobs' hashes in one pipeline, in order; a missing or broken one says why."""
+    ids = list(job_ids)
+    pipe = queue.client.pipeline(transaction=False)
+    for job_id in ids:
+        pipe.hgetall(queue.keys.job(job_id))
+    reads = []
+    for job_id, fields in zip(ids, pipe.execute(raise_on_error=False)):
+        if isinstance(fields, Exception):  # a key another client overwrote
+            reads.append(JobRead(job_id, None, "the job key holds another type than a hash"))
+        elif not fields:
+            reads.append(JobRead(job_id, None, "the job hash no longer exists in Redis"))
+        else:
+            reads.append(JobRead(job_id, Job.from_hash(queue.name, job_id, fields)))
+    return reads
 
 
 def first_state(found: list[Any]) -> str | None:

@@ -16,16 +16,12 @@ from redis.exceptions import ResponseError
 from . import defaults
 from .connection import UNREACHABLE
 from .errors import QueueStateError
-from .job import DEFAULT_ATTEMPTS
 from .keys import QueueKeys
 from .queue import now_ms
 from .scripts import Scripts
-from .worker import DEFAULT_LOCK_DURATION_MS
 
 logger = logging.getLogger("echomq.sweeper")
 
-DEFAULT_INTERVAL_MS = defaults.SWEEP_INTERVAL_MS
-DEFAULT_MAX_STALLED_COUNT = defaults.MAX_STALLED_COUNT
 # Ids of `active` one script call may examine: small enough that no call
 # blocks Redis for more than a few milliseconds, whatever the queue's size.
 DEFAULT_BUDGET = 1000
@@ -38,12 +34,12 @@ class SweepTarget:
     """One queue to sweep, with its own interval and ceilings."""
 
     queue: str
-    interval_ms: int = DEFAULT_INTERVAL_MS
-    max_stalled_count: int = DEFAULT_MAX_STALLED_COUNT
-    default_attempts: int = DEFAULT_ATTEMPTS
+    interval_ms: int = defaults.SWEEP_INTERVAL_MS
+    max_stalled_count: int = defaults.MAX_STALLED_COUNT
+    default_attempts: int = defaults.ATTEMPTS
     # The workers' lock duration: after a gap in sweeping (Redis was away) no
     # sweep marks or recovers for this long, so live workers can renew first.
-    lock_duration_ms: int = DEFAULT_LOCK_DURATION_MS
+    lock_duration_ms: int = defaults.LOCK_DURATION_MS
 
     def __post_init__(self) -> None:
         if self.interval_ms < 1:
@@ -100,10 +96,10 @@ class Sweeper:
 
     def __init__(
         self, client: Any, queues: Iterable[str | SweepTarget], *, prefix: str = defaults.PREFIX,
-        interval_ms: int = DEFAULT_INTERVAL_MS,
-        max_stalled_count: int = DEFAULT_MAX_STALLED_COUNT,
-        default_attempts: int = DEFAULT_ATTEMPTS, budget: int = DEFAULT_BUDGET,
-        lock_duration_ms: int = DEFAULT_LOCK_DURATION_MS, scripts: Scripts | None = None,
+        interval_ms: int = defaults.SWEEP_INTERVAL_MS,
+        max_stalled_count: int = defaults.MAX_STALLED_COUNT,
+        default_attempts: int = defaults.ATTEMPTS, budget: int = DEFAULT_BUDGET,
+        lock_duration_ms: int = defaults.LOCK_DURATION_MS, scripts: Scripts | None = None,
     ) -> None:
         self.client = client
         self.targets = [

@@ -19,7 +19,7 @@ from redis.exceptions import ResponseError
 from . import defaults
 from .connection import UNREACHABLE, socket_timeout
 from .errors import JobNotFoundError, LockLostError, PayloadError, QueueStateError, is_final
-from .job import DEFAULT_ATTEMPTS, Job, JobOptions, encode_json
+from .job import Job, JobOptions, encode_json
 from .keys import QueueKeys
 from .locks import RETRY_PAUSE_S, LockRenewer
 from .queue import now_ms
@@ -28,7 +28,6 @@ from .scripts import Confirm, Finish, Scripts
 logger = logging.getLogger("echomq.worker")
 
 Handler = Callable[[Job], Any]
-DEFAULT_LOCK_DURATION_MS = defaults.LOCK_DURATION_MS
 # moveToFinished's status codes for a failed attempt, in words.
 _FAILURE_OUTCOMES = {2: "no attempts left", 3: "retrying now", 4: "retrying after its backoff"}
 
@@ -72,9 +71,9 @@ class Worker:
 
     def __init__(
         self, queue: str, handler: Handler, client: Any, *, prefix: str = defaults.PREFIX,
-        concurrency: int = defaults.CONCURRENCY, lock_duration_ms: int = DEFAULT_LOCK_DURATION_MS,
+        concurrency: int = defaults.CONCURRENCY, lock_duration_ms: int = defaults.LOCK_DURATION_MS,
         renew_interval_ms: int | None = None, block_timeout_s: float = 1.0,
-        default_attempts: int = DEFAULT_ATTEMPTS,
+        default_attempts: int = defaults.ATTEMPTS,
         keep_completed: Retention = Retention(count=defaults.KEEP_COMPLETED_COUNT),
         keep_failed: Retention = Retention(),
         worker_id: str | None = None, scripts: Scripts | None = None, confirm: Confirm | None = None,
