@@ -38,6 +38,7 @@ from .core import (
     JobOptions,
     PayloadError,
     UnrecoverableError,
+    class_path,
     datetime_from_ms,
     encode_json,
     fail_for_good,
@@ -105,7 +106,7 @@ class EchoMQBackend(BaseTaskBackend):
         super().validate_task(task)
         if task.run_after is not None:  # the job's delay has a limit (ten years): refuse it here, not at enqueue
             try:
-                JobOptions(delay_ms=max(0, math.ceil(task.run_after.timestamp() * 1000) - now_ms()))
+                JobOptions(delay_ms=delay_until(task.run_after, now_ms()))
             except PayloadError as error:
                 raise InvalidTask(f"run_after {task.run_after.isoformat()} is too far ahead: {error}.") from None
         attempts = getattr(task, "attempts", None)
@@ -132,12 +133,10 @@ class EchoMQBackend(BaseTaskBackend):
         payload = self.job_data(task, args, kwargs, queue.max_payload_bytes)
         # One timestamp: stored as the job's, returned as enqueued_at, and the start of any delay.
         timestamp_ms = now_ms()
-        delay_ms = 0
-        if task.run_after is not None:
-            delay_ms = max(0, math.ceil(task.run_after.timestamp() * 1000) - timestamp_ms)
         opts = queue.default_opts.overridden(attempts=getattr(task, "attempts", None),
                                              backoff=getattr(task, "backoff", None),
-                                             delay_ms=delay_ms, priority=task.priority)
+                                             delay_ms=delay_until(task.run_after, timestamp_ms),
+                                             priority=task.priority)
         job_id = new_job_id()
         result = TaskResult(
             task=task, id=job_id, status=TaskResultStatus.READY, enqueued_at=task_datetime(timestamp_ms),
@@ -268,6 +267,13 @@ def task_result_of(job: Job, task: Task, status: TaskResultStatus) -> TaskResult
     return result
 
 
+def delay_until(run_after: datetime | None, from_ms: int) -> int:
+    """The job's delay (ms) from `from_ms` to a task's run_after; 0 without one or when it has passed."""
+    if run_after is None:
+        return 0
+    return max(0, math.ceil(run_after.timestamp() * 1000) - from_ms)
+
+
 def task_datetime(ms: int | None) -> datetime | None:
     """A result's time from a protocol timestamp (ms): aware UTC, or with USE_TZ = False naive in TIME_ZONE."""
     value = datetime_from_ms(ms)
@@ -314,7 +320,7 @@ def run_task_job(job: Job) -> Any:
         object.__setattr__(result, "status", TaskResultStatus.FAILED)
         object.__setattr__(result, "finished_at", task_datetime(now_ms()))
         result.errors.append(TaskError(
-            exception_class_path=f"{type(error).__module__}.{type(error).__qualname__}",
+            exception_class_path=class_path(error),
             traceback="".join(traceback.format_exception(error))))
         send_finished(result)  # inside the handler, so receivers see sys.exc_info() as in Django's backends
         raise

@@ -35,7 +35,7 @@ from .keys import ALPHABET, COUNTED, STATES, QueueKeys, validate_job_id, validat
 from .queue import NewJob, Queue, now_ms
 from .scripts import Confirm, Scripts
 from .sweeper import Sweeper, SweepReport, SweepTarget, last_sweep
-from .worker import Handler, Retention, Worker
+from .worker import Handler, Retention, Worker, class_path
 
 __all__ = [
     "ALPHABET", "COUNTED", "DEFAULT_REDIS_URL", "MAX_DELAY_MS", "STATES", "UNREACHABLE",
@@ -43,7 +43,7 @@ __all__ = [
     "JobOptions", "LiveJob", "LockLostError", "NewJob", "NotConfirmedError", "PayloadError", "Queue", "QueueKeys",
     "QueueStateError", "RedisURLError", "Retention", "Scripts", "SweepReport", "SweepTarget", "Sweeper",
     "UnrecoverableError", "Worker",
-    "connect", "count_failed_older_than", "count_failed_since", "datetime_from_ms", "defaults", "encode_json",
-    "fail_for_good", "failed_by_rank", "failed_count", "failed_since", "inspect_jobs", "last_sweep", "now_ms",
-    "parse_redis_url", "read_jobs", "redacted_url", "validate_job_id", "validate_name",
+    "class_path", "connect", "count_failed_older_than", "count_failed_since", "datetime_from_ms", "defaults",
+    "encode_json", "fail_for_good", "failed_by_rank", "failed_count", "failed_since", "inspect_jobs", "last_sweep",
+    "now_ms", "parse_redis_url", "read_jobs", "redacted_url", "validate_job_id", "validate_name",
 ]
