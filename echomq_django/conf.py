@@ -47,7 +47,7 @@ TOP_LEVEL_DEFAULTS: dict[str, Any] = {
     "PREFIX": defaults.PREFIX,
     "MAX_PAYLOAD_BYTES": defaults.MAX_PAYLOAD_BYTES,
     "CONFIRM_REPLICAS": 0,  # replicas that must have an added job or a result before it counts (WAIT)
-    "CONFIRM_TIMEOUT": 1,  # seconds to wait for them
+    "CONFIRM_TIMEOUT": defaults.CONFIRM_TIMEOUT_MS / 1000,  # seconds to wait for them
     # Seconds a producer's call (an enqueue, an admin view) may take when Redis does not
     # answer, retries included, before it raises; workers and sweepers wait out outages.
     "ENQUEUE_TIMEOUT": 3,
@@ -134,14 +134,14 @@ def _count(value: Any, where: str, problems: list[Problem], *, minimum: int, all
     return value
 
 
-def _retention(value: Any, where: str, problems: list[Problem], *, defaults: dict[str, Any]) -> Retention:
+def _retention(value: Any, where: str, problems: list[Problem], *, fallback: dict[str, Any]) -> Retention:
     if not isinstance(value, dict) or set(value) - {"COUNT", "AGE"}:
         problems.append(Problem("echomq.E006", f"{where} must be a dict with COUNT and/or AGE.",
                                 'For example {"COUNT": 1000, "AGE": 86400}; None means no limit.'))
         return Retention()  # a wrong value: the caller falls back to the default
     # A limit left out keeps its default (KEEP_COMPLETED's COUNT is 1000); None says "no limit".
-    count = _count(value.get("COUNT", defaults["COUNT"]), f"{where}['COUNT']", problems, minimum=0, allow_none=True)
-    age_ms = _seconds_to_ms(value.get("AGE", defaults["AGE"]), f"{where}['AGE']", problems, allow_none=True)
+    count = _count(value.get("COUNT", fallback["COUNT"]), f"{where}['COUNT']", problems, minimum=0, allow_none=True)
+    age_ms = _seconds_to_ms(value.get("AGE", fallback["AGE"]), f"{where}['AGE']", problems, allow_none=True)
     return Retention(count=-1 if count is None else count, age_ms=age_ms or 0)
 
 
@@ -210,8 +210,8 @@ def _queue_config(name: str, raw: Any) -> tuple[QueueConfig, list[Problem]]:
         backoff=option("BACKOFF", _backoff),
         concurrency=option("CONCURRENCY", functools.partial(_count, minimum=1)),
         keep_completed=option("KEEP_COMPLETED", functools.partial(_retention,
-                                                                  defaults=QUEUE_DEFAULTS["KEEP_COMPLETED"])),
-        keep_failed=option("KEEP_FAILED", functools.partial(_retention, defaults=QUEUE_DEFAULTS["KEEP_FAILED"])),
+                                                                  fallback=QUEUE_DEFAULTS["KEEP_COMPLETED"])),
+        keep_failed=option("KEEP_FAILED", functools.partial(_retention, fallback=QUEUE_DEFAULTS["KEEP_FAILED"])),
     )
     return config, problems
 

@@ -14,3 +14,4 @@ SWEEP_INTERVAL_MS = 30_000  # between sweeps of a queue; also the gate's lifetim
 MAX_STALLED_COUNT = 1  # stalls a job may survive before it is failed
 CONCURRENCY = 1  # worker threads per queue
 KEEP_COMPLETED_COUNT = 1000  # completed jobs kept per queue (None: all)
+CONFIRM_TIMEOUT_MS = 1000  # how long WAIT waits for the replicas of a confirmed write

@@ -17,6 +17,7 @@ from typing import Any
 from redis.cluster import RedisCluster
 from redis.exceptions import ClusterDownError, MovedError, NoScriptError, ResponseError, TryAgainError
 
+from . import defaults
 from .connection import UNREACHABLE
 from .errors import QueueStateError
 from .lua import script_names, script_source
@@ -36,7 +37,7 @@ class Confirm:
     """Count writes as done only once `replicas` replicas have them (Redis WAIT), waiting up to `timeout_ms`."""
 
     replicas: int
-    timeout_ms: int = 1000
+    timeout_ms: int = defaults.CONFIRM_TIMEOUT_MS
 
 
 
