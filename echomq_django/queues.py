@@ -57,17 +57,6 @@ def _runtime(settings: Any, long_running: bool) -> tuple[Any, Scripts]:
     return _connection(settings.redis_url, settings.enqueue_timeout_s, wait_s)
 
 
-def get_client() -> Any:
-    """The Redis client of this process's workers and sweepers, for the configured REDIS_URL."""
-    return _connection(get_settings().redis_url, None)[0]
-
-
-def get_producer_client() -> Any:
-    """The Redis client of enqueues and the admin: its calls give up after ENQUEUE_TIMEOUT."""
-    settings = get_settings()
-    return _runtime(settings, long_running=False)[0]
-
-
 def get_queue(name: str, *, long_running: bool = False) -> Queue:
     """A producer handle on `name`, with that queue's default attempts and backoff.
 
@@ -127,7 +116,7 @@ def make_worker(name: str, handler: Handler, **overrides: Any) -> Worker:
         "confirm": settings.confirm,
     }
     options.update({key: value for key, value in overrides.items() if value is not None})
-    client, scripts = _connection(settings.redis_url, None)
+    client, scripts = _runtime(settings, long_running=True)
     return Worker(name, handler, client, scripts=scripts, **options)
 
 
