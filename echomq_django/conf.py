@@ -7,6 +7,8 @@
         "CONFIRM_REPLICAS": 0,  # WAIT for this many replicas after adds and finishes
         "CONFIRM_TIMEOUT": 1,
         "ENQUEUE_TIMEOUT": 3,  # seconds an enqueue may take before it raises
+        "METRICS_MINUTES": 1440,  # per-minute metrics kept in Redis (0: none)
+        "METRICS_TOKEN": None,  # bearer token a Prometheus scraper sends to /metrics/
         "QUEUES": {"default": {"LOCK_DURATION": 30, "SWEEP_INTERVAL": 30, ...}},
     }
 
@@ -51,6 +53,10 @@ TOP_LEVEL_DEFAULTS: dict[str, Any] = {
     # Seconds a producer's call (an enqueue, an admin view) may take when Redis does not
     # answer, retries included, before it raises; workers and sweepers wait out outages.
     "ENQUEUE_TIMEOUT": 3,
+    # Minutes of per-minute metrics each queue keeps in Redis; 0 keeps none (and no all-time counters).
+    "METRICS_MINUTES": defaults.METRICS_MINUTES,
+    # A bearer token that lets a scraper read /metrics/ without a login; None: only staff with the permission.
+    "METRICS_TOKEN": None,
     "QUEUES": {"default": {}},
 }
 QUEUE_DEFAULTS: dict[str, Any] = {
@@ -63,8 +69,12 @@ QUEUE_DEFAULTS: dict[str, Any] = {
     "CONCURRENCY": defaults.CONCURRENCY,  # worker threads per queue
     "KEEP_COMPLETED": {"COUNT": defaults.KEEP_COMPLETED_COUNT, "AGE": None},  # None = no limit; AGE in seconds
     "KEEP_FAILED": {"COUNT": None, "AGE": None},
+    "MAX_LOG_LINES": defaults.MAX_LOG_LINES,  # log lines each job keeps; the oldest go first
 }
 
+
+# A metrics token shorter than this is easy to guess.
+MIN_TOKEN_LENGTH = 24
 
 # The longest duration a setting may give, as for a job's delay (nan fails every comparison).
 MAX_SECONDS = MAX_DELAY_MS // 1000
@@ -94,6 +104,7 @@ class QueueConfig:
     concurrency: int
     keep_completed: Retention
     keep_failed: Retention
+    max_log_lines: int = defaults.MAX_LOG_LINES
 
 
 @dataclass(frozen=True)
@@ -104,6 +115,8 @@ class EchoMQSettings:
     queues: dict[str, QueueConfig]
     confirm: Confirm | None = None  # None: writes are not confirmed by replicas
     enqueue_timeout_s: float = TOP_LEVEL_DEFAULTS["ENQUEUE_TIMEOUT"]
+    metrics_minutes: int = defaults.METRICS_MINUTES
+    metrics_token: str | None = None
 
     def queue(self, name: str) -> QueueConfig:
         """The configuration of `name`; a queue that is not configured gets the defaults."""
@@ -212,6 +225,7 @@ def _queue_config(name: str, raw: Any) -> tuple[QueueConfig, list[Problem]]:
         keep_completed=option("KEEP_COMPLETED", functools.partial(_retention,
                                                                   fallback=QUEUE_DEFAULTS["KEEP_COMPLETED"])),
         keep_failed=option("KEEP_FAILED", functools.partial(_retention, fallback=QUEUE_DEFAULTS["KEEP_FAILED"])),
+        max_log_lines=option("MAX_LOG_LINES", functools.partial(_count, minimum=1)),
     )
     return config, problems
 
@@ -231,6 +245,22 @@ def _prefix(value: Any, where: str, problems: list[Problem]) -> str:
         validate_name(value, where)
     except InvalidNameError as error:
         problems.append(Problem("echomq.E003", f"{error}.", f"Use {ALPHABET}."))
+    return value
+
+
+def _token(value: Any, where: str, problems: list[Problem]) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.isascii() or not value.isprintable() or " " in value:
+        problems.append(Problem("echomq.E015", f"{where} must be None or a token of printable ASCII without "
+                                "spaces (the scraper sends it as 'Authorization: Bearer <token>').",
+                                "Generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'."))
+        return None
+    if len(value) < MIN_TOKEN_LENGTH:
+        problems.append(Problem("echomq.W015", f"{where} is {len(value)} characters long; a token shorter than "
+                                f"{MIN_TOKEN_LENGTH} is easy to guess.",
+                                "Generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'.",
+                                warning=True))
     return value
 
 
@@ -255,6 +285,8 @@ def parse_settings(raw: Any) -> tuple[EchoMQSettings, list[Problem]]:
     replicas = option("CONFIRM_REPLICAS", functools.partial(_count, minimum=0))
     confirm_ms = option("CONFIRM_TIMEOUT", _seconds_to_ms)
     enqueue_timeout_ms = option("ENQUEUE_TIMEOUT", _seconds_to_ms)
+    metrics_minutes = option("METRICS_MINUTES", functools.partial(_count, minimum=0))
+    metrics_token = option("METRICS_TOKEN", _token)
     queues: dict[str, QueueConfig] = {}
     raw_queues = values["QUEUES"]
     if not isinstance(raw_queues, dict) or not raw_queues:
@@ -272,7 +304,8 @@ def parse_settings(raw: Any) -> tuple[EchoMQSettings, list[Problem]]:
         problems += queue_problems
     resolved = EchoMQSettings(redis_url=url, prefix=prefix, max_payload_bytes=max_payload, queues=queues,
                               confirm=Confirm(replicas, confirm_ms) if replicas else None,
-                              enqueue_timeout_s=enqueue_timeout_ms / 1000)
+                              enqueue_timeout_s=enqueue_timeout_ms / 1000, metrics_minutes=metrics_minutes,
+                              metrics_token=metrics_token)
     return resolved, problems
 
 

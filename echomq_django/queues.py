@@ -98,7 +98,7 @@ def make_sweeper(names: Iterable[str], *, long_running: bool = True, **overrides
             lock_duration_ms=config.lock_duration_ms,
         ))
     client, scripts = _runtime(settings, long_running)
-    return Sweeper(client, targets, prefix=settings.prefix, scripts=scripts)
+    return Sweeper(client, targets, prefix=settings.prefix, scripts=scripts, metrics_minutes=settings.metrics_minutes)
 
 
 def make_worker(name: str, handler: Handler, **overrides: Any) -> Worker:
@@ -114,6 +114,8 @@ def make_worker(name: str, handler: Handler, **overrides: Any) -> Worker:
         "keep_completed": config.keep_completed,
         "keep_failed": config.keep_failed,
         "confirm": settings.confirm,
+        "metrics_minutes": settings.metrics_minutes,
+        "max_log_lines": config.max_log_lines,
     }
     options.update({key: value for key, value in overrides.items() if value is not None})
     client, scripts = _runtime(settings, long_running=True)

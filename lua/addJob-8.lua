@@ -76,6 +76,8 @@ for i = 5, #ARGV, 6 do
       redis.call("HSET", jobKey, "pri", priority)  -- read again whenever the job becomes ready
     end
     if delay > 0 then
+      -- When the job becomes due: its wait (metrics) counts from then.
+      redis.call("HSET", jobKey, "due", timestamp + delay)
       redis.call("ZADD", KEYS[5], timestamp + delay, id)
       wake = true  -- a worker shortens its sleep to this job's due time
       emitEvent(prefix, "delayed", id, "due", timestamp + delay)

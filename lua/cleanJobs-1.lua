@@ -1,6 +1,6 @@
 --[[
   cleanJobs: delete up to N jobs of a finished set (completed or failed) that
-  finished before a cutoff, hashes included. Call again until it returns 0;
+  finished before a cutoff, hashes and logs included. Call again until it returns 0;
   each call is bounded so that cleaning 100,000 jobs never blocks Redis long.
 
   KEYS[1] <state>  ZSET: completed or failed, score = time finished (ms)
@@ -18,7 +18,7 @@ local prefix, cutoff = ARGV[1], tonumber(ARGV[2])
 local doomed = redis.call("ZRANGEBYSCORE", KEYS[1], "-inf", "(" .. cutoff, "LIMIT", 0, tonumber(ARGV[3]))
 for _, id in ipairs(doomed) do
   local key = jobKey(prefix, id)
-  if key then redis.call("DEL", key) end  -- a stray entry named like a queue key only leaves the set
+  if key then redis.call("DEL", key, key .. ":logs") end  -- a stray entry named like a queue key only leaves the set
   redis.call("ZREM", KEYS[1], id)
   emitEvent(prefix, "removed", id, "by", "cleanJobs")
 end

@@ -59,6 +59,10 @@
           for a whole interval from now, so that no regular sweep follows it
           within the interval and recovers what this one just marked
   ARGV[10] lock duration, ms: how long the hold after a gap in sweeping lasts
+  ARGV[11] minutes of per-minute metrics to keep (0 = keep no metrics): the
+          sweep that passes the gate samples how many jobs are waiting, and
+          every call counts the jobs it recovered and failed
+          (includes/metrics.lua)
 
   Returns {phase, cursor, marked, recovered, failed, unmarked}: phase is
   "skipped" (the gate was closed: another sweep ran within the interval),
@@ -73,12 +77,14 @@
 -- @include "sweepHold"
 -- @include "recoverJob"
 -- @include "locklessRuns"
+-- @include "metrics"
 
 local stalledKey, waitKey, activeKey, failedKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local gateKey, metaKey, pausedKey, markerKey = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local prefix, maxStalled, now = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local phase, cursor, budget = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
 local defaultAttempts, interval, lockMs = tonumber(ARGV[8]), tonumber(ARGV[4]), tonumber(ARGV[10])
+local keepMetrics = tonumber(ARGV[11])
 
 -- Written over an id in `active` that this call recovers, then all removed in
 -- one LREM, instead of one full-list LREM per job. No job id contains "{".
@@ -110,6 +116,11 @@ if phase == "start" then
     return {"skipped", 0, 0, 0, 0, 0}
   end
   phase, cursor = "recover", 0
+  -- One sample per sweep interval, whichever sweeper runs it: the depth the
+  -- dashboard draws over time.
+  sampleMetric("waiting", redis.call("LLEN", waitKey) + redis.call("ZCARD", prioritizedKey)
+    + redis.call("LLEN", pausedKey))
+  flushMetrics(prefix, now, keepMetrics)
 end
 if redisNow < holdUntil then
   return {"held", holdUntil - redisNow, 0, 0, 0, 0}
@@ -278,4 +289,7 @@ end
 if recovered > 0 and readyKey == waitKey then  -- also wakes for prioritized ones
   redis.call("ZADD", markerKey, 0, "0")
 end
+if recovered > 0 then countMetric("recovered", recovered) end
+if failed > 0 then countMetric("failed", failed) end
+flushMetrics(prefix, now, keepMetrics)
 return {phase, cursor, marked, recovered, failed, unmarked}

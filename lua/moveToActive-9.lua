@@ -30,6 +30,8 @@
   ARGV[5] how many jobs to take at most
   ARGV[6] worker id, recorded in the job as `wid` and appended to `wids`
           (one entry per attempt started)
+  ARGV[7] minutes of per-minute metrics to keep (0 = keep no metrics); a
+          job's first start counts its wait (includes/metrics.lua)
 
   Returns {nextDue, id1, fields1, id2, fields2, ...}: nextDue is the due time
   (ms) of the earliest delayed job, or false when none is delayed; each
@@ -41,6 +43,7 @@
 -- @include "promoteDue"
 -- @include "jobFields"
 -- @include "lockIndex"
+-- @include "metrics"
 
 local prefix, token, lockMs = ARGV[1], ARGV[2], ARGV[3]
 local now, limit, workerId = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
@@ -124,12 +127,14 @@ while taken < limit do
     -- PXAT: the lock lapses at exactly the time the index records.
     redis.call("SET", jobKey .. ":lock", token, "PXAT", lapsesAt)
     redis.call("ZADD", locksKey, lapsesAt, id)
-    local ats, wids, startedOn
+    local ats, wids, startedOn, readyAt, due
     for i = 1, #flat, 2 do
       local field = flat[i]
       if field == "ats" then ats = flat[i + 1]
       elseif field == "wids" then wids = flat[i + 1]
-      elseif field == "startedOn" then startedOn = flat[i + 1] end
+      elseif field == "startedOn" then startedOn = flat[i + 1]
+      elseif field == "timestamp" then readyAt = flat[i + 1]
+      elseif field == "due" then due = flat[i + 1] end
     end
     -- Read-and-write rather than HINCRBY: a corrupt `ats` must not abort the
     -- script halfway through its writes.
@@ -138,6 +143,8 @@ while taken < limit do
     if not startedOn then
       update[#update + 1] = "startedOn"
       update[#update + 1] = now
+      readyAt = tonumber(due) or tonumber(readyAt)
+      if readyAt then timeMetric("wait", now - readyAt) end
     end
     redis.call("HSET", jobKey, unpack(update))
     for i = 1, #update, 2 do setFlat(flat, update[i], tostring(update[i + 1])) end
@@ -150,6 +157,7 @@ while taken < limit do
 end
 if taken > 0 then
   redis.call("SET", KEYS[9], cjson.encode(takenIds), "PX", lockMs)
+  flushMetrics(prefix, now, tonumber(ARGV[7]))
 end
 
 -- The marker was consumed by whoever woke us; leave one behind while work

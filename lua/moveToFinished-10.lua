@@ -7,7 +7,9 @@
   to `wait`/`paused`/`prioritized`. Retention then trims the finished sets the
   jobs went to. A finish also deletes its token's fetch record (see
   moveToActive): a worker that finishes with a token has read the fetch's
-  reply, so that fetch will not be sent again.
+  reply, so that fetch will not be sent again. Each finished attempt is
+  counted in the queue's metrics (includes/metrics.lua): its run time, and
+  whether it completed, failed for good or will be retried.
 
   KEYS[1] active     LIST
   KEYS[2] completed  ZSET
@@ -28,6 +30,7 @@
   ARGV[6]  retention of `completed`: max age, ms (0 = any age)
   ARGV[7]  retention of `failed`: newest jobs to keep (-1 = all)
   ARGV[8]  retention of `failed`: max age, ms (0 = any age)
+  ARGV[9]  minutes of per-minute metrics to keep (0 = keep no metrics)
   then eight values per attempt, in order:
     job id
     worker token
@@ -53,6 +56,7 @@
 -- @include "pushReady"
 -- @include "jobFields"
 -- @include "applyRetention"
+-- @include "metrics"
 
 local prefix, now = ARGV[1], tonumber(ARGV[2])
 local defaultAttempts, keepTraces = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -62,7 +66,7 @@ local locksKey = prefix .. "locks"  -- the lock index (see includes/lockIndex.lu
 local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final, errorClass)
   local jobKey = prefix .. id
   -- pcall: one job key of the wrong type must not abort the others' finishes.
-  local fields = redis.pcall("HMGET", jobKey, "tok", "ftk", "atm", "opts")
+  local fields = redis.pcall("HMGET", jobKey, "tok", "ftk", "atm", "opts", "processedOn")
   if fields["err"] then return -3 end
   if fields[1] ~= token then
     if fields[2] == token then return 5 end
@@ -83,10 +87,13 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
   redis.call("SREM", KEYS[9], id)
   redis.call("DEL", jobKey .. ":lock")
   redis.call("HDEL", jobKey, "tok")
+  local startedAt = tonumber(fields[5])
+  if startedAt then timeMetric("run", now - startedAt) end
 
   if badAtm or badOpts then
     redis.call("HSET", jobKey, "ftk", token)
     moveToFailed(prefix, KEYS[3], id, badAtm or badOpts, now)
+    countMetric("failed", 1)
     failedTo = true
     return 2
   end
@@ -96,6 +103,7 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
     redis.call("HSET", jobKey, "ftk", token, "atm", attemptsMade, "finishedOn", now, "returnvalue", value)
     redis.call("ZADD", KEYS[2], now, id)
     emitEvent(prefix, "completed", id)
+    countMetric("completed", 1)
     completedTo = true
     return 1
   end
@@ -113,6 +121,7 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
 
   if attemptsMade < maxAttempts and final ~= "1" then
     emitEvent(prefix, "retried", id, "reason", value)
+    countMetric("retried", 1)
     if backoffMs > 0 then
       redis.call("ZADD", KEYS[4], now + backoffMs, id)
       redis.call("ZADD", KEYS[8], 0, "0")
@@ -123,12 +132,13 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
   end
 
   moveToFailed(prefix, KEYS[3], id, value, now)
+  countMetric("failed", 1)
   failedTo = true
   return 2
 end
 
 local codes = {}
-for i = 9, #ARGV, 8 do
+for i = 10, #ARGV, 8 do
   codes[#codes + 1] = finishOne(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4],
     tonumber(ARGV[i + 5]), ARGV[i + 6], ARGV[i + 7])
 end
@@ -138,4 +148,5 @@ end
 if failedTo then
   applyRetention(prefix, KEYS[3], tonumber(ARGV[7]), tonumber(ARGV[8]), now)
 end
+flushMetrics(prefix, now, tonumber(ARGV[9]))
 return codes

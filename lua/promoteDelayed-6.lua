@@ -13,6 +13,8 @@
   ARGV[1] key prefix of the queue
   ARGV[2] now, ms
   ARGV[3] how many at most
+  ARGV[4] (optional) one job id: promote this job now, due or not, if it is
+          still delayed; nothing else moves
 
   Returns the number of jobs promoted.
 ]]
@@ -20,5 +22,12 @@
 -- @include "pushReady"
 -- @include "promoteDue"
 
+local id = ARGV[4]
+if id then
+  if redis.call("ZREM", KEYS[1], id) == 0 then return 0 end
+  pushReady(ARGV[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], id)
+  emitEvent(ARGV[1], "promoted", id)
+  return 1
+end
 return promoteDue(ARGV[1], KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6],
   tonumber(ARGV[2]), tonumber(ARGV[3]))

@@ -32,6 +32,7 @@ if redis.call("EXISTS", jobKey .. ":lock") == 1 then
   return -3
 end
 local found = redis.call("DEL", jobKey)
+redis.call("DEL", prefix .. id .. ":logs")
 for i = 1, 3 do found = found + redis.call("LREM", KEYS[i], 0, id) end
 for _, i in ipairs({4, 5, 6, 8}) do found = found + redis.call("ZREM", KEYS[i], id) end
 found = found + redis.call("SREM", KEYS[7], id)

@@ -94,9 +94,12 @@ def table_items(code: str, table: str) -> list[str]:
 def hash_of(script: str, key: str) -> str:
     """Which hash a key expression names: a queue key (`meta`, ...) or `job`."""
     if match := re.fullmatch(r"KEYS\[(\d+)\]", key):
-        return SCRIPT_KEYS[script][int(match.group(1)) - 1]
+        name = SCRIPT_KEYS[script][int(match.group(1)) - 1]
+        return "job" if name == "<id>" else name
     if "meta" in key.lower():
         return "meta"
+    if "metrics" in key.lower():
+        return "metrics"
     assert re.fullmatch(r"jobKey|prefix \.\. id", key), \
         f"{script}: cannot tell which hash {key!r} is; teach tests/test_docs.py"
     return "job"
@@ -112,6 +115,8 @@ def hash_writes(script: str) -> set[tuple[str, str]]:
             continue
         command_name, where = command.group(1).upper(), f"{script}: {command.group(1)}"
         target = hash_of(script, args[1])
+        if target == "metrics":  # its fields are named in lua/includes/metrics.lua and protocol.md's prose
+            continue
         if command_name in SINGLE_WRITES:
             writes.add((target, literal(args[2], where)))
             continue

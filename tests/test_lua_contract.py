@@ -34,9 +34,9 @@ def test_the_table_names_the_same_keys_as_queue_keys():
     keys = QueueKeys("q", "p")
     named = {keys.wait, keys.paused, keys.active, keys.stalled, keys.failed, keys.completed, keys.delayed,
              keys.prioritized, keys.stalled_check, keys.meta, keys.marker, keys.id_counter, keys.add_record("T"),
-             keys.fetch_record("T"), keys.failed}
+             keys.fetch_record("T"), keys.failed, keys.job("J"), keys.logs("J")}
     for name in SCRIPT_KEYS:
-        assert set(keys.for_script(name, token="T", state="failed")) <= named, name
+        assert set(keys.for_script(name, token="T", state="failed", id="J")) <= named, name
 
 
 def test_scripts_build_from_the_prefix_only_the_derived_keys():
@@ -44,8 +44,9 @@ def test_scripts_build_from_the_prefix_only_the_derived_keys():
     for path in [*scripts_dir().glob("*.lua"), *(scripts_dir() / "includes").glob("*.lua")]:
         for literal, variable, suffix in BUILT_FROM_PREFIX.findall(path.read_text()):
             derived.add(literal if not variable else "<id>" + (suffix or ""))
-    # "fetch:" .. token is the record of a token: "fetch:<token>".
-    derived = {key + "<token>" if key.endswith(":") else key for key in derived}
+    # "fetch:" .. token is the record of a token: "fetch:<token>"; "metrics:" .. minute a minute's metrics.
+    derived = {key + ("<minute>" if key == "metrics:" else "<token>") if key.endswith(":") else key
+               for key in derived}
     assert derived == set(DERIVED_KEYS)
 
 

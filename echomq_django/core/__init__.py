@@ -7,6 +7,7 @@ models and the admin.
 """
 
 from . import defaults
+from .browse import BROWSABLE, Entry, Page, browse
 from .connection import DEFAULT_REDIS_URL, UNREACHABLE, RedisURLError, connect, parse_redis_url, redacted_url
 from .errors import (
     EchoMQError,
@@ -32,18 +33,20 @@ from .inspection import (
 )
 from .job import MAX_DELAY_MS, Backoff, Job, JobOptions, datetime_from_ms, encode_json
 from .keys import ALPHABET, COUNTED, STATES, QueueKeys, validate_job_id, validate_name
+from .metrics import Minute, oldest_waiting_age_ms, recent_minutes, totals
 from .queue import NewJob, Queue, now_ms
 from .scripts import Confirm, Scripts
 from .sweeper import Sweeper, SweepReport, SweepTarget, last_sweep
 from .worker import Handler, Retention, Worker, class_path
 
 __all__ = [
-    "ALPHABET", "COUNTED", "DEFAULT_REDIS_URL", "MAX_DELAY_MS", "STATES", "UNREACHABLE",
-    "Backoff", "Confirm", "EchoMQError", "Handler", "InvalidNameError", "Job", "JobLockedError", "JobNotFoundError",
-    "JobOptions", "LiveJob", "LockLostError", "NewJob", "NotConfirmedError", "PayloadError", "Queue", "QueueKeys",
+    "ALPHABET", "BROWSABLE", "COUNTED", "DEFAULT_REDIS_URL", "MAX_DELAY_MS", "STATES", "UNREACHABLE", "Backoff",
+    "Confirm",
+    "EchoMQError", "Entry", "Handler", "InvalidNameError", "Job", "JobLockedError", "JobNotFoundError", "JobOptions",
+    "LiveJob", "LockLostError", "Minute", "NewJob", "NotConfirmedError", "Page", "PayloadError", "Queue", "QueueKeys",
     "QueueStateError", "RedisURLError", "Retention", "Scripts", "SweepReport", "SweepTarget", "Sweeper",
-    "UnrecoverableError", "Worker",
-    "class_path", "connect", "count_failed_older_than", "count_failed_since", "datetime_from_ms", "defaults",
-    "encode_json", "fail_for_good", "failed_by_rank", "failed_count", "failed_since", "inspect_jobs", "last_sweep",
-    "now_ms", "parse_redis_url", "read_jobs", "redacted_url", "validate_job_id", "validate_name",
+    "UnrecoverableError", "Worker", "browse", "class_path", "connect", "count_failed_older_than", "count_failed_since",
+    "datetime_from_ms", "defaults", "encode_json", "fail_for_good", "failed_by_rank", "failed_count",
+    "failed_since", "inspect_jobs", "last_sweep", "now_ms", "oldest_waiting_age_ms", "parse_redis_url", "read_jobs",
+    "recent_minutes", "redacted_url", "totals", "validate_job_id", "validate_name",
 ]

@@ -15,3 +15,5 @@ MAX_STALLED_COUNT = 1  # stalls a job may survive before it is failed
 CONCURRENCY = 1  # worker threads per queue
 KEEP_COMPLETED_COUNT = 1000  # completed jobs kept per queue (None: all)
 CONFIRM_TIMEOUT_MS = 1000  # how long WAIT waits for the replicas of a confirmed write
+METRICS_MINUTES = 1440  # minutes of per-minute metrics a queue keeps (0: none, and no all-time counters)
+MAX_LOG_LINES = 1000  # log lines a job keeps; the oldest go first

@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from . import defaults
 from .errors import PayloadError
@@ -21,6 +21,10 @@ MAX_DELAY_MS = 10 * 365 * 86_400_000  # ten years: any delay or backoff, exact i
 # admin's mirror) stop at 1,000 levels, Python's decoder near its recursion
 # limit, and no real payload comes close.
 MAX_JSON_DEPTH = 100
+# A job's progress is a small report (a number, a few fields), and a log line
+# a line: these bound what a chatty job can put in Redis.
+MAX_PROGRESS_BYTES = 64 * 1024
+MAX_LOG_LINE_CHARS = 10_000
 
 
 def whole_number(value: Any, what: str, low: int, high: int) -> int:
@@ -177,9 +181,21 @@ def _strict_json(value: str | None, what: str) -> Any:
         raise PayloadError(f"{what} is not JSON: {error}") from None
 
 
+class Reporter(Protocol):
+    """What a worker attaches to a job it runs, so the job can report on itself (see worker.py)."""
+
+    def progress(self, job: Job, progress_json: str) -> bool: ...
+
+    def log(self, job: Job, line: str) -> bool: ...
+
+
 @dataclass
 class Job:
-    """One job, as read from its hash. Redis stays the source of truth."""
+    """One job, as read from its hash. Redis stays the source of truth.
+
+    While a worker runs it, `update_progress` and `log` write to Redis for
+    the running attempt only.
+    """
 
     queue: str
     id: str
@@ -200,6 +216,42 @@ class Job:
     worker_ids: list[str] = field(default_factory=list)  # one per attempt started
     started_on: int | None = None  # when the first attempt started
     error_classes: list[str] = field(default_factory=list)  # beside `stacktrace`, one per failure
+    progress: Any = None  # what the job last reported (update_progress)
+    logs: list[str] = field(default_factory=list)  # its log lines, oldest first (read by Queue.get_job)
+    _reporter: Reporter | None = field(default=None, init=False, repr=False, compare=False)
+
+    def attach(self, reporter: Reporter) -> None:
+        """Let this job report progress and log lines through `reporter` (the worker running it)."""
+        self._reporter = reporter
+
+    def _running(self, what: str) -> Reporter:
+        if self._reporter is None:
+            raise RuntimeError(f"job {self.id} can {what} only while a worker runs it (inside its job function)")
+        return self._reporter
+
+    def update_progress(self, value: Any) -> bool:
+        """Record how far the job got: a number or any JSON (emits a "progress" event).
+
+        Returns False, writing nothing, when this attempt no longer owns the job
+        (its lock lapsed and the sweeper recovered it).
+        """
+        reporter = self._running("report progress")
+        written = reporter.progress(self, encode_json(value, f"progress of job {self.id}", MAX_PROGRESS_BYTES))
+        if written:
+            self.progress = value
+        return written
+
+    def log(self, message: Any) -> bool:
+        """Append one line (str() of `message`, cut at MAX_LOG_LINE_CHARS) to the job's log.
+
+        The job keeps its newest lines up to the worker's cap. Returns False,
+        writing nothing, when this attempt no longer owns the job.
+        """
+        reporter = self._running("log")
+        line = str(message)
+        if len(line) > MAX_LOG_LINE_CHARS:
+            line = line[:MAX_LOG_LINE_CHARS - 1] + "…"
+        return reporter.log(self, line)
 
     @classmethod
     def from_hash(cls, queue: str, job_id: str, fields: Mapping[str, str], *, strict: bool = False) -> Job:
@@ -231,6 +283,7 @@ class Job:
             worker_ids=_list(_json(fields.get("wids"), [])),
             started_on=_optional_int(fields.get("startedOn")),
             error_classes=_list(_json(fields.get("errc"), [])),
+            progress=_json(fields.get("progress"), None),
         )
 
     @classmethod

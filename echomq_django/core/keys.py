@@ -40,11 +40,13 @@ STATES = ("wait", "prioritized", "paused", "active", "delayed", "completed", "fa
 COUNTED = ("wait", "prioritized", "paused", "active", "stalled", "delayed", "completed", "failed")
 
 # The KEYS of each script, in order, named as they follow the queue's base
-# ("emq:{q}:"); `<token>` and `<state>` are filled in per call. Each script's
+# ("emq:{q}:"); `<token>`, `<state>` and `<id>` are filled in per call. Each script's
 # header lists the same names, and the wrappers in scripts.py take their KEYS
 # from here (QueueKeys.for_script).
 SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "addJob-8": ("wait", "paused", "meta", "id", "delayed", "marker", "prioritized", "add:<token>"),
+    "addLog-2": ("<id>", "<id>:logs"),
+    "cancelJob-5": ("wait", "paused", "delayed", "prioritized", "failed"),
     "cleanJobs-1": ("<state>",),
     "extendLocks-1": ("stalled",),
     "getCounts-8": COUNTED,
@@ -57,12 +59,16 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "promoteDelayed-6": ("delayed", "wait", "paused", "meta", "marker", "prioritized"),
     "removeJob-8": ("wait", "paused", "active", "delayed", "completed", "failed", "stalled", "prioritized"),
     "retryJob-6": ("failed", "wait", "paused", "meta", "marker", "prioritized"),
+    "updateProgress-1": ("<id>",),
 }
 # The keys scripts build from the prefix instead, and why. All share the
 # queue's hash tag, so on a cluster they live in the slot of the KEYS.
 DERIVED_KEYS: dict[str, str] = {
     "<id>": "a job's hash: the ids a script works on are found inside it (a list, a set, a reply)",
     "<id>:lock": "a job's lock, for the same reason",
+    "<id>:logs": "a job's log lines, deleted with the job wherever its hash is",
+    "metrics:<minute>": "one minute of the queue's metrics (includes/metrics.lua), named by the call's time",
+    "metrics:total": "the queue's all-time counters, written beside the minute's",
     "events": "the event stream, written by the emitEvent include that every writing script shares",
     "locks": "the lock index, kept by every script that moves jobs in or out of active",
     "prioritized": "the sweep's: the spec fixes its eight KEYS, and a recovered job may have a priority",
@@ -233,3 +239,16 @@ class QueueKeys:
 
     def lock(self, job_id: str) -> str:
         return self.base + job_id + ":lock"
+
+    def logs(self, job_id: str) -> str:
+        """The log lines a job wrote while running (LIST, oldest first)."""
+        return self.base + job_id + ":logs"
+
+    def metrics_minute(self, minute: int) -> str:
+        """One minute of metrics (HASH), `minute` counted from the epoch; see lua/includes/metrics.lua."""
+        return f"{self.base}metrics:{minute}"
+
+    @property
+    def metrics_total(self) -> str:
+        """The all-time counters (HASH)."""
+        return self.base + "metrics:total"

@@ -100,10 +100,20 @@ class Queue:
         return ids
 
     def get_job(self, job_id: str) -> Job | None:
-        """The job with this id, or None."""
+        """The job with this id (with its progress and log lines), or None."""
         validate_name(job_id, "job id")
-        fields = self.client.hgetall(self.keys.job(job_id))
-        return Job.from_hash(self.name, job_id, fields) if fields else None
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hgetall(self.keys.job(job_id))
+        pipe.lrange(self.keys.logs(job_id), 0, -1)
+        fields, logs = pipe.execute()
+        return self._job(job_id, fields, logs)
+
+    def _job(self, job_id: str, fields: dict[str, str], logs: list[str]) -> Job | None:
+        if not fields:
+            return None
+        job = Job.from_hash(self.name, job_id, fields)
+        job.logs = logs
+        return job
 
     def get_state(self, job_id: str) -> str | None:
         """Which state holds the job: one of STATES, or None when it is in none."""
@@ -117,9 +127,10 @@ class Queue:
         validate_name(job_id, "job id")
         pipe = self.client.pipeline(transaction=True)
         pipe.hgetall(self.keys.job(job_id))
+        pipe.lrange(self.keys.logs(job_id), 0, -1)
         self._look_up_states(pipe, job_id)
-        fields, *found = pipe.execute()
-        return (Job.from_hash(self.name, job_id, fields) if fields else None), first_state(found)
+        fields, logs, *found = pipe.execute()
+        return self._job(job_id, fields, logs), first_state(found)
 
     def _look_up_states(self, pipe: Any, job_id: str) -> None:
         """Queue on `pipe` one look-up per state, in STATES order."""
@@ -180,6 +191,18 @@ class Queue:
         while removed := self.scripts.clean_jobs(self.keys, state, cutoff, batch):
             cleaned += removed
         return cleaned
+
+    def promote(self, job_id: str) -> bool:
+        """Make a delayed job ready now; False when it is not delayed (any more)."""
+        return self.scripts.promote_job(self.keys, validate_stored_id(job_id))
+
+    def cancel(self, job_id: str, reason: str = "cancelled") -> bool:
+        """Keep a job that has not started from running: it goes to `failed` with `reason`.
+
+        False when it is not waiting or delayed (any more): a running job is
+        not stopped. `retry` sends a cancelled job back to wait.
+        """
+        return self.scripts.cancel_job(self.keys, validate_stored_id(job_id), reason, now_ms()) == 1
 
     def pause(self) -> None:
         """Stop workers from taking jobs of this queue; running jobs finish."""

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import defaults
 from .errors import JobLockedError, JobNotFoundError, LockLostError, QueueStateError
 from .keys import COUNTED, LIST_STATES, SCRIPT_KEYS, QueueKeys
 from .transport import Call, Confirm, ScriptClient
@@ -56,6 +57,7 @@ class Scripts(ScriptClient):
 
     def fetch_call(
         self, keys: QueueKeys, token: str, lock_ms: int, now: int, count: int, worker_id: str,
+        metrics_minutes: int = defaults.METRICS_MINUTES,
     ) -> Call:
         """The moveToActive call that takes up to `count` ready jobs locked with `token`.
 
@@ -63,7 +65,7 @@ class Scripts(ScriptClient):
         the jobs the first call took and takes no others.
         """
         return ("moveToActive-9", keys.for_script("moveToActive-9", token=token),
-                [keys.base, token, lock_ms, now, count, worker_id])
+                [keys.base, token, lock_ms, now, count, worker_id, metrics_minutes])
 
     @staticmethod
     def fetched(reply: list[Any]) -> tuple[int | None, list[tuple[str, list[str]]]]:
@@ -92,10 +94,11 @@ class Scripts(ScriptClient):
     def finish_call(
         self, keys: QueueKeys, attempts: Sequence[Finish], now: int, *, default_attempts: int,
         keep_completed: tuple[int, int] = (-1, 0), keep_failed: tuple[int, int] = (-1, 0),
-        keep_traces: int = 10,
+        keep_traces: int = 10, metrics_minutes: int = defaults.METRICS_MINUTES,
     ) -> Call:
         """The moveToFinished call that ends these attempts; retention as (count, age ms) per set."""
-        args: list[Any] = [keys.base, now, default_attempts, keep_traces, *keep_completed, *keep_failed]
+        args: list[Any] = [keys.base, now, default_attempts, keep_traces, *keep_completed, *keep_failed,
+                           metrics_minutes]
         for a in attempts:
             args += [a.job_id, a.token, "completed" if a.completed else "failed", a.value, a.stacktrace,
                      a.backoff_ms, "1" if a.final else "0", a.error_class]
@@ -118,6 +121,7 @@ class Scripts(ScriptClient):
     def move_stalled_jobs_to_wait(
         self, keys: QueueKeys, *, max_stalled_count: int, now: int, interval_ms: int,
         phase: str, cursor: int, budget: int, default_attempts: int, force: bool, lock_ms: int,
+        metrics_minutes: int = defaults.METRICS_MINUTES,
     ) -> tuple[str, int, int, int, int, int]:
         """One call of the sweep: (phase, cursor, marked, recovered, failed, unmarked).
 
@@ -127,7 +131,7 @@ class Scripts(ScriptClient):
         reply = self._run(
             "moveStalledJobsToWait-8", keys.for_script("moveStalledJobsToWait-8"),
             [keys.base, max_stalled_count, now, interval_ms, phase, cursor, budget,
-             default_attempts, "1" if force else "0", lock_ms],
+             default_attempts, "1" if force else "0", lock_ms, metrics_minutes],
         )
         return (reply[0], int(reply[1]), int(reply[2]), int(reply[3]), int(reply[4]), int(reply[5]))
 
@@ -181,6 +185,33 @@ class Scripts(ScriptClient):
             "promoteDelayed-6", keys.for_script("promoteDelayed-6"),
             [keys.base, now, limit],
         ))
+
+    def promote_job(self, keys: QueueKeys, job_id: str) -> bool:
+        """Make one delayed job ready now, due or not; False when it is not delayed (any more)."""
+        return int(self._run("promoteDelayed-6", keys.for_script("promoteDelayed-6"),
+                             [keys.base, 0, 1, job_id])) == 1
+
+    def cancel_job(self, keys: QueueKeys, job_id: str, reason: str, now: int) -> int:
+        """Move a job that has not started to failed, with `reason`.
+
+        1 cancelled, 0 not waiting or delayed (nothing changed), -1 its key is no job hash.
+        """
+        return int(self._run("cancelJob-5", keys.for_script("cancelJob-5"), [keys.base, job_id, reason, now]))
+
+    def update_progress(self, keys: QueueKeys, job_id: str, token: str, progress_json: str) -> int:
+        """Record a running job's progress for the attempt holding `token`.
+
+        1 written, 0 the token does not own the job (nothing written), -1 no such job.
+        """
+        return int(self._run("updateProgress-1", keys.for_script("updateProgress-1", id=job_id),
+                             [keys.base, job_id, token, progress_json]))
+
+    def add_log(self, keys: QueueKeys, job_id: str, token: str, line: str, keep: int) -> int:
+        """Append a line to a running job's log, keeping the newest `keep`.
+
+        The lines kept, 0 when the token does not own the job (nothing written), -1 no such job.
+        """
+        return int(self._run("addLog-2", keys.for_script("addLog-2", id=job_id), [token, line, keep]))
 
     def get_counts(self, keys: QueueKeys) -> dict[str, int]:
         """Jobs per state, read atomically; `stalled` counts marked jobs (also in active)."""

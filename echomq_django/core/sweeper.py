@@ -100,8 +100,10 @@ class Sweeper:
         max_stalled_count: int = defaults.MAX_STALLED_COUNT,
         default_attempts: int = defaults.ATTEMPTS, budget: int = DEFAULT_BUDGET,
         lock_duration_ms: int = defaults.LOCK_DURATION_MS, scripts: Scripts | None = None,
+        metrics_minutes: int = defaults.METRICS_MINUTES,
     ) -> None:
         self.client = client
+        self.metrics_minutes = metrics_minutes
         self.targets = [
             queue if isinstance(queue, SweepTarget)
             else SweepTarget(queue, interval_ms, max_stalled_count, default_attempts, lock_duration_ms)
@@ -129,6 +131,7 @@ class Sweeper:
                 keys, max_stalled_count=target.max_stalled_count, now=now_ms(),
                 interval_ms=target.interval_ms, phase=phase, cursor=cursor, budget=self.budget,
                 default_attempts=target.default_attempts, force=force, lock_ms=target.lock_duration_ms,
+                metrics_minutes=self.metrics_minutes,
             )
             calls += 1
             longest = max(longest, (time.perf_counter() - call_started) * 1000)

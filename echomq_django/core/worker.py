@@ -42,6 +42,21 @@ class _Outcome:
 
 
 @dataclass(frozen=True)
+class _Reporter:
+    """A running job's writes of its own progress and log, each for its attempt's token only."""
+
+    scripts: Scripts
+    keys: QueueKeys
+    max_log_lines: int
+
+    def progress(self, job: Job, progress_json: str) -> bool:
+        return self.scripts.update_progress(self.keys, job.id, job.token or "", progress_json) == 1
+
+    def log(self, job: Job, line: str) -> bool:
+        return self.scripts.add_log(self.keys, job.id, job.token or "", line, self.max_log_lines) > 0
+
+
+@dataclass(frozen=True)
 class Retention:
     """How many finished jobs a set keeps: `count` newest (-1 = all), none older than `age_ms` (0 = any)."""
 
@@ -77,9 +92,12 @@ class Worker:
         keep_completed: Retention = Retention(count=defaults.KEEP_COMPLETED_COUNT),
         keep_failed: Retention = Retention(),
         worker_id: str | None = None, scripts: Scripts | None = None, confirm: Confirm | None = None,
+        metrics_minutes: int = defaults.METRICS_MINUTES, max_log_lines: int = defaults.MAX_LOG_LINES,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+        if max_log_lines < 1:
+            raise ValueError(f"a job must keep at least 1 log line, not {max_log_lines}")
         renew_interval_ms = renew_interval_ms or lock_duration_ms // 2
         if not 0 < renew_interval_ms < lock_duration_ms:
             raise ValueError(
@@ -98,6 +116,8 @@ class Worker:
         self.default_attempts = default_attempts
         self.keep_completed = keep_completed
         self.keep_failed = keep_failed
+        self.metrics_minutes = metrics_minutes
+        self._reporter = _Reporter(self.scripts, self.keys, max_log_lines)
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.processed = 0
         self._locks = LockRenewer(self.scripts, self.keys, lock_duration_ms, renew_interval_ms, self.worker_id)
@@ -191,12 +211,13 @@ class Worker:
                 self.keys, finishes, now_ms(),
                 default_attempts=self.default_attempts,
                 keep_completed=(self.keep_completed.count, self.keep_completed.age_ms),
-                keep_failed=(self.keep_failed.count, self.keep_failed.age_ms)))
+                keep_failed=(self.keep_failed.count, self.keep_failed.age_ms),
+                metrics_minutes=self.metrics_minutes))
         # The lock token of this fetch: the unanswered one first, whatever `want` is now.
         token = self._unanswered_token or (f"{self.worker_id}:{uuid.uuid4().hex}" if want else "")
         if token:
             calls.append(self.scripts.fetch_call(self.keys, token, self.lock_duration_ms, now_ms(), want,
-                                                 self.worker_id))
+                                                 self.worker_id, self.metrics_minutes))
         sent = time.monotonic()
         try:
             replies, acked = self.scripts.run_confirmed(calls, self.confirm)
@@ -244,6 +265,7 @@ class Worker:
             except Exception as error:  # a hash no producer of ours wrote: it fails alone
                 ended.append(self._unrunnable(job_id, token, error))
                 continue
+            job.attach(self._reporter)
             self._jobs.put(job)
         return len(jobs), next_due
 

@@ -1,7 +1,7 @@
 -- @include "jobKey"
 
 -- Trim a finished set (completed or failed) to keepCount newest jobs and drop
--- jobs older than keepAgeMs, deleting their hashes. keepCount < 0 keeps any
+-- jobs older than keepAgeMs, deleting their hashes and logs. keepCount < 0 keeps any
 -- number; keepAgeMs <= 0 keeps any age. Each call removes at most 1000 jobs so
 -- one finish can never block Redis for long; later finishes remove the rest.
 local function applyRetention(prefix, setKey, keepCount, keepAgeMs, now)
@@ -18,7 +18,7 @@ local function applyRetention(prefix, setKey, keepCount, keepAgeMs, now)
   end
   for _, id in ipairs(doomed) do
     local key = jobKey(prefix, id)
-    if key then redis.call("DEL", key) end
+    if key then redis.call("DEL", key, key .. ":logs") end
     redis.call("ZREM", setKey, id)
   end
   return #doomed

@@ -1,0 +1,76 @@
+-- The queue's metrics, written by the scripts that see each event, so every
+-- worker and sweeper on every host counts without a round trip of its own.
+-- A script adds up what its call saw (countMetric, timeMetric, sampleMetric)
+-- and writes it once at the end (flushMetrics): two commands on one small
+-- hash per call, however many jobs the call handled.
+--
+-- <prefix>metrics:<minute>  HASH, minute = floor(ms / 60000); it expires
+--   keepMinutes after its minute ends, so a queue keeps at most keepMinutes
+--   of them (none while it is idle). Fields:
+--     completed, failed, retried, recovered   jobs (failed: for good;
+--       retried: a failed attempt that will run again; recovered: by a sweep)
+--     wait_count, wait_sum, wait_max   first starts, and ms from enqueue (or
+--       the end of the job's delay) to that start
+--     run_count, run_sum, run_max      attempts a worker finished, and their ms
+--     waiting                          jobs ready but not taken (wait,
+--       prioritized, paused) when a sweep last looked in that minute
+-- <prefix>metrics:total  HASH, never expires: all-time completed, failed,
+--   retried, recovered.
+local metricAdds, metricMaxes, metricSamples = {}, {}, {}
+local TOTAL_FIELDS = {completed = true, failed = true, retried = true, recovered = true}
+
+local function countMetric(field, n)
+  metricAdds[field] = (metricAdds[field] or 0) + n
+end
+
+-- One duration (ms) of `kind` ("wait" or "run"); a negative one (clocks of
+-- two hosts apart) counts as 0.
+local function timeMetric(kind, ms)
+  if ms < 0 then ms = 0 end
+  countMetric(kind .. "_count", 1)
+  countMetric(kind .. "_sum", ms)
+  local field = kind .. "_max"
+  if not metricMaxes[field] or ms > metricMaxes[field] then metricMaxes[field] = ms end
+end
+
+local function sampleMetric(field, value)
+  metricSamples[field] = value
+end
+
+-- Write what this call counted since the last flush into the minute of
+-- `nowMs`; keepMinutes <= 0 keeps no metrics at all.
+local function flushMetrics(prefix, nowMs, keepMinutes)
+  local adds, maxes, samples = metricAdds, metricMaxes, metricSamples
+  metricAdds, metricMaxes, metricSamples = {}, {}, {}
+  if keepMinutes <= 0 then return end
+  local read = {}
+  for field in pairs(adds) do read[#read + 1] = field end
+  for field in pairs(maxes) do read[#read + 1] = field end
+  local written = {}
+  for field, value in pairs(samples) do
+    written[#written + 1] = field
+    written[#written + 1] = value
+  end
+  if #read + #written == 0 then return end
+  local minute = math.floor(nowMs / 60000)
+  local metricsKey = prefix .. "metrics:" .. minute
+  if #read > 0 then
+    -- pcall: a metrics key another client overwrote must not fail the call.
+    local before = redis.pcall("HMGET", metricsKey, unpack(read))
+    if before["err"] then before = {} end
+    for i, field in ipairs(read) do
+      -- A field another client made unreadable starts again from 0.
+      local old = tonumber(before[i]) or 0
+      local value = adds[field] and old + adds[field] or math.max(old, maxes[field])
+      written[#written + 1] = field
+      written[#written + 1] = value
+    end
+  end
+  local created = redis.pcall("HSET", metricsKey, unpack(written))
+  if type(created) == "number" and created > 0 then
+    redis.call("EXPIREAT", metricsKey, (minute + 1 + keepMinutes) * 60)
+  end
+  for field, n in pairs(adds) do
+    if TOTAL_FIELDS[field] then redis.pcall("HINCRBY", prefix .. "metrics:total", field, n) end
+  end
+end
