@@ -84,10 +84,27 @@ class MirrorCursor(models.Model):
 
 
 class Queue(models.Model):
-    """No table: the admin's queue dashboard, and the permission to force a sweep."""
+    """No table: the admin's queue dashboard, and the permissions to operate queues and read their metrics."""
 
     class Meta:
         managed = False
         verbose_name = "queue"
         default_permissions = ("view",)
-        permissions = [("sweep_queue", "Can force a sweep of a queue")]
+        permissions = [
+            ("sweep_queue", "Can force a sweep of a queue"),
+            ("pause_queue", "Can pause a queue"),
+            ("view_metrics", "Can view metrics"),
+        ]
+
+
+class Job(models.Model):
+    """No table: the admin's job browser (every state of every queue, read from Redis), and its permissions.
+
+    Retrying a failed job needs `echomq.retry_failedjob`, as on the failed list.
+    """
+
+    class Meta:
+        managed = False
+        verbose_name = "job"
+        default_permissions = ("view", "delete")
+        permissions = [("promote_job", "Can promote delayed jobs"), ("cancel_job", "Can cancel waiting jobs")]

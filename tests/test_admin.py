@@ -346,9 +346,9 @@ def test_the_stalled_list_shows_marks_made_since_the_last_sync_and_drops_recover
 
 
 def test_a_large_backlog_is_copied_only_in_part_when_the_list_opens(superuser_client, queue, monkeypatch):
-    from echomq_django import admin as echomq_admin
+    from echomq_django.admin import mirror_lists
 
-    monkeypatch.setattr(echomq_admin, "VIEW_SYNC_LIMIT", 2)
+    monkeypatch.setattr(mirror_lists, "VIEW_SYNC_LIMIT", 2)
     fail_unsynced(queue, count=9, reason="late failure")
     page = superuser_client.get(URLS["failed"]()).content.decode()
     assert FailedJob.objects.count() == 4, "the two oldest and the two newest"

@@ -1,20 +1,14 @@
-"""The admin: a queue dashboard, the stalled set and the failed set.
+"""The failed and stalled lists: changelists over the mirror (JobRecord rows, searchable and filterable).
 
-The failed and stalled lists are changelists over the mirror (JobRecord rows,
-searchable and filterable), brought up to date from Redis each time a list is
-opened (a bounded sync: see mirror.py). A job's own page, named by queue and
-job id, reads Redis itself. Every change goes through the Lua scripts first,
-so Redis stays the source of truth. Changes are POST-only, CSRF-protected and
-need their own permission: retry (`retry_failedjob`), delete
-(`delete_failedjob`), sweep now (`sweep_queue`); the bulk ones that act on a
-whole set (retry all, clean) run only on the POST of a confirmation page.
+Each list is brought up to date from Redis when it opens (a bounded sync: see
+mirror.py). A job's own page, named by queue and job id, reads Redis itself.
+Retry (`retry_failedjob`) and delete (`delete_failedjob`) go through the Lua
+scripts first, POST-only.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
 from django.contrib import admin, messages
@@ -24,78 +18,30 @@ from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
-from django.utils import dateformat, timezone
-from django.utils.html import format_html, format_html_join
+from django.utils.html import format_html_join
 from django.utils.http import urlencode
 from django.utils.text import capfirst
 from django.views.decorators.http import require_POST
-from redis.exceptions import RedisClusterException, RedisError
 
-from .conf import get_settings
-from .core import (
-    UNREACHABLE,
-    InvalidNameError,
-    Job,
-    JobLockedError,
-    LiveJob,
-    Queue,
-    QueueStateError,
-    count_failed_older_than,
-    datetime_from_ms,
-    failed_count,
-    inspect_jobs,
-    validate_name,
+from ..conf import get_settings
+from ..core import UNREACHABLE, InvalidNameError, Job, LiveJob, Queue, inspect_jobs, validate_name
+from ..mirror import sync_queue
+from ..models import FailedJob, JobRecord, MirrorCursor, StalledJob
+from ..queues import get_queue
+from .common import (
+    JOB_ERRORS,
+    REDIS_ERRORS,
+    confirmation,
+    confirmed,
+    exact_time,
+    job_facts,
+    redis_problem,
+    row_facts,
 )
-from .mirror import sync_queue
-from .models import FailedJob, JobRecord, MirrorCursor, StalledJob
-from .models import Queue as QueueModel
-from .queues import get_queue, make_sweeper
-from .status import describe_sweep, queue_status
-
-DAY_MS = 86_400_000
-# A century: more is surely a typo, and days * DAY_MS must stay a number Redis takes.
-MAX_CLEAN_DAYS = 36_500
-# What a read of Redis can raise: an answer of the wrong kind, or Redis out of reach.
-REDIS_ERRORS = (RedisError, RedisClusterException, QueueStateError)
-# What a change to a job can raise instead of doing what it was asked: the
-# errors above, an id outside the alphabet (or a queue key's name), a worker holds it.
-JOB_ERRORS = (*REDIS_ERRORS, InvalidNameError, JobLockedError)
-
-
-def redis_problem(error: Exception) -> str:
-    """An error of a Redis call in words for a page: out of reach, or what Redis answered."""
-    return f"Redis did not answer ({error})" if isinstance(error, UNREACHABLE) else str(error)
-
 
 # Failed (and marked) jobs a list copies from Redis per queue when it is opened;
 # a larger backlog is copied by echomq_sweep's sync, so the page never waits for it.
 VIEW_SYNC_LIMIT = 1000
-
-
-def pretty_json(value: Any) -> str:
-    # Lone surrogates (valid JSON from another client, not encodable as UTF-8) stay escaped.
-    text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
-    return format_html("<pre>{}</pre>", text.encode("utf-8", "backslashreplace").decode("utf-8"))
-
-
-def exact_time(value: datetime | None) -> str:
-    """A time to the second, in the site's time zone."""
-    if value is None:
-        return "-"
-    return dateformat.format(timezone.localtime(value) if timezone.is_aware(value) else value, "Y-m-d H:i:s T")
-
-
-def confirmation(request: HttpRequest, model_admin: admin.ModelAdmin, *, title: str, question: str,
-                 button: str, fields: dict[str, str] | None = None) -> TemplateResponse:
-    """A page that asks before a change; its form POSTs the same fields again, with post=yes."""
-    context = {**model_admin.admin_site.each_context(request), "title": title, "question": question,
-               "button": button, "fields": fields or {}, "opts": model_admin.model._meta,
-               "cancel_url": reverse(f"admin:{model_admin.opts.app_label}_{model_admin.opts.model_name}_changelist")}
-    return TemplateResponse(request, "admin/echomq/confirm.html", context)
-
-
-def confirmed(request: HttpRequest) -> bool:
-    return request.POST.get("post") == "yes"
 
 
 class JobChangeList(ChangeList):
@@ -230,37 +176,6 @@ class MirrorAdmin(admin.ModelAdmin):
 
     def job_buttons(self, request: HttpRequest, queue: Queue, job_id: str, in_its_set: bool) -> dict[str, Any]:
         return {}
-
-
-def job_facts(job: Job, state: str | None) -> list[tuple[str, Any]]:
-    """A job as read from Redis now, one (label, value) per line of its page."""
-    return [
-        ("state now", state or "in no state (removed)"), ("name", job.name),
-        ("attempts made", job.attempts_made), ("attempts started", job.attempts_started),
-        ("stalls", job.stall_count), ("created", exact_time(datetime_from_ms(job.timestamp))),
-        ("first started", exact_time(datetime_from_ms(job.started_on))),
-        ("last started", exact_time(datetime_from_ms(job.processed_on))),
-        ("finished", exact_time(datetime_from_ms(job.finished_on))), ("worker", job.worker_id or "-"),
-        ("failed reason", job.failed_reason or "-"), ("exception classes", ", ".join(job.error_classes) or "-"),
-        ("data", pretty_json(job.data)), ("options", pretty_json(job.opts.to_json())),
-        ("stack traces", traces(job.stacktrace)),
-    ]
-
-
-def row_facts(row: JobRecord) -> list[tuple[str, Any]]:
-    """A job as the mirror last copied it (Redis no longer has it)."""
-    return [
-        ("state now", "no longer in Redis; this is the copy of " + exact_time(row.synced_at)), ("name", row.name),
-        ("attempts made", row.attempts_made), ("stalls", row.stall_count), ("created", exact_time(row.created_at)),
-        ("last started", exact_time(row.processed_at)), ("finished", exact_time(row.finished_at)),
-        ("failed reason", row.failed_reason or "-"), ("data", pretty_json(row.data)),
-        ("options", pretty_json(row.opts)), ("stack traces", traces(row.stacktrace)),
-    ]
-
-
-def traces(stacktrace: Any) -> str:
-    items = stacktrace if isinstance(stacktrace, list) else [stacktrace] if stacktrace else []
-    return format_html("<pre>{}</pre>", "\n\n".join(map(str, items))) if items else "-"
 
 
 @admin.register(FailedJob)
@@ -433,152 +348,3 @@ class StalledJobAdmin(MirrorAdmin):
     def next_sweep(self, obj: JobRecord) -> str:
         live = getattr(obj, "live", None)
         return str(live.verdict) if live else "-"
-
-
-@admin.register(QueueModel)
-class QueueAdmin(admin.ModelAdmin):
-    """The dashboard: one row per configured queue, with its buttons."""
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def get_urls(self) -> list[URLPattern]:
-        def view(function: Any) -> Any:
-            return self.admin_site.admin_view(require_POST(function))
-
-        # No row-id pages: the model has no table, so there is nothing for /1/change/ to show.
-        return [
-            path("", self.admin_site.admin_view(self.changelist_view), name="echomq_queue_changelist"),
-            path("<str:queue_name>/sweep/", view(self.sweep_now), name="echomq_queue_sweep"),
-            path("<str:queue_name>/retry-failed/", view(self.retry_all_failed), name="echomq_queue_retry_failed"),
-            path("<str:queue_name>/clean-failed/", view(self.clean_failed), name="echomq_queue_clean_failed"),
-        ]
-
-    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        if not self.has_view_permission(request):
-            raise PermissionDenied
-        user = request.user
-        try:
-            names, settings_error = list(get_settings().queues), ""
-        except ImproperlyConfigured as error:  # `manage.py check` names it too, but not every deploy runs it
-            names, settings_error = [], str(error)
-        context = {
-            **self.admin_site.each_context(request),
-            "title": "Queues",
-            "opts": self.model._meta,
-            "settings_error": settings_error,
-            "queues": self.queue_rows(names),
-            "can_sweep": user.has_perm("echomq.sweep_queue"),
-            "can_retry": user.has_perm("echomq.retry_failedjob"),
-            "can_clean": user.has_perm("echomq.delete_failedjob"),
-            "can_view_failed": user.has_perm("echomq.view_failedjob"),
-            "can_view_stalled": user.has_perm("echomq.view_stalledjob"),
-        }
-        return TemplateResponse(request, "admin/echomq/queue_dashboard.html", context)
-
-    def queue_rows(self, names: list[str]) -> list[dict[str, Any]]:
-        """The dashboard's lines; once Redis has not answered for one queue, the rest say so without waiting."""
-        rows: list[dict[str, Any]] = []
-        for name in names:
-            unreachable = next((row["error"] for row in rows if row.get("unreachable")), None)
-            rows.append({"name": name, "error": unreachable, "unreachable": True} if unreachable
-                        else self.queue_row(name))
-        return rows
-
-    def queue_row(self, name: str) -> dict[str, Any]:
-        """One queue's line of the dashboard; `error` instead of counts when one of its keys is broken."""
-        try:
-            status = queue_status(name)  # what echomq_status shows, read the same way
-        except REDIS_ERRORS as error:  # out of reach: a page says so rather than failing
-            return {"name": name, "error": redis_problem(error), "unreachable": isinstance(error, UNREACHABLE)}
-        if "error" in status:
-            return {"name": name, "error": status["error"]}
-        return {"name": name, "counts": status["counts"], "paused": status["paused"],
-                "last_sweep": describe_sweep(status["last_sweep"])}
-
-    def _queue_for(self, request: HttpRequest, queue_name: str, permission: str) -> Queue:
-        """The configured queue named in the URL, if the user has `permission`."""
-        if not request.user.has_perm(permission):
-            raise PermissionDenied
-        try:
-            configured = get_settings().queues
-            validate_name(queue_name, "queue name")
-        except (ImproperlyConfigured, InvalidNameError) as error:
-            raise Http404(str(error)) from None
-        if queue_name not in configured:
-            raise Http404("only configured queues are operated from the admin")
-        return get_queue(queue_name)
-
-    def _back(self) -> HttpResponseRedirect:
-        return HttpResponseRedirect(reverse("admin:echomq_queue_changelist"))
-
-    def _operate(self, request: HttpRequest, queue: Queue, operation: Callable[[], str]) -> HttpResponse:
-        """Run one button's operation and bring the mirror up to date; its outcome becomes a message."""
-        try:
-            summary = operation()
-            sync_queue(queue)
-        except REDIS_ERRORS as error:
-            self.message_user(request, f"Queue {queue.name}: {redis_problem(error)}", messages.ERROR)
-        else:
-            self.message_user(request, summary, messages.SUCCESS)
-        return self._back()
-
-    def _confirm(self, request: HttpRequest, queue: Queue, count: Callable[[], int], ask: Callable[[int], str],
-                 **options: Any) -> HttpResponse:
-        """The confirmation page of a bulk button, saying how many jobs it would change now."""
-        try:
-            found = count()
-        except REDIS_ERRORS as error:
-            self.message_user(request, f"Queue {queue.name}: {redis_problem(error)}", messages.ERROR)
-            return self._back()
-        return confirmation(request, self, question=ask(found), **options)
-
-    def sweep_now(self, request: HttpRequest, queue_name: str) -> HttpResponse:
-        queue = self._queue_for(request, queue_name, "echomq.sweep_queue")
-
-        def sweep() -> str:
-            sweeper = make_sweeper([queue.name], long_running=False)
-            return sweeper.sweep(sweeper.targets[0], force=True).summary()
-
-        return self._operate(request, queue, sweep)
-
-    def retry_all_failed(self, request: HttpRequest, queue_name: str) -> HttpResponse:
-        queue = self._queue_for(request, queue_name, "echomq.retry_failedjob")
-        if not confirmed(request):
-            return self._confirm(
-                request, queue, lambda: failed_count(queue),
-                lambda found: f"Send all {found} failed job(s) of queue {queue.name} back to wait? "
-                              "Each runs again, with the attempts it has made so far counted.",
-                title=f"Retry every failed job of {queue.name}?", button="Yes, retry them all")
-        return self._operate(request, queue, lambda: (
-            f"{queue.retry_all_failed()} failed job(s) of {queue.name} sent back to wait."))
-
-    def clean_failed(self, request: HttpRequest, queue_name: str) -> HttpResponse:
-        queue = self._queue_for(request, queue_name, "echomq.delete_failedjob")
-        try:
-            days = float(request.POST.get("days", ""))
-            if not 0 <= days <= MAX_CLEAN_DAYS:  # also refuses nan
-                raise ValueError
-        except ValueError:
-            self.message_user(request, f"Give the age in days as a number from 0 to {MAX_CLEAN_DAYS}.",
-                              messages.ERROR)
-            return self._back()
-        older_than_ms = round(days * DAY_MS)
-        if not confirmed(request):
-            # "before now", not "all": a job another client scored in the future stays.
-            which = " that failed before now" if days == 0 else f" that failed more than {days:g} day(s) ago"
-            return self._confirm(
-                request, queue, lambda: count_failed_older_than(queue, older_than_ms),
-                lambda found: f"Delete {found} failed job(s) of queue "
-                              f"{queue.name}{which}? Their data and traces go too; this cannot be undone.",
-                title=f"Delete failed jobs of {queue.name}?", button="Yes, delete them",
-                fields={"days": request.POST["days"]})
-        return self._operate(request, queue, lambda: (
-            f"{queue.clean('failed', older_than_ms)} failed job(s) of {queue.name} "
-            f"older than {days:g} day(s) deleted."))

@@ -1,0 +1,11 @@
+"""The admin: a queue dashboard, a browser of every state of every queue, and the failed and stalled lists.
+
+Every change goes through the Lua scripts first, so Redis stays the source
+of truth. Changes are POST-only, CSRF-protected and need their own
+permission; the bulk ones that act on a whole set run only on the POST of a
+confirmation page.
+"""
+
+from . import dashboard, mirror_lists
+
+__all__ = ["dashboard", "mirror_lists"]

@@ -1,0 +1,86 @@
+"""What the admin's pages share: Redis errors in words, times, JSON, job facts, confirmation pages."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils import dateformat, timezone
+from django.utils.html import format_html
+from redis.exceptions import RedisClusterException, RedisError
+
+from ..core import UNREACHABLE, InvalidNameError, Job, JobLockedError, QueueStateError, datetime_from_ms
+from ..models import JobRecord
+
+# What a read of Redis can raise: an answer of the wrong kind, or Redis out of reach.
+REDIS_ERRORS = (RedisError, RedisClusterException, QueueStateError)
+# What a change to a job can raise instead of doing what it was asked: the
+# errors above, an id outside the alphabet (or a queue key's name), a worker holds it.
+JOB_ERRORS = (*REDIS_ERRORS, InvalidNameError, JobLockedError)
+
+
+def redis_problem(error: Exception) -> str:
+    """An error of a Redis call in words for a page: out of reach, or what Redis answered."""
+    return f"Redis did not answer ({error})" if isinstance(error, UNREACHABLE) else str(error)
+
+
+def pretty_json(value: Any) -> str:
+    # Lone surrogates (valid JSON from another client, not encodable as UTF-8) stay escaped.
+    text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    return format_html("<pre>{}</pre>", text.encode("utf-8", "backslashreplace").decode("utf-8"))
+
+
+def exact_time(value: datetime | None) -> str:
+    """A time to the second, in the site's time zone."""
+    if value is None:
+        return "-"
+    return dateformat.format(timezone.localtime(value) if timezone.is_aware(value) else value, "Y-m-d H:i:s T")
+
+
+def confirmation(request: HttpRequest, model_admin: admin.ModelAdmin, *, title: str, question: str,
+                 button: str, fields: dict[str, str] | None = None) -> TemplateResponse:
+    """A page that asks before a change; its form POSTs the same fields again, with post=yes."""
+    context = {**model_admin.admin_site.each_context(request), "title": title, "question": question,
+               "button": button, "fields": fields or {}, "opts": model_admin.model._meta,
+               "cancel_url": reverse(f"admin:{model_admin.opts.app_label}_{model_admin.opts.model_name}_changelist")}
+    return TemplateResponse(request, "admin/echomq/confirm.html", context)
+
+
+def confirmed(request: HttpRequest) -> bool:
+    return request.POST.get("post") == "yes"
+
+
+def job_facts(job: Job, state: str | None) -> list[tuple[str, Any]]:
+    """A job as read from Redis now, one (label, value) per line of its page."""
+    return [
+        ("state now", state or "in no state (removed)"), ("name", job.name),
+        ("attempts made", job.attempts_made), ("attempts started", job.attempts_started),
+        ("stalls", job.stall_count), ("created", exact_time(datetime_from_ms(job.timestamp))),
+        ("first started", exact_time(datetime_from_ms(job.started_on))),
+        ("last started", exact_time(datetime_from_ms(job.processed_on))),
+        ("finished", exact_time(datetime_from_ms(job.finished_on))), ("worker", job.worker_id or "-"),
+        ("failed reason", job.failed_reason or "-"), ("exception classes", ", ".join(job.error_classes) or "-"),
+        ("data", pretty_json(job.data)), ("options", pretty_json(job.opts.to_json())),
+        ("stack traces", traces(job.stacktrace)),
+    ]
+
+
+def row_facts(row: JobRecord) -> list[tuple[str, Any]]:
+    """A job as the mirror last copied it (Redis no longer has it)."""
+    return [
+        ("state now", "no longer in Redis; this is the copy of " + exact_time(row.synced_at)), ("name", row.name),
+        ("attempts made", row.attempts_made), ("stalls", row.stall_count), ("created", exact_time(row.created_at)),
+        ("last started", exact_time(row.processed_at)), ("finished", exact_time(row.finished_at)),
+        ("failed reason", row.failed_reason or "-"), ("data", pretty_json(row.data)),
+        ("options", pretty_json(row.opts)), ("stack traces", traces(row.stacktrace)),
+    ]
+
+
+def traces(stacktrace: Any) -> str:
+    items = stacktrace if isinstance(stacktrace, list) else [stacktrace] if stacktrace else []
+    return format_html("<pre>{}</pre>", "\n\n".join(map(str, items))) if items else "-"
