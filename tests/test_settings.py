@@ -37,21 +37,33 @@ def test_the_runtime_without_settings_and_django_without_echomq_agree(settings):
         (django_queue.keys.base, django_queue.max_payload_bytes, django_queue.default_opts)
     bare_worker, django_worker = Worker("default", print, client), make_worker("default", print)
     worker_fields = ("concurrency", "lock_duration_ms", "renew_interval_ms", "default_attempts", "keep_completed",
-                     "keep_failed")
+                     "keep_failed", "metrics_minutes")
     assert [getattr(bare_worker, f) for f in worker_fields] == [getattr(django_worker, f) for f in worker_fields]
     assert bare_worker.keys.base == django_worker.keys.base
+    assert bare_worker._reporter.max_log_lines == django_worker._reporter.max_log_lines == 1000
     assert Sweeper(client, ["default"]).targets == make_sweeper(["default"]).targets
+    assert Sweeper(client, ["default"]).metrics_minutes == make_sweeper(["default"]).metrics_minutes == 1440
 
 
 def test_a_wrong_value_falls_back_to_the_default_not_to_another_number():
     wrong, _ = parse_settings({
         "PREFIX": "a b", "REDIS_URL": "http://x", "MAX_PAYLOAD_BYTES": 0, "CONFIRM_REPLICAS": -1,
-        "ENQUEUE_TIMEOUT": 0,
-        "QUEUES": {"a": {"ATTEMPTS": 0, "MAX_STALLED_COUNT": -1, "LOCK_DURATION": 0, "SWEEP_INTERVAL": "x",
+        "ENQUEUE_TIMEOUT": 0, "METRICS_MINUTES": -1, "METRICS_TOKEN": 5,
+        "QUEUES": {"a": {"ATTEMPTS": 0, "MAX_LOG_LINES": 0, "MAX_STALLED_COUNT": -1, "LOCK_DURATION": 0, "SWEEP_INTERVAL": "x",
                          "LOCK_RENEW_INTERVAL": -1, "CONCURRENCY": 0, "BACKOFF": {"TYPE": "linear"},
                          "KEEP_COMPLETED": 5, "KEEP_FAILED": {"COUNT": -1}}}})
     defaults, problems = parse_settings({"QUEUES": {"a": {}}})
     assert problems == [] and wrong == defaults
+
+
+def test_metrics_and_log_settings_reach_the_workers_and_sweepers():
+    with override_settings(ECHOMQ={"METRICS_MINUTES": 0, "METRICS_TOKEN": "t" * 32,
+                                   "QUEUES": {"a": {"MAX_LOG_LINES": 7}}}):
+        from echomq_django.queues import make_sweeper, make_worker
+
+        worker, sweeper = make_worker("a", print), make_sweeper(["a"])
+        assert (worker.metrics_minutes, worker._reporter.max_log_lines, sweeper.metrics_minutes) == (0, 7, 0)
+        assert get_settings().metrics_token == "t" * 32
 
 
 def test_max_stalled_count_zero_is_kept():
@@ -99,6 +111,12 @@ def test_a_correct_setting_passes_the_checks():
     ({"QUEUES": {"a": {"SWEEP_INTERVAL": float("nan")}}}, "echomq.E005"),
     ({"QUEUES": {"a": {"BACKOFF": {"TYPE": "fixed", "DELAY": float("inf")}}}}, "echomq.E005"),
     ({"QUEUES": {"a": {"KEEP_COMPLETED": {"AGE": float("inf")}}}}, "echomq.E005"),
+    ({"METRICS_MINUTES": -1}, "echomq.E005"),
+    ({"METRICS_MINUTES": 1.5}, "echomq.E005"),
+    ({"QUEUES": {"a": {"MAX_LOG_LINES": 0}}}, "echomq.E005"),
+    ({"METRICS_TOKEN": 12345678901234567890123456}, "echomq.E015"),
+    ({"METRICS_TOKEN": "a token with spaces in it, long enough"}, "echomq.E015"),
+    ({"METRICS_TOKEN": "short"}, "echomq.W015"),
     ({"REDIS_ULR": "redis://x"}, "echomq.W001"),
     ({"QUEUES": {"a": {"LOCK_DURATON": 5}}}, "echomq.W002"),
 ])

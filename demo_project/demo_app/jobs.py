@@ -39,6 +39,16 @@ def doomed(reason: str) -> None:
 
 
 @job(queue=QUEUE)
+def import_rows(rows: int) -> int:
+    """Logs a line per row and reports its progress: both show on the job's page in the admin."""
+    running = current_job()
+    for done in range(1, rows + 1):
+        running.log(f"imported row {done} of {rows}")
+        running.update_progress({"percent": round(100 * done / rows), "rows": done})
+    return rows
+
+
+@job(queue=QUEUE)
 def slow(seconds: float) -> float:
     time.sleep(seconds)
     return seconds
@@ -53,6 +63,7 @@ def count_users() -> int:
 STORY = [
     (greet, ("Ada",)),
     (greet, ("Grace",)),
+    (import_rows, (5,)),
     (flaky, ()),
     (crash, ()),
     (doomed, ("the input is malformed",)),
