@@ -14,7 +14,8 @@
   ARGV[2] now, ms
   ARGV[3] how many at most
   ARGV[4] (optional) one job id: promote this job now, due or not, if it is
-          still delayed; nothing else moves
+          still delayed; nothing else moves. Its `due` becomes now (ARGV[2]),
+          so its wait counts from the promotion
 
   Returns the number of jobs promoted.
 ]]
@@ -22,12 +23,13 @@
 -- @include "pushReady"
 -- @include "promoteDue"
 
-local id = ARGV[4]
+local prefix, id = ARGV[1], ARGV[4]
 if id then
   if redis.call("ZREM", KEYS[1], id) == 0 then return 0 end
-  pushReady(ARGV[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], id)
-  emitEvent(ARGV[1], "promoted", id)
+  redis.pcall("HSET", prefix .. id, "due", ARGV[2])  -- pcall: a key of another type is failed at fetch
+  pushReady(prefix, KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], id)
+  emitEvent(prefix, "promoted", id)
   return 1
 end
-return promoteDue(ARGV[1], KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6],
+return promoteDue(prefix, KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6],
   tonumber(ARGV[2]), tonumber(ARGV[3]))

@@ -32,7 +32,7 @@ from .inspection import (
     read_jobs,
 )
 from .job import MAX_DELAY_MS, Backoff, Job, JobOptions, datetime_from_ms, encode_json
-from .keys import ALPHABET, COUNTED, STATES, QueueKeys, validate_job_id, validate_name
+from .keys import ALPHABET, COUNTED, STATES, QueueKeys, validate_job_id, validate_name, validate_stored_id
 from .metrics import Minute, oldest_waiting_age_ms, recent_minutes, totals
 from .queue import NewJob, Queue, now_ms
 from .scripts import Confirm, Scripts
@@ -48,5 +48,5 @@ __all__ = [
     "UnrecoverableError", "Worker", "browse", "class_path", "connect", "count_failed_older_than", "count_failed_since",
     "datetime_from_ms", "defaults", "encode_json", "fail_for_good", "failed_by_rank", "failed_count",
     "failed_since", "inspect_jobs", "last_sweep", "now_ms", "oldest_waiting_age_ms", "parse_redis_url", "read_jobs",
-    "recent_minutes", "redacted_url", "totals", "validate_job_id", "validate_name",
+    "recent_minutes", "redacted_url", "totals", "validate_job_id", "validate_name", "validate_stored_id",
 ]

@@ -82,8 +82,9 @@ def recent_minutes(queue: Queue, count: int, now: int | None = None) -> list[Min
 
 def totals(queue: Queue) -> dict[str, int]:
     """The all-time counters: jobs completed, failed (for good), retried and recovered."""
-    fields = queue.client.hgetall(queue.keys.metrics_total)
-    counts = Minute.from_hash(0, fields)
+    # A key of another type raises (WRONGTYPE), as a count of the queue does:
+    # zeros would read as a counter reset to a scraper.
+    counts = Minute.from_hash(0, queue.client.hgetall(queue.keys.metrics_total))
     return {name: getattr(counts, name) for name in TOTALS}
 
 

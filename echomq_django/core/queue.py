@@ -194,7 +194,7 @@ class Queue:
 
     def promote(self, job_id: str) -> bool:
         """Make a delayed job ready now; False when it is not delayed (any more)."""
-        return self.scripts.promote_job(self.keys, validate_stored_id(job_id))
+        return self.scripts.promote_job(self.keys, validate_stored_id(job_id), now_ms())
 
     def cancel(self, job_id: str, reason: str = "cancelled") -> bool:
         """Keep a job that has not started from running: it goes to `failed` with `reason`.

@@ -186,10 +186,10 @@ class Scripts(ScriptClient):
             [keys.base, now, limit],
         ))
 
-    def promote_job(self, keys: QueueKeys, job_id: str) -> bool:
+    def promote_job(self, keys: QueueKeys, job_id: str, now: int) -> bool:
         """Make one delayed job ready now, due or not; False when it is not delayed (any more)."""
         return int(self._run("promoteDelayed-6", keys.for_script("promoteDelayed-6"),
-                             [keys.base, 0, 1, job_id])) == 1
+                             [keys.base, now, 1, job_id])) == 1
 
     def cancel_job(self, keys: QueueKeys, job_id: str, reason: str, now: int) -> int:
         """Move a job that has not started to failed, with `reason`.

@@ -33,6 +33,14 @@ local function timeMetric(kind, ms)
   if not metricMaxes[field] or ms > metricMaxes[field] then metricMaxes[field] = ms end
 end
 
+-- A stored number, or 0 when another client made it unreadable (Lua's
+-- tonumber also takes "nan" and "inf", which would stick).
+local function storedNumber(raw)
+  local value = tonumber(raw)
+  if not value or value ~= value or value == math.huge or value == -math.huge then return 0 end
+  return value
+end
+
 local function sampleMetric(field, value)
   metricSamples[field] = value
 end
@@ -60,7 +68,7 @@ local function flushMetrics(prefix, nowMs, keepMinutes)
     if before["err"] then before = {} end
     for i, field in ipairs(read) do
       -- A field another client made unreadable starts again from 0.
-      local old = tonumber(before[i]) or 0
+      local old = storedNumber(before[i])
       local value = adds[field] and old + adds[field] or math.max(old, maxes[field])
       written[#written + 1] = field
       written[#written + 1] = value
@@ -71,6 +79,13 @@ local function flushMetrics(prefix, nowMs, keepMinutes)
     redis.call("EXPIREAT", metricsKey, (minute + 1 + keepMinutes) * 60)
   end
   for field, n in pairs(adds) do
-    if TOTAL_FIELDS[field] then redis.pcall("HINCRBY", prefix .. "metrics:total", field, n) end
+    if TOTAL_FIELDS[field] then
+      local metricsTotalKey = prefix .. "metrics:total"
+      if type(redis.pcall("HINCRBY", metricsTotalKey, field, n)) ~= "number" then
+        -- Not an integer any more (another client's write): it starts again
+        -- from this call's count. A key of another type is left alone.
+        redis.pcall("HSET", metricsTotalKey, field, n)
+      end
+    end
   end
 end
