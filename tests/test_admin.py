@@ -94,8 +94,9 @@ def test_dashboard_shows_counts_marks_pause_and_last_sweep(superuser_client, que
     queue.pause()
     page = superuser_client.get(URLS["dashboard"]()).content.decode()
     assert "(paused)" in page and "s ago on" in page
-    assert 'href="/admin/echomq/stalledjob/?queue=q">1</a>' in page
-    assert 'href="/admin/echomq/failedjob/?queue=q">1</a>' in page
+    for state in ("stalled", "failed"):
+        assert f'href="{reverse("admin:echomq_job_browse", args=["q", state])}">1</a>' in page
+        assert f'class="echomq-search" href="/admin/echomq/{state}job/?queue=q"' in page
     assert "Sweep now" in page and "Retry all failed" in page
 
 
@@ -258,7 +259,8 @@ def test_dashboard_shows_a_broken_queue_as_an_error_and_the_others(superuser_cli
     page = response.content.decode()
     assert response.status_code == 200
     assert "wrong type" in page and "broken" in page
-    assert 'href="/admin/echomq/failedjob/?queue=q">1</a>' in page, "the healthy queue still has its row"
+    assert f'href="{reverse("admin:echomq_job_browse", args=["q", "failed"])}">1</a>' in page, \
+        "the healthy queue still has its row"
 
 
 @pytest.mark.parametrize("name", ["echomq_queue_sweep", "echomq_queue_retry_failed", "echomq_queue_clean_failed"])

@@ -1,8 +1,12 @@
-"""The queue dashboard: one row per configured queue, with its counts and buttons.
+"""The queue dashboard: one row per configured queue, with its counts and buttons, and its charts.
 
-Sweep now (`sweep_queue`), retry all failed (`retry_failedjob`) and clean failed
-(`delete_failedjob`) are POST-only; the bulk ones run only on the POST of a
-confirmation page.
+Sweep now (`sweep_queue`), pause and resume (`pause_queue`), retry all failed
+(`retry_failedjob`) and clean failed (`delete_failedjob`) are POST-only; the
+bulk ones run only on the POST of a confirmation page. Each count links to
+its list in the job browser (`view_job`). With `view_metrics`, each queue has
+two charts, throughput and waiting jobs, over the last hour or day
+(`?range=day`). The page reloads itself every REFRESH_SECONDS unless
+`?refresh=0`.
 """
 
 from __future__ import annotations
@@ -15,19 +19,34 @@ from django.core.exceptions import ImproperlyConfigured, PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils.http import urlencode
 from django.views.decorators.http import require_POST
 
 from ..conf import get_settings
-from ..core import UNREACHABLE, InvalidNameError, Queue, count_failed_older_than, failed_count, validate_name
+from ..core import (
+    COUNTED,
+    UNREACHABLE,
+    InvalidNameError,
+    Queue,
+    count_failed_older_than,
+    failed_count,
+    recent_minutes,
+    validate_name,
+)
 from ..mirror import sync_queue
 from ..models import Queue as QueueModel
 from ..queues import get_queue, make_sweeper
 from ..status import describe_sweep, queue_status
+from .charts_context import HOUR, SPANS, Span, queue_charts, slot_metrics
 from .common import REDIS_ERRORS, confirmation, confirmed, redis_problem
 
 DAY_MS = 86_400_000
 # A century: more is surely a typo, and days * DAY_MS must stay a number Redis takes.
 MAX_CLEAN_DAYS = 36_500
+# How often the dashboard reloads itself, unless ?refresh=0.
+REFRESH_SECONDS = 30  # as often as a sweep samples the waiting depth by default; a typed value survives a while
+# The states whose counts make the waiting depth: ready, not taken (as the sweep samples it).
+WAITING_STATES = ("wait", "prioritized", "paused")
 
 
 @admin.register(QueueModel)
@@ -51,6 +70,8 @@ class QueueAdmin(admin.ModelAdmin):
         return [
             path("", self.admin_site.admin_view(self.changelist_view), name="echomq_queue_changelist"),
             path("<str:queue_name>/sweep/", view(self.sweep_now), name="echomq_queue_sweep"),
+            path("<str:queue_name>/pause/", view(self.pause), name="echomq_queue_pause"),
+            path("<str:queue_name>/resume/", view(self.resume), name="echomq_queue_resume"),
             path("<str:queue_name>/retry-failed/", view(self.retry_all_failed), name="echomq_queue_retry_failed"),
             path("<str:queue_name>/clean-failed/", view(self.clean_failed), name="echomq_queue_clean_failed"),
         ]
@@ -60,30 +81,49 @@ class QueueAdmin(admin.ModelAdmin):
             raise PermissionDenied
         user = request.user
         try:
-            names, settings_error = list(get_settings().queues), ""
+            settings = get_settings()
+            names, settings_error = list(settings.queues), ""
         except ImproperlyConfigured as error:  # `manage.py check` names it too, but not every deploy runs it
-            names, settings_error = [], str(error)
+            settings, names, settings_error = None, [], str(error)
+        span = SPANS.get(request.GET.get("range", ""), HOUR)
+        refresh = request.GET.get("refresh") != "0"
+        # Charts need their permission, and metrics kept: without them the page reads none.
+        metrics_minutes = settings.metrics_minutes if settings else 0
+        charted = user.has_perm("echomq.view_metrics") and metrics_minutes > 0
         context = {
             **self.admin_site.each_context(request),
             "title": "Queues",
             "opts": self.model._meta,
             "settings_error": settings_error,
-            "queues": self.queue_rows(names),
+            "queues": self.queue_rows(names, span if charted else None, min(span.minutes, metrics_minutes)),
             "can_sweep": user.has_perm("echomq.sweep_queue"),
+            "can_pause": user.has_perm("echomq.pause_queue"),
             "can_retry": user.has_perm("echomq.retry_failedjob"),
             "can_clean": user.has_perm("echomq.delete_failedjob"),
+            "can_view_jobs": user.has_perm("echomq.view_job"),
             "can_view_failed": user.has_perm("echomq.view_failedjob"),
             "can_view_stalled": user.has_perm("echomq.view_stalledjob"),
+            "can_view_metrics": user.has_perm("echomq.view_metrics"),
+            "metrics_off": settings is not None and metrics_minutes == 0,
+            **page_controls(span, refresh),
         }
         return TemplateResponse(request, "admin/echomq/queue_dashboard.html", context)
 
-    def queue_rows(self, names: list[str]) -> list[dict[str, Any]]:
-        """The dashboard's lines; once Redis has not answered for one queue, the rest say so without waiting."""
+    def queue_rows(self, names: list[str], span: Span | None = None, read_minutes: int = 0) -> list[dict[str, Any]]:
+        """The dashboard's lines; once Redis has not answered for one queue, the rest say so without waiting.
+
+        With a `span`, each line has its charts too, from its last `read_minutes` of metrics.
+        """
         rows: list[dict[str, Any]] = []
         for name in names:
             unreachable = next((row["error"] for row in rows if row.get("unreachable")), None)
-            rows.append({"name": name, "error": unreachable, "unreachable": True} if unreachable
-                        else self.queue_row(name))
+            if unreachable:
+                rows.append({"name": name, "error": unreachable, "unreachable": True})
+                continue
+            row = self.queue_row(name)
+            if span and "counts" in row:
+                row.update(self.queue_charts(name, row["counts"], span, read_minutes))
+            rows.append(row)
         return rows
 
     def queue_row(self, name: str) -> dict[str, Any]:
@@ -94,8 +134,19 @@ class QueueAdmin(admin.ModelAdmin):
             return {"name": name, "error": redis_problem(error), "unreachable": isinstance(error, UNREACHABLE)}
         if "error" in status:
             return {"name": name, "error": status["error"]}
-        return {"name": name, "counts": status["counts"], "paused": status["paused"],
+        counts = status["counts"]
+        return {"name": name, "counts": counts, "paused": status["paused"],
+                "cells": [{"state": state, "count": counts[state]} for state in COUNTED],
                 "last_sweep": describe_sweep(status["last_sweep"])}
+
+    def queue_charts(self, name: str, counts: dict[str, int], span: Span, read_minutes: int) -> dict[str, Any]:
+        """A queue's charts over `span`, from one pipelined read of its metrics; `charts_error` when unread."""
+        try:
+            minutes = recent_minutes(get_queue(name), read_minutes)
+        except REDIS_ERRORS as error:
+            return {"charts_error": redis_problem(error)}
+        live_waiting = sum(counts[state] for state in WAITING_STATES)
+        return {"charts": queue_charts(name, slot_metrics(minutes, span, live_waiting=live_waiting), span)}
 
     def _queue_for(self, request: HttpRequest, queue_name: str, permission: str) -> Queue:
         """The configured queue named in the URL, if the user has `permission`."""
@@ -143,6 +194,24 @@ class QueueAdmin(admin.ModelAdmin):
 
         return self._operate(request, queue, sweep)
 
+    def pause(self, request: HttpRequest, queue_name: str) -> HttpResponse:
+        queue = self._queue_for(request, queue_name, "echomq.pause_queue")
+
+        def pause() -> str:
+            queue.pause()
+            return f"Queue {queue.name} paused: workers take none of its jobs until it is resumed; running jobs finish."
+
+        return self._operate(request, queue, pause)
+
+    def resume(self, request: HttpRequest, queue_name: str) -> HttpResponse:
+        queue = self._queue_for(request, queue_name, "echomq.pause_queue")
+
+        def resume() -> str:
+            queue.resume()
+            return f"Queue {queue.name} resumed: workers take its jobs again."
+
+        return self._operate(request, queue, resume)
+
     def retry_all_failed(self, request: HttpRequest, queue_name: str) -> HttpResponse:
         queue = self._queue_for(request, queue_name, "echomq.retry_failedjob")
         if not confirmed(request):
@@ -177,3 +246,21 @@ class QueueAdmin(admin.ModelAdmin):
         return self._operate(request, queue, lambda: (
             f"{queue.clean('failed', older_than_ms)} failed job(s) of {queue.name} "
             f"older than {days:g} day(s) deleted."))
+
+
+def page_controls(span: Span, refresh: bool) -> dict[str, Any]:
+    """The links that switch the charts' span and the self-refresh, each keeping the other's choice."""
+    return {"span": span, "spans": [(other, dashboard_url(other, refresh)) for other in SPANS.values()],
+            "refreshing": refresh, "refresh_seconds": REFRESH_SECONDS,
+            "refresh_toggle_url": dashboard_url(span, not refresh)}
+
+
+def dashboard_url(span: Span, refresh: bool) -> str:
+    """The dashboard over `span`, reloading itself or not; the defaults stay out of the query."""
+    query = {}
+    if span is not HOUR:
+        query["range"] = span.key
+    if not refresh:
+        query["refresh"] = "0"
+    url = reverse("admin:echomq_queue_changelist")
+    return f"{url}?{urlencode(query)}" if query else url

@@ -1,0 +1,107 @@
+"""The job browser's pieces of a page: times, the columns of each state's list, a job's sections."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from itertools import zip_longest
+from typing import Any
+
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.http import urlencode
+
+from ..core import Entry, InvalidNameError, Job, LiveJob, datetime_from_ms, validate_stored_id
+from .common import exact_time, pretty_json
+from .mirror_lists import lock_ttl, seconds
+
+REASON_CHARS = 120
+
+
+def moment(ms: float | None) -> str:
+    try:
+        return exact_time(datetime_from_ms(None if ms is None else int(ms)))
+    except (OverflowError, ValueError):  # inf or nan, scored by another client
+        return "-"
+
+
+def duration(ms: int | None) -> str:
+    return "-" if ms is None or ms < 0 else f"{ms} ms" if ms < 1000 else f"{ms / 1000:.1f} s"
+
+
+def shortened(text: str | None) -> str:
+    text = text or "-"
+    return text if len(text) <= REASON_CHARS else text[:REASON_CHARS - 1] + "…"
+
+
+def job_link(queue_name: str, job_id: str) -> str:
+    """The id, linked to its page; an id no job can have (another client's) is shown unlinked."""
+    try:
+        validate_stored_id(job_id)
+    except InvalidNameError:
+        return job_id
+    return format_html('<a href="{}">{}</a>', reverse("admin:echomq_job_detail", args=[queue_name, job_id]), job_id)
+
+
+Column = tuple[str, Callable[[Job, Entry], Any]]
+FINISHED: Column = ("finished", lambda job, entry: moment(job.finished_on or entry.score_ms))
+LOCK_AND_WORKER: tuple[Column, ...] = (("lock TTL", lambda job, entry: lock_ttl(entry.lock_ttl_ms)),
+                                       ("worker", lambda job, entry: job.worker_id or "-"))
+COLUMNS: tuple[Column, ...] = (
+    ("name", lambda job, entry: job.name or "-"),
+    ("attempts (made / started)", lambda job, entry: f"{job.attempts_made} / {job.attempts_started}"),
+    ("created", lambda job, entry: moment(job.timestamp)),
+)
+STATE_COLUMNS: dict[str, tuple[Column, ...]] = {
+    "prioritized": (("priority", lambda job, entry: job.opts.priority),),
+    "delayed": (("due", lambda job, entry: moment(entry.score_ms)),),
+    "active": (("started", lambda job, entry: moment(job.processed_on)), *LOCK_AND_WORKER),
+    "stalled": LOCK_AND_WORKER,
+    "completed": (FINISHED, ("run time", lambda job, entry: duration(
+        job.finished_on - job.processed_on if job.finished_on and job.processed_on else None))),
+    "failed": (FINISHED, ("reason", lambda job, entry: shortened(job.failed_reason))),
+}
+
+
+def table_row(queue_name: str, entry: Entry, columns: tuple[Column, ...]) -> dict[str, Any]:
+    if entry.job is None:
+        return {"id": job_link(queue_name, entry.job_id), "problem": entry.problem}
+    return {"id": job_link(queue_name, entry.job_id), "cells": [value(entry.job, entry) for _, value in columns]}
+
+
+def page_links(number: int, last: int) -> dict[str, Any]:
+    def link(page: int) -> str:
+        return "?" + urlencode({"p": page})
+
+    earlier, later = number > 1, number < last
+    return {"number": number, "last": last, "first_url": link(1) if earlier else None,
+            "previous_url": link(number - 1) if earlier else None,
+            "next_url": link(number + 1) if later else None, "last_url": link(last) if later else None}
+
+
+def percent(progress: Any) -> float | None:
+    """The progress as a percentage, when it is a number from 0 to 100."""
+    number = isinstance(progress, (int, float)) and not isinstance(progress, bool)
+    return progress if number and 0 <= progress <= 100 else None
+
+
+def job_sections(job: Job, state: str | None, due_ms: float | None, live: LiveJob | None) -> dict[str, Any]:
+    """What a job's page shows, section by section, from what Redis holds now."""
+    # Both lists keep the newest failures, one entry each: pairing them from the newest end keeps a
+    # class with its traceback even when one list is shorter (written before `errc` existed).
+    errors = list(zip_longest(reversed(job.error_classes), reversed(job.stacktrace), fillvalue=""))[::-1]
+    return {
+        "name": job.name, "failed_reason": job.failed_reason, "errors": errors,
+        "timeline": [("created", moment(job.timestamp)), *([("due", moment(due_ms))] if state == "delayed" else []),
+                     ("first started", moment(job.started_on)), ("last started", moment(job.processed_on)),
+                     ("finished", moment(job.finished_on))],
+        "attempts": [("attempts made", job.attempts_made), ("attempts started", job.attempts_started),
+                     ("attempts allowed", job.opts.attempts), ("stalls", job.stall_count)],
+        "worker_ids": job.worker_ids,
+        "running": [("worker", job.worker_id or "-"), ("lock TTL", lock_ttl(live.lock_ttl_ms)),
+                    ("time in active", seconds(live.seconds_in_active)), ("next sweep will", str(live.verdict))]
+        if live else [],
+        "progress": None if job.progress is None else pretty_json(job.progress), "percent": percent(job.progress),
+        "logs": job.logs,
+        "returnvalue": pretty_json(job.returnvalue) if state == "completed" or job.returnvalue is not None else None,
+        "data": pretty_json(job.data), "options": pretty_json(job.opts.to_json()),
+    }
