@@ -8,18 +8,45 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from .core import QueueStateError, last_sweep
+from .core import Minute, Queue, QueueStateError, datetime_from_ms, last_sweep, recent_minutes
 from .queues import get_queue
 
+# The complete minutes whose rates `echomq_status --json` reports (its key "last_5_minutes" says so too).
+RATE_MINUTES = 5
+# The counts it gives a mean per minute of.
+RATED = ("completed", "failed", "recovered")
 
-def queue_status(name: str) -> dict[str, Any]:
-    """Everything the status shows for one queue, as plain data; `error` instead when a key is broken."""
+
+def queue_status(name: str, *, rates: bool = False, now: int | None = None) -> dict[str, Any]:
+    """Everything the status shows for one queue, as plain data; `error` instead when a key is broken.
+
+    `rates` adds `recent_rates` as of `now` (ms; default: the time now).
+    """
     queue = get_queue(name)
     try:
-        return {"queue": name, "paused": queue.is_paused(), "counts": queue.counts(),
-                "last_sweep": last_sweep(queue.client, queue.keys)}
+        status = {"queue": name, "paused": queue.is_paused(), "counts": queue.counts(),
+                  "last_sweep": last_sweep(queue.client, queue.keys)}
     except (QueueStateError, ResponseError) as error:  # a key another client gave another Redis type
         return {"queue": name, "error": str(error)}
+    return {**status, **recent_rates(queue, now)} if rates else status
+
+
+def recent_rates(queue: Queue, now: int | None = None) -> dict[str, Any]:
+    """The RATE_MINUTES complete minutes before `now` (ms), oldest first, and their mean counts per minute."""
+    minutes = recent_minutes(queue, RATE_MINUTES + 1, now)[:-1]  # the minute now is still counting
+    return {
+        "last_5_minutes": [minute_summary(minute) for minute in minutes],
+        "rates_per_minute": {name: sum(getattr(minute, name) for minute in minutes) / len(minutes)
+                             for name in RATED},
+    }
+
+
+def minute_summary(minute: Minute) -> dict[str, Any]:
+    """One minute as `echomq_status --json` shows it: its start (ISO 8601, UTC), counts and mean times (ms)."""
+    start = datetime_from_ms(minute.start_ms)
+    return {"minute": start.isoformat() if start else None, "completed": minute.completed,
+            "failed": minute.failed, "retried": minute.retried, "recovered": minute.recovered,
+            "mean_wait_ms": minute.mean_wait_ms, "mean_run_ms": minute.mean_run_ms}
 
 
 def describe_sweep(sweep: Any) -> str:

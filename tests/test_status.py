@@ -2,13 +2,15 @@
 
 import json
 import time
+from datetime import datetime
 from io import StringIO
 
 import pytest
 from django.core.management import call_command
 
-from echomq_django.core import COUNTED, JobOptions
+from echomq_django.core import COUNTED, JobOptions, now_ms
 from echomq_django.status import describe_sweep, queue_status
+from tests.test_prometheus import run_known_jobs
 
 pytestmark = pytest.mark.django_db
 
@@ -43,3 +45,51 @@ def test_describe_sweep_reads_any_report():
     assert describe_sweep(report) == "5 s ago on web-1: marked 2, recovered 1, failed 0"
     assert describe_sweep(None) == "never"
     assert describe_sweep({"finished_at_ms": "soon"}) == "unreadable report"
+
+
+MINUTE_KEYS = {"minute", "completed", "failed", "retried", "recovered", "mean_wait_ms", "mean_run_ms"}
+
+
+def minute_starts(entries: list[dict]) -> list[int]:
+    """Each entry's minute as ms since the epoch."""
+    return [round(datetime.fromisoformat(entry["minute"]).timestamp() * 1000) for entry in entries]
+
+
+def test_json_gains_the_five_complete_minutes_before_now_and_their_rates(echomq_settings, queue):
+    before = now_ms() // 60_000
+    out = StringIO()
+    call_command("echomq_status", "--json", stdout=out)
+    after = now_ms() // 60_000
+    [status] = json.loads(out.getvalue())
+    minutes = status["last_5_minutes"]
+    assert len(minutes) == 5 and all(set(entry) == MINUTE_KEYS for entry in minutes)
+    assert all(entry["minute"].endswith("+00:00") for entry in minutes), "UTC"
+    starts = minute_starts(minutes)
+    assert starts[-1] // 60_000 in (before - 1, after - 1), "the last complete minute, not the one still counting"
+    assert [later - earlier for earlier, later in zip(starts, starts[1:])] == [60_000] * 4, "oldest first"
+    assert status["rates_per_minute"] == {"completed": 0.0, "failed": 0.0, "recovered": 0.0}
+    assert all(type(rate) is float for rate in status["rates_per_minute"].values())
+
+
+def test_the_table_keeps_one_line_per_queue(echomq_settings, queue):
+    out = StringIO()
+    call_command("echomq_status", stdout=out)
+    assert len(out.getvalue().splitlines()) == 2 and "last_5_minutes" not in out.getvalue()
+
+
+def test_a_run_counts_once_its_minute_is_complete(echomq_settings, queue):
+    started = now_ms()
+    run_known_jobs(queue)  # 5 completed, 2 failed for good, 1 recovered
+    ended = now_ms()
+    assert queue_status("q", rates=True, now=started)["rates_per_minute"] == dict.fromkeys(
+        ("completed", "failed", "recovered"), 0.0), "the minute the run began in is still counting"
+    status = queue_status("q", rates=True, now=ended + 60_000)
+    minutes = status["last_5_minutes"]
+    assert minute_starts(minutes)[-1] == ended // 60_000 * 60_000
+    totals = {name: sum(entry[name] for entry in minutes) for name in ("completed", "failed", "retried", "recovered")}
+    assert totals == {"completed": 5, "failed": 2, "retried": 0, "recovered": 1}
+    assert status["rates_per_minute"] == {"completed": 1.0, "failed": 0.4, "recovered": 0.2}
+    busy = [entry for entry in minutes if entry["completed"] or entry["failed"]]
+    assert busy and all(entry["mean_run_ms"] is not None and entry["mean_wait_ms"] is not None for entry in busy)
+    idle = [entry for entry, start in zip(minutes, minute_starts(minutes)) if start < started // 60_000 * 60_000]
+    assert len(idle) >= 3 and all(entry["mean_run_ms"] is None and entry["completed"] == 0 for entry in idle)

@@ -1,11 +1,14 @@
-"""`manage.py echomq_status`: jobs per state, marks and the last sweep of each queue."""
+"""`manage.py echomq_status`: jobs per state, marks and the last sweep of each queue.
+
+`--json` adds each queue's last five complete minutes and its mean rates per minute over them.
+"""
 
 import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from echomq_django.core import COUNTED, UNREACHABLE, InvalidNameError
+from echomq_django.core import COUNTED, UNREACHABLE, InvalidNameError, now_ms
 from echomq_django.queues import queue_names
 from echomq_django.status import describe_sweep, queue_status
 
@@ -19,11 +22,13 @@ class Command(BaseCommand):
         parser.add_argument("--queue", action="append", dest="queues", metavar="NAME",
                             help="Queue to show; repeat for several (default: every configured queue).")
         parser.add_argument("--json", action="store_true", dest="as_json",
-                            help="Print one JSON document instead of a table.")
+                            help="Print one JSON document instead of a table, with each queue's last five "
+                                 "complete minutes and its jobs completed, failed and recovered per minute.")
 
     def handle(self, *, queues: list[str] | None, as_json: bool, **options: Any) -> None:
         try:
-            statuses = [queue_status(name) for name in queue_names(queues)]
+            now = now_ms()  # one "now" for every queue, so all show the same minutes
+            statuses = [queue_status(name, rates=as_json, now=now) for name in queue_names(queues)]
         except InvalidNameError as error:
             raise CommandError(str(error)) from None
         except UNREACHABLE as error:

@@ -1,0 +1,151 @@
+"""`metrics/`: every configured queue in the Prometheus text format, read from Redis on each scrape.
+
+Who may read it: a scraper that sends `Authorization: Bearer <ECHOMQ["METRICS_TOKEN"]>`,
+or a logged-in, active staff user with the permission "Can view metrics"
+(`echomq.view_metrics`). A request with a Bearer header is judged by its token alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_safe
+from django.views.decorators.vary import vary_on_headers
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from redis.exceptions import ResponseError
+
+from .conf import get_settings
+from .core import COUNTED, UNREACHABLE, QueueStateError, last_sweep, oldest_waiting_age_ms, totals
+from .queues import get_queue
+from .status import seconds_since
+
+logger = logging.getLogger("echomq.metrics")
+
+TEXT = "text/plain; charset=utf-8"
+# What a refused request is told; no count, no queue name.
+NOT_AUTHENTICATED = ('Send "Authorization: Bearer" with the ECHOMQ METRICS_TOKEN, or log in as staff '
+                     'with the permission "Can view metrics".\n')
+WRONG_TOKEN = "The bearer token is not the ECHOMQ METRICS_TOKEN (or none is configured).\n"
+NOT_PERMITTED = 'Reading the metrics needs a staff account with the permission "Can view metrics".\n'
+
+
+@dataclass(frozen=True)
+class QueueReading:
+    """What one scrape read of one queue."""
+
+    name: str
+    totals: dict[str, int]
+    counts: dict[str, int]
+    oldest_waiting_ms: int | None
+    last_sweep_age_s: float | None
+
+
+def read_queue(name: str) -> QueueReading:
+    """One queue's numbers, read through core; raises ResponseError or QueueStateError when a key is broken."""
+    queue = get_queue(name)
+    sweep = last_sweep(queue.client, queue.keys)
+    try:
+        sweep_age_s = seconds_since(sweep) if sweep else None
+    except (KeyError, TypeError, ValueError):  # a report another client wrote: no age to tell
+        sweep_age_s = None
+    return QueueReading(name, totals(queue), queue.counts(), oldest_waiting_age_ms(queue), sweep_age_s)
+
+
+class QueueCollector:
+    """The metrics of the given queues, read from Redis each time a registry collects them."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+
+    def collect(self) -> Iterator[Metric]:
+        completed = CounterMetricFamily(
+            "echomq_jobs_completed", "Jobs completed, all time, by any worker.", labels=["queue"])
+        failed = CounterMetricFamily(
+            "echomq_jobs_failed", "Jobs failed for good (no retry left), all time.", labels=["queue"])
+        recovered = CounterMetricFamily(
+            "echomq_jobs_recovered", "Stalled jobs a sweep recovered to run again, all time.", labels=["queue"])
+        jobs = GaugeMetricFamily(
+            "echomq_queue_jobs", "Jobs in each state now; stalled jobs (marked by a sweep) are also in active.",
+            labels=["queue", "state"])
+        oldest = GaugeMetricFamily(
+            "echomq_oldest_waiting_seconds",
+            "Seconds the oldest ready job (wait, paused, next prioritized) has waited; 0 when none waits.",
+            labels=["queue"])
+        swept = GaugeMetricFamily(
+            "echomq_last_sweep_age_seconds",
+            "Seconds since the last sweep of the queue ended; no sample for a queue never swept.",
+            labels=["queue"])
+        for reading in self.readings():
+            label = [reading.name]
+            completed.add_metric(label, reading.totals["completed"])
+            failed.add_metric(label, reading.totals["failed"])
+            recovered.add_metric(label, reading.totals["recovered"])
+            for state in COUNTED:
+                jobs.add_metric([reading.name, state], reading.counts[state])
+            oldest.add_metric(label, (reading.oldest_waiting_ms or 0) / 1000)
+            if reading.last_sweep_age_s is not None:
+                swept.add_metric(label, reading.last_sweep_age_s)
+        yield from (completed, failed, recovered, jobs, oldest, swept)
+
+    def readings(self) -> Iterator[QueueReading]:
+        """Each queue's reading; a queue with a broken key is left out, Redis out of reach raises."""
+        for name in self.names:
+            try:
+                yield read_queue(name)
+            except (QueueStateError, ResponseError) as error:  # a key another client gave another type
+                logger.warning("queue %s: left out of the metrics: %s", name, error)
+
+
+@never_cache
+@vary_on_headers("Authorization", "Cookie")
+@require_safe
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Every configured queue in the Prometheus text format, to a scraper with the token or to permitted staff."""
+    refused = refusal(request)
+    if refused:
+        return refused
+    registry = CollectorRegistry()  # of this request only: no process metrics, no duplicate registrations
+    registry.register(QueueCollector(list(get_settings().queues)))
+    try:
+        exposition = generate_latest(registry)
+    except UNREACHABLE as error:  # a failed scrape, which Prometheus records as such (up == 0)
+        return HttpResponse(f"Redis did not answer: {error}\n", status=503, content_type=TEXT)
+    return HttpResponse(exposition, content_type=CONTENT_TYPE_LATEST)
+
+
+def refusal(request: HttpRequest) -> HttpResponse | None:
+    """The 401 or 403 this request gets, or None when it may read the metrics."""
+    token = bearer_token(request)
+    if token is not None:
+        expected = get_settings().metrics_token
+        if expected is not None and secrets.compare_digest(token.encode(), expected.encode()):
+            return None
+        return unauthorized(WRONG_TOKEN)
+    user: Any = request.user
+    if not user.is_authenticated:
+        return unauthorized(NOT_AUTHENTICATED)
+    if user.is_active and user.is_staff and user.has_perm("echomq.view_metrics"):
+        return None
+    return HttpResponse(NOT_PERMITTED, status=403, content_type=TEXT)
+
+
+def bearer_token(request: HttpRequest) -> str | None:
+    """The token of an `Authorization: Bearer` header ("" when empty); None without one.
+
+    Another scheme (Basic, from a proxy in front of the site) is not ours to judge.
+    """
+    scheme, _, credentials = request.headers.get("Authorization", "").strip().partition(" ")
+    return credentials.strip() if scheme.lower() == "bearer" else None
+
+
+def unauthorized(message: str) -> HttpResponse:
+    response = HttpResponse(message, status=401, content_type=TEXT)
+    response["WWW-Authenticate"] = "Bearer"
+    return response
