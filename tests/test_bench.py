@@ -27,3 +27,21 @@ def test_cluster_throughput_runs_for_one_and_three_masters():
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [row for row in map(str.split, proc.stdout.splitlines()) if len(row) == 5 and row[0].isdigit()]
     assert [row[0] for row in rows] == ["1", "3"], proc.stdout
+
+
+def test_metrics_cost_runs_and_prints_every_row():
+    proc = subprocess.run([sys.executable, "bench/metrics_cost.py", "--quick", "--redis-url", current_redis_url()],
+                          cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for row in ("finish, 1 job per call", "finish, 32 jobs per call", "fetch, 1 job per call",
+                "fetch, 32 jobs per call", "worker, concurrency 8", "bytes per minute hash", "per queue per day"):
+        assert row in proc.stdout, f"{row!r} missing from:\n{proc.stdout}"
+
+
+def test_browse_cost_runs_and_prints_every_row():
+    proc = subprocess.run([sys.executable, "bench/browse_cost.py", "--quick", "--redis-url", current_redis_url()],
+                          cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith(("completed ", "wait "))]
+    assert [(row[0], row[1]) for row in rows] == [(state, call) for state in ("completed", "wait")
+                                                  for call in ("counts()", "first", "last")], proc.stdout
