@@ -49,9 +49,9 @@ def test_a_wrong_value_falls_back_to_the_default_not_to_another_number():
     wrong, _ = parse_settings({
         "PREFIX": "a b", "REDIS_URL": "http://x", "MAX_PAYLOAD_BYTES": 0, "CONFIRM_REPLICAS": -1,
         "ENQUEUE_TIMEOUT": 0, "METRICS_MINUTES": -1, "METRICS_TOKEN": 5,
-        "QUEUES": {"a": {"ATTEMPTS": 0, "MAX_LOG_LINES": 0, "MAX_STALLED_COUNT": -1, "LOCK_DURATION": 0, "SWEEP_INTERVAL": "x",
-                         "LOCK_RENEW_INTERVAL": -1, "CONCURRENCY": 0, "BACKOFF": {"TYPE": "linear"},
-                         "KEEP_COMPLETED": 5, "KEEP_FAILED": {"COUNT": -1}}}})
+        "QUEUES": {"a": {"ATTEMPTS": 0, "MAX_LOG_LINES": 0, "MAX_STALLED_COUNT": -1, "LOCK_DURATION": 0,
+                         "SWEEP_INTERVAL": "x", "LOCK_RENEW_INTERVAL": -1, "CONCURRENCY": 0,
+                         "BACKOFF": {"TYPE": "linear"}, "KEEP_COMPLETED": 5, "KEEP_FAILED": {"COUNT": -1}}}})
     defaults, problems = parse_settings({"QUEUES": {"a": {}}})
     assert problems == [] and wrong == defaults
 
