@@ -11,6 +11,7 @@ from tests.helpers import fetch, kill_lock
 from tests.test_admin import failed_job, stalled_jobs
 
 SCREENSHOTS = Path(__file__).resolve().parents[1] / ".artifacts"
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 WIDTH = 1400
 # What operators' jobs look like: dotted function paths and reasons with long unbroken words.
 LONG_NAME = "demo_project.demo_app.jobs.reconcile_the_quarterly_ledger_of_every_subsidiary"
@@ -49,9 +50,12 @@ def log_in(browser, live_server, next_url: str) -> None:
     browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
 
 
-def screenshot(browser, name: str) -> None:
+def screenshot(browser, name: str, *, docs: bool = False) -> None:
+    """Save a screenshot under .artifacts/; with ECHOMQ_DOCS_SCREENSHOTS=1, the README's copy in docs/ too."""
     SCREENSHOTS.mkdir(exist_ok=True)
     assert browser.save_screenshot(str(SCREENSHOTS / name))
+    if docs and os.environ.get("ECHOMQ_DOCS_SCREENSHOTS") == "1":
+        assert browser.save_screenshot(str(DOCS / name))
 
 
 @pytest.mark.slow
@@ -119,3 +123,81 @@ def test_the_lists_fit_a_1400_px_window_with_every_column_in_sight(browser, live
     assert LONG_NAME in [cell.get_attribute("textContent") for cell in cells], "shown whole, dots included"
     sizes = overflow(browser)
     assert not sizes["scrolls"] and sizes["last"] <= sizes["window"] and sizes["page"] <= sizes["window"], sizes
+
+
+def run_a_known_day(queue) -> dict[str, list[str]]:
+    """Jobs that report progress and log, some that fail, a sweep's sample, and some still waiting."""
+    from echomq_django.core import JobOptions, Worker
+    from echomq_django.queues import make_sweeper
+
+    def handler(job):
+        if job.name == "doomed":
+            raise ValueError("the input is malformed <b>")
+        for row in range(1, 4):
+            job.log(f"imported row {row} of 3")
+            job.update_progress({"percent": round(100 * row / 3), "rows": row})
+        job.log("note from the customer file: <script>alert(1)</script>")
+        return row
+
+    done = [queue.add("import_rows", {"n": n}) for n in range(6)]
+    doomed = [queue.add("doomed", opts=JobOptions(attempts=1)) for _ in range(2)]
+    worker = Worker(queue.name, handler, queue.client, prefix=queue.keys.prefix, block_timeout_s=0.2)
+    assert worker.run(burst=True) == 8
+    waiting = [queue.add("later", {"n": n}) for n in range(3)]
+    sweeper = make_sweeper([queue.name], long_running=False)
+    sweeper.sweep(sweeper.targets[0], force=True)  # samples the waiting depth
+    return {"completed": done, "failed": doomed, "wait": waiting}
+
+
+def series_points(browser) -> dict[str, int]:
+    """Data points per series kind in the charts on the page."""
+    from selenium.webdriver.common.by import By
+
+    points: dict[str, int] = {}
+    for line in browser.find_elements(By.CSS_SELECTOR, "svg polyline.echomq-series"):
+        kind = next(c for c in line.get_attribute("class").split() if c.startswith("echomq-series-"))
+        points[kind] = points.get(kind, 0) + int(line.get_attribute("data-points"))
+    return points
+
+
+def colours(browser) -> tuple[str, str]:
+    """The completed line's stroke colour and the page background, as the browser computed them."""
+    return tuple(browser.execute_script("""
+        const line = document.querySelector("polyline.echomq-series-completed");
+        return [getComputedStyle(line).stroke, getComputedStyle(document.body).backgroundColor];"""))
+
+
+@pytest.mark.slow
+def test_an_operator_sees_the_charts_a_state_list_and_a_job_with_its_progress_and_logs(
+        browser, live_server, echomq_settings, queue, transactional_db):
+    from selenium.webdriver.common.by import By
+
+    jobs = run_a_known_day(queue)
+    log_in(browser, live_server, "/admin/echomq/queue/?refresh=0")
+    charts = browser.find_elements(By.CSS_SELECTOR, "section.echomq-queue-charts svg")
+    assert len(charts) == 2, "throughput and waiting depth"
+    points = series_points(browser)
+    assert points["echomq-series-completed"] > 0 and points["echomq-series-failed"] > 0, points
+    assert points["echomq-series-waiting"] > 0, points
+    light_line, light_page = colours(browser)
+    screenshot(browser, "admin-dashboard.png", docs=True)
+    browser.execute_cdp_cmd("Emulation.setEmulatedMedia",
+                            {"features": [{"name": "prefers-color-scheme", "value": "dark"}]})
+    browser.refresh()
+    dark_line, dark_page = colours(browser)
+    assert light_line != light_page and dark_line != dark_page and light_page != dark_page, \
+        (light_line, light_page, dark_line, dark_page)
+    screenshot(browser, "admin-dashboard-dark.png")
+    browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
+
+    browser.find_element(By.CSS_SELECTOR, "a[href$='/q/completed/']").click()  # the completed count
+    listed = browser.find_element(By.CSS_SELECTOR, "#content-main table").text
+    assert all(job_id in listed for job_id in jobs["completed"]) and "import_rows" in listed
+    screenshot(browser, "admin-job-list.png", docs=True)
+
+    browser.find_element(By.LINK_TEXT, jobs["completed"][0]).click()
+    page = browser.find_element(By.ID, "content-main").text
+    assert "imported row 3 of 3" in page and "file: <script>alert(1)</script>" in page, "log lines, as text"
+    assert '"percent": 100' in page and "Log (4 lines)" in page
+    browser.set_window_size(WIDTH, browser.execute_script("return document.documentElement.scrollHeight") + 150)
+    screenshot(browser, "admin-job-page.png", docs=True)  # the whole page, progress and log included

@@ -97,6 +97,8 @@ def test_the_demo_tells_the_whole_story(demo_env, tmp_path):
     assert rows["crash"][2:5] == ["completed", "2", "1"], "recovered from its stall, then completed"
     assert rows["doomed"][2:4] == ["failed", "2"]
     assert rows["flaky"][2:4] == ["completed", "2"]
+    assert re.search(r'^job \d+ \(import_rows\) logged 5 lines and last reported \{"percent": 100, "rows": 5\}: '
+                     r"see its page, /admin/echomq/job/demo/job/\d+/$", out, re.M)
     assert "Django task add(2, 3) through the Tasks framework: SUCCESSFUL, return value 5" in out
 
     crash = f"job {rows['crash'][0]} (crash)"

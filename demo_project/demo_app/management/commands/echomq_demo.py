@@ -1,5 +1,6 @@
 """`manage.py echomq_demo`: the stalled-job story, then the admin to look at it."""
 
+import json
 import os
 import secrets
 import shutil
@@ -17,6 +18,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.signals import setting_changed
+from django.urls import reverse
 
 from demo_project.demo_app import tasks
 from demo_project.demo_app.jobs import QUEUE, STORY
@@ -71,7 +73,8 @@ class Command(BaseCommand):
             runserver = self.start("runserver", f"127.0.0.1:{port}", "--noreload", label="runserver")
             runserver.quiet.set()  # its banner would bury the address; its request log (stderr) shows
             self.stdout.write(self.style.SUCCESS(
-                f"\nThe admin is at {admin} (user admin, password {password}). The worker and the sweeper "
+                f"\nThe admin is at {admin} (user admin, password {password}); logged in, the Prometheus "
+                f"metrics are at http://127.0.0.1:{port}/echomq/metrics/. The worker and the sweeper "
                 "keep running (the sweeper now shows only warnings); Ctrl-C stops everything the demo started."))
             runserver.process.wait()
         except KeyboardInterrupt:
@@ -185,3 +188,10 @@ class Command(BaseCommand):
             short_name = job.name.rsplit(".", 1)[-1]
             self.stdout.write(f"{job_id:>3}  {short_name:<11} {state:<10} {job.attempts_made:>8} "
                               f"{job.stall_count:>6}  {outcome}")
+        for job_id in ids:
+            job = queue.get_job(job_id)
+            if job.logs:
+                self.stdout.write(
+                    f"\njob {job_id} ({job.name.rsplit('.', 1)[-1]}) logged {len(job.logs)} lines and last reported "
+                    f"{json.dumps(job.progress)}: see its page, "
+                    f"{reverse('admin:echomq_job_detail', args=[queue.name, job_id])}")
