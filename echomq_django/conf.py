@@ -73,6 +73,8 @@ QUEUE_DEFAULTS: dict[str, Any] = {
 }
 
 
+# The most minutes of metrics a queue keeps (the scripts keep no more, whatever they are asked).
+MAX_METRICS_MINUTES = 527_040
 # A metrics token shorter than this is easy to guess.
 MIN_TOKEN_LENGTH = 24
 
@@ -248,6 +250,15 @@ def _prefix(value: Any, where: str, problems: list[Problem]) -> str:
     return value
 
 
+def _metrics_minutes(value: Any, where: str, problems: list[Problem]) -> int | None:
+    minutes = _count(value, where, problems, minimum=0)
+    if minutes is not None and minutes > MAX_METRICS_MINUTES:
+        problems.append(Problem("echomq.E005", f"{where} must be at most {MAX_METRICS_MINUTES:,} (a year), "
+                                f"not {minutes!r}.", "The default, 1440, keeps a day."))
+        return None
+    return minutes
+
+
 def _token(value: Any, where: str, problems: list[Problem]) -> str | None:
     if value is None:
         return None
@@ -285,7 +296,7 @@ def parse_settings(raw: Any) -> tuple[EchoMQSettings, list[Problem]]:
     replicas = option("CONFIRM_REPLICAS", functools.partial(_count, minimum=0))
     confirm_ms = option("CONFIRM_TIMEOUT", _seconds_to_ms)
     enqueue_timeout_ms = option("ENQUEUE_TIMEOUT", _seconds_to_ms)
-    metrics_minutes = option("METRICS_MINUTES", functools.partial(_count, minimum=0))
+    metrics_minutes = option("METRICS_MINUTES", _metrics_minutes)
     metrics_token = option("METRICS_TOKEN", _token)
     queues: dict[str, QueueConfig] = {}
     raw_queues = values["QUEUES"]

@@ -15,7 +15,8 @@
   ARGV[3] how many at most
   ARGV[4] (optional) one job id: promote this job now, due or not, if it is
           still delayed; nothing else moves. Its `due` becomes now (ARGV[2]),
-          so its wait counts from the promotion
+          so its wait counts from the promotion; a re-send of that call
+          (its reply lost) finds it and answers 1 again
 
   Returns the number of jobs promoted.
 ]]
@@ -25,8 +26,13 @@
 
 local prefix, id = ARGV[1], ARGV[4]
 if id then
-  if redis.call("ZREM", KEYS[1], id) == 0 then return 0 end
-  redis.pcall("HSET", prefix .. id, "due", ARGV[2])  -- pcall: a key of another type is failed at fetch
+  if redis.call("ZREM", KEYS[1], id) == 0 then
+    -- A re-send of a call whose reply was lost finds the `due` it wrote: answer as it did.
+    if redis.pcall("HGET", prefix .. id, "due") == ARGV[2] then return 1 end
+    return 0
+  end
+  -- Only on a job hash: HSET would make one of a missing key (the fetch fails such an id).
+  if redis.call("TYPE", prefix .. id)["ok"] == "hash" then redis.call("HSET", prefix .. id, "due", ARGV[2]) end
   pushReady(prefix, KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], id)
   emitEvent(prefix, "promoted", id)
   return 1

@@ -100,7 +100,7 @@ def hash_of(script: str, key: str) -> str:
         return "meta"
     if "metrics" in key.lower():
         return "metrics"
-    assert re.fullmatch(r"jobKey|prefix \.\. id", key), \
+    assert re.fullmatch(r"jobKey|jobHash|prefix \.\. id", key), \
         f"{script}: cannot tell which hash {key!r} is; teach tests/test_docs.py"
     return "job"
 

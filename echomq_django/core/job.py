@@ -233,7 +233,8 @@ class Job:
         """Record how far the job got: a number or any JSON (emits a "progress" event).
 
         Returns False, writing nothing, when this attempt no longer owns the job
-        (its lock lapsed and the sweeper recovered it).
+        (its lock lapsed and the sweeper recovered it), or when Redis could not
+        take the write (the worker logs a warning; the job goes on).
         """
         reporter = self._running("report progress")
         written = reporter.progress(self, encode_json(value, f"progress of job {self.id}", MAX_PROGRESS_BYTES))
@@ -245,7 +246,8 @@ class Job:
         """Append one line (str() of `message`, cut at MAX_LOG_LINE_CHARS) to the job's log.
 
         The job keeps its newest lines up to the worker's cap. Returns False,
-        writing nothing, when this attempt no longer owns the job.
+        writing nothing, when this attempt no longer owns the job or Redis could
+        not take the write.
         """
         reporter = self._running("log")
         line = str(message)

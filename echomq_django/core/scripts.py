@@ -211,7 +211,11 @@ class Scripts(ScriptClient):
 
         The lines kept, 0 when the token does not own the job (nothing written), -1 no such job.
         """
-        return int(self._run("addLog-2", keys.for_script("addLog-2", id=job_id), [token, line, keep]))
+        return int(self._run(*self.log_call(keys, job_id, token, line, keep)))
+
+    def log_call(self, keys: QueueKeys, job_id: str, token: str, line: str, keep: int) -> Call:
+        """The addLog call for one line, with an id of its own: sent again, it appends nothing."""
+        return ("addLog-2", keys.for_script("addLog-2", id=job_id), [token, line, keep, uuid.uuid4().hex])
 
     def get_counts(self, keys: QueueKeys) -> dict[str, int]:
         """Jobs per state, read atomically; `stalled` counts marked jobs (also in active)."""

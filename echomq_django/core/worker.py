@@ -43,17 +43,31 @@ class _Outcome:
 
 @dataclass(frozen=True)
 class _Reporter:
-    """A running job's writes of its own progress and log, each for its attempt's token only."""
+    """A running job's writes of its own progress and log, each for its attempt's token only.
+
+    A report is not the job's result: when Redis is out of reach (past the
+    client's retries) or refuses the write, it is dropped with a warning and
+    the job goes on, as the worker itself rides out the outage.
+    """
 
     scripts: Scripts
     keys: QueueKeys
     max_log_lines: int
 
     def progress(self, job: Job, progress_json: str) -> bool:
-        return self.scripts.update_progress(self.keys, job.id, job.token or "", progress_json) == 1
+        return self._written(job, "progress", lambda: self.scripts.update_progress(
+            self.keys, job.id, job.token or "", progress_json) == 1)
 
     def log(self, job: Job, line: str) -> bool:
-        return self.scripts.add_log(self.keys, job.id, job.token or "", line, self.max_log_lines) > 0
+        return self._written(job, "log line", lambda: self.scripts.add_log(
+            self.keys, job.id, job.token or "", line, self.max_log_lines) > 0)
+
+    def _written(self, job: Job, what: str, write: Callable[[], bool]) -> bool:
+        try:
+            return write()
+        except (*UNREACHABLE, ResponseError) as error:
+            logger.warning("job %s of queue %s: its %s was not recorded (%s)", job.id, self.keys.queue, what, error)
+            return False
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,9 @@
 -- hash per call, however many jobs the call handled.
 --
 -- <prefix>metrics:<minute>  HASH, minute = floor(ms / 60000); it expires
---   keepMinutes after its minute ends, so a queue keeps at most keepMinutes
---   of them (none while it is idle). Fields:
+--   keepMinutes + 1 minutes after the write that creates it (Redis's clock,
+--   so a worker whose clock is off cannot make a key outlive that), so a
+--   queue keeps about keepMinutes of them (none while it is idle). Fields:
 --     completed, failed, retried, recovered   jobs (failed: for good;
 --       retried: a failed attempt that will run again; recovered: by a sweep)
 --     wait_count, wait_sum, wait_max   first starts, and ms from enqueue (or
@@ -19,13 +20,21 @@
 local metricAdds, metricMaxes, metricSamples = {}, {}, {}
 local TOTAL_FIELDS = {completed = true, failed = true, retried = true, recovered = true}
 
+-- The most minutes kept (a year), whatever a caller asks: EXPIRE takes no more than that safely.
+local MAX_KEEP_MINUTES = 527040
+
 local function countMetric(field, n)
   metricAdds[field] = (metricAdds[field] or 0) + n
 end
 
+-- The longest duration counted (ms), ten years as for a delay: a longer one,
+-- or nan or inf, comes from a time field another client wrote, not a clock.
+local MAX_DURATION_MS = 315360000000
+
 -- One duration (ms) of `kind` ("wait" or "run"); a negative one (clocks of
 -- two hosts apart) counts as 0.
 local function timeMetric(kind, ms)
+  if ms ~= ms or ms > MAX_DURATION_MS then return end
   if ms < 0 then ms = 0 end
   countMetric(kind .. "_count", 1)
   countMetric(kind .. "_sum", ms)
@@ -76,7 +85,7 @@ local function flushMetrics(prefix, nowMs, keepMinutes)
   end
   local created = redis.pcall("HSET", metricsKey, unpack(written))
   if type(created) == "number" and created > 0 then
-    redis.call("EXPIREAT", metricsKey, (minute + 1 + keepMinutes) * 60)
+    redis.call("EXPIRE", metricsKey, (math.min(keepMinutes, MAX_KEEP_MINUTES) + 1) * 60)
   end
   for field, n in pairs(adds) do
     if TOTAL_FIELDS[field] then

@@ -1,0 +1,155 @@
+"""Defects a hostile tester found in the web side (admin pages, /echomq/metrics/, echomq_status).
+
+Each test is xfail(strict=True) until its defect is fixed; the fix unmarks it.
+"""
+
+import io
+import time
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.test import Client
+from django.urls import reverse
+
+from echomq_django.core import JobOptions, now_ms
+from tests.helpers import finish_attempt, take_jobs
+
+pytestmark = pytest.mark.django_db
+
+TOKEN = "scrape-token-0123456789-abcdefghij"
+DASHBOARD = "/admin/echomq/queue/"
+METRICS = "/echomq/metrics/"
+DEEP_JSON = "[" * 100_000 + "]" * 100_000  # valid JSON; json.loads raises RecursionError, not ValueError
+
+
+@pytest.fixture
+def root(echomq_settings) -> Client:
+    client = Client(raise_request_exception=False)
+    client.force_login(User.objects.create_superuser("root", password="pw"))
+    return client
+
+
+def job_url(job_id: str, action: str = "detail") -> str:
+    return reverse(f"admin:echomq_job_{action}", args=["q", job_id])
+
+
+# -- a sweep report another client wrote, nested too deeply to decode ---------------------------
+
+@pytest.mark.xfail(strict=True, reason="core/sweeper.py last_sweep catches ValueError only: RecursionError -> 500")
+def test_a_deeply_nested_sweep_report_does_not_break_the_dashboard(root, queue):
+    queue.client.hset(queue.keys.meta, "lastSweep", DEEP_JSON)
+    assert root.get(DASHBOARD).status_code == 200
+
+
+@pytest.mark.xfail(strict=True, reason="core/sweeper.py last_sweep: RecursionError escapes the collector -> 500 "
+                                       "for every queue's metrics")
+def test_a_deeply_nested_sweep_report_does_not_break_the_metrics(echomq_settings, queue):
+    echomq_settings.ECHOMQ = {**echomq_settings.ECHOMQ, "METRICS_TOKEN": TOKEN}
+    queue.client.hset(queue.keys.meta, "lastSweep", DEEP_JSON)
+    response = Client(raise_request_exception=False).get(METRICS, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status_code == 200 and b'echomq_queue_jobs{queue="q",state="wait"} 0.0' in response.content
+
+
+@pytest.mark.xfail(strict=True, reason="core/sweeper.py last_sweep: RecursionError -> a traceback from echomq_status")
+def test_a_deeply_nested_sweep_report_does_not_break_echomq_status(echomq_settings, queue):
+    queue.client.hset(queue.keys.meta, "lastSweep", DEEP_JSON)
+    out = io.StringIO()
+    call_command("echomq_status", stdout=out)
+    assert "unreadable report" in out.getvalue() or "never" in out.getvalue()
+
+
+# -- the charts --------------------------------------------------------------------------------
+
+@pytest.mark.xfail(strict=True, reason="charts.nice_scale makes an inf ceiling above 1e308; round(inf / inf) "
+                                       "raises ValueError in line_chart -> dashboard 500")
+def test_a_minute_count_near_the_float_limit_does_not_break_the_charts(root, queue):
+    queue.client.hset(queue.keys.metrics_minute(now_ms() // 60_000), "completed", "1.5e308")
+    assert root.get(DASHBOARD).status_code == 200
+
+
+# -- /echomq/metrics/ ---------------------------------------------------------------------------
+
+@pytest.mark.xfail(strict=True, reason="conf._option replaces a value with its default on any problem, warnings "
+                                       "included: a token under 24 chars (W015, a warning) silently becomes None")
+def test_a_short_metrics_token_still_lets_its_scraper_in(echomq_settings, queue):
+    short = "twenty-chars-token-1"
+    echomq_settings.ECHOMQ = {**echomq_settings.ECHOMQ, "METRICS_TOKEN": short}
+    response = Client().get(METRICS, headers={"Authorization": f"Bearer {short}"})
+    assert response.status_code == 200, response.content
+
+
+@pytest.mark.xfail(strict=True, reason="views.metrics/refusal call get_settings() unguarded: an ECHOMQ error is "
+                                       "an HTML 500, where the admin pages say what is wrong")
+def test_metrics_with_a_settings_error_answer_in_one_line(echomq_settings):
+    echomq_settings.ECHOMQ = {**echomq_settings.ECHOMQ, "METRICS_TOKEN": TOKEN, "ENQUEUE_TIMEOUT": 0}
+    response = Client(raise_request_exception=False).get(METRICS, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status_code != 500 and response["Content-Type"].startswith("text/plain")
+
+
+# -- a job's page: what it reads ----------------------------------------------------------------
+
+@pytest.mark.xfail(strict=True, reason="the job page reads and renders every log line (LRANGE 0 -1): at the "
+                                       "default cap, 1,000 lines of 10,000 chars, the page is about 40 MB")
+def test_a_job_page_with_a_full_log_stays_small(root, queue):
+    job_id = queue.add("work")
+    queue.client.rpush(queue.keys.logs(job_id), *["<" * 10_000] * 1_000)  # what MAX_LOG_LINES and Job.log allow
+    response = root.get(job_url(job_id))
+    assert response.status_code == 200
+    assert len(response.content) < 5_000_000, f"{len(response.content) / 1e6:.0f} MB"
+
+
+def _best_page_time(client: Client, url: str, runs: int = 5) -> float:
+    best = float("inf")
+    for _ in range(runs):
+        started = time.perf_counter()
+        assert client.get(url).status_code == 200
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+@pytest.mark.xfail(strict=True, reason="Queue.get_job_with_state/get_state LPOS wait, paused and active in full "
+                                       "(core/queue.py _look_up_states): a backlog makes every job page, lookup and "
+                                       "action scan it, blocking Redis (~14 ms per 1M waiting)")
+def test_the_page_of_a_completed_job_does_not_scan_the_backlog(root, queue):
+    done = queue.add("work")
+    take_jobs(queue, "tok", 30_000, 1, 1, "w")
+    finish_attempt(queue, done, "tok", 2, completed=True, value="1", default_attempts=1)
+    assert queue.get_state(done) == "completed"
+    baseline = _best_page_time(root, job_url(done))
+    pipe = queue.client.pipeline(transaction=False)
+    for first in range(0, 3_000_000, 10_000):  # ids alone: LPOS does not look at hashes
+        pipe.rpush(queue.keys.wait, *[f"b{n}" for n in range(first, first + 10_000)])
+    pipe.execute()
+    try:
+        backlogged = _best_page_time(root, job_url(done))
+    finally:
+        queue.client.unlink(queue.keys.wait)
+    assert backlogged - baseline < 0.010, f"{baseline * 1000:.1f} ms -> {backlogged * 1000:.1f} ms"
+
+
+# -- what an action says it did -----------------------------------------------------------------
+
+@pytest.mark.xfail(strict=True, reason="browser.py retry: the script's -1 (no job hash, it stays failed) is told "
+                                       "as 'was no longer failed'")
+def test_retry_of_a_failed_id_without_a_hash_says_what_happened(root, queue):
+    queue.client.zadd(queue.keys.failed, {"ghost": 1})
+    page = root.post(job_url("ghost", "retry"), follow=True).content.decode()
+    assert queue.get_state("ghost") == "failed"
+    assert "no longer failed" not in page
+
+
+@pytest.mark.xfail(strict=True, reason="browser.py cancel: the script's -1 (the id left wait, no hash) is told as "
+                                       "'started (or left its state) meanwhile and was left alone'")
+def test_cancel_of_a_waiting_id_without_a_hash_says_what_happened(root, queue):
+    queue.client.lpush(queue.keys.wait, "ghost")
+    page = root.post(job_url("ghost", "cancel"), follow=True).content.decode()
+    assert queue.get_state("ghost") is None, "the cancel script took the id out of wait"
+    assert "was left alone" not in page
+
+
+# -- kept green: a sanity check that the fixtures above build what they mean to -------------------
+
+def test_the_hostile_fixtures_leave_an_ordinary_queue_alone(root, queue):
+    job_id = queue.add("work", opts=JobOptions(delay_ms=60_000))
+    assert root.get(job_url(job_id)).status_code == 200 and root.get(DASHBOARD).status_code == 200
