@@ -37,6 +37,7 @@ def nice_scale(top: float) -> tuple[float, float]:
     """Return the 1, 2 or 5 × 10^k ceiling at or above top, and the step between its gridlines."""
     if not top > 0:  # nothing to show (or NaN): a unit scale keeps the frame readable
         return 1.0, 0.5
+    top = min(top, 1e300)  # a count another client wrote near the float limit: the ceiling stays finite
     power = 10.0 ** math.floor(math.log10(top))
     lead = next((lead for lead in (1, 2, 5) if lead * power >= top), 10)
     # Halves of a 1 or 5 ceiling and quarters of a 2 keep the labels round: 500, 1k, 1.5k, 2k.

@@ -75,6 +75,8 @@ QUEUE_DEFAULTS: dict[str, Any] = {
 
 # The most minutes of metrics a queue keeps (the scripts keep no more, whatever they are asked).
 MAX_METRICS_MINUTES = 527_040
+# The most log lines a job may keep: at 10,000 characters a line, a job's log stays under 1 GB.
+MAX_LOG_LINES = 100_000
 # A metrics token shorter than this is easy to guess.
 MIN_TOKEN_LENGTH = 24
 
@@ -184,12 +186,15 @@ Parse = Callable[[Any, str, list[Problem]], Any]
 
 def _option(values: dict[str, Any], known: dict[str, Any], key: str, where: str, problems: list[Problem],
             parse: Parse) -> Any:
-    """The option `key` of `values`, parsed; a wrong value is reported and its default used instead."""
+    """The option `key` of `values`, parsed; a wrong value is reported and its default used instead.
+
+    A value with only warnings (a short token) is reported and kept.
+    """
     found: list[Problem] = []
     value = parse(values[key], f"{where}[{key!r}]", found)
-    if not found:
-        return value
     problems += found
+    if all(problem.warning for problem in found):
+        return value
     return parse(known[key], f"{where}[{key!r}]", [])
 
 
@@ -227,7 +232,7 @@ def _queue_config(name: str, raw: Any) -> tuple[QueueConfig, list[Problem]]:
         keep_completed=option("KEEP_COMPLETED", functools.partial(_retention,
                                                                   fallback=QUEUE_DEFAULTS["KEEP_COMPLETED"])),
         keep_failed=option("KEEP_FAILED", functools.partial(_retention, fallback=QUEUE_DEFAULTS["KEEP_FAILED"])),
-        max_log_lines=option("MAX_LOG_LINES", functools.partial(_count, minimum=1)),
+        max_log_lines=option("MAX_LOG_LINES", _max_log_lines),
     )
     return config, problems
 
@@ -248,6 +253,15 @@ def _prefix(value: Any, where: str, problems: list[Problem]) -> str:
     except InvalidNameError as error:
         problems.append(Problem("echomq.E003", f"{error}.", f"Use {ALPHABET}."))
     return value
+
+
+def _max_log_lines(value: Any, where: str, problems: list[Problem]) -> int | None:
+    lines = _count(value, where, problems, minimum=1)
+    if lines is not None and lines > MAX_LOG_LINES:
+        problems.append(Problem("echomq.E005", f"{where} must be at most {MAX_LOG_LINES:,}, not {lines!r}.",
+                                "The default, 1000, keeps a job's newest 1,000 lines."))
+        return None
+    return lines
 
 
 def _metrics_minutes(value: Any, where: str, problems: list[Problem]) -> int | None:

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
@@ -108,11 +109,15 @@ class QueueCollector:
 @require_safe
 def metrics(request: HttpRequest) -> HttpResponse:
     """Every configured queue in the Prometheus text format, to a scraper with the token or to permitted staff."""
-    refused = refusal(request)
+    try:
+        settings = get_settings()
+    except ImproperlyConfigured as error:  # `manage.py check` names it too; the scraper gets one line
+        return HttpResponse(f"The ECHOMQ setting is wrong: {error}\n", status=503, content_type=TEXT)
+    refused = refusal(request, settings.metrics_token)
     if refused:
         return refused
     registry = CollectorRegistry()  # of this request only: no process metrics, no duplicate registrations
-    registry.register(QueueCollector(list(get_settings().queues)))
+    registry.register(QueueCollector(list(settings.queues)))
     try:
         exposition = generate_latest(registry)
     except UNREACHABLE as error:  # a failed scrape, which Prometheus records as such (up == 0)
@@ -120,11 +125,10 @@ def metrics(request: HttpRequest) -> HttpResponse:
     return HttpResponse(exposition, content_type=CONTENT_TYPE_LATEST)
 
 
-def refusal(request: HttpRequest) -> HttpResponse | None:
-    """The 401 or 403 this request gets, or None when it may read the metrics."""
+def refusal(request: HttpRequest, expected: str | None) -> HttpResponse | None:
+    """The 401 or 403 this request gets (`expected`: the METRICS_TOKEN), or None when it may read the metrics."""
     token = bearer_token(request)
     if token is not None:
-        expected = get_settings().metrics_token
         if expected is not None and secrets.compare_digest(token.encode(), expected.encode()):
             return None
         return unauthorized(WRONG_TOKEN)

@@ -165,7 +165,8 @@ def test_an_entry_without_a_readable_hash_shows_its_id_and_why(root, queue):
     assert listed(page) == ["odd", "ghost"]
     assert "the job hash no longer exists in Redis" in page and "holds another type than a hash" in page
     odd = text(root, job_url("odd"))
-    assert "This job could not be read from Redis: " in odd and "WRONGTYPE" in odd
+    assert "This job could not be read from Redis: " in odd
+    assert "the key of job &#x27;odd&#x27; of queue &#x27;q&#x27; is not a hash" in odd
 
 
 def test_the_index_links_every_state_of_every_queue(root, echomq_settings):

@@ -1,6 +1,6 @@
 """Defects a hostile tester found in the web side (admin pages, /echomq/metrics/, echomq_status).
 
-Each test is xfail(strict=True) until its defect is fixed; the fix unmarks it.
+Each was fixed; the tests stay, as regression tests.
 """
 
 import io
@@ -36,14 +36,11 @@ def job_url(job_id: str, action: str = "detail") -> str:
 
 # -- a sweep report another client wrote, nested too deeply to decode ---------------------------
 
-@pytest.mark.xfail(strict=True, reason="core/sweeper.py last_sweep catches ValueError only: RecursionError -> 500")
 def test_a_deeply_nested_sweep_report_does_not_break_the_dashboard(root, queue):
     queue.client.hset(queue.keys.meta, "lastSweep", DEEP_JSON)
     assert root.get(DASHBOARD).status_code == 200
 
 
-@pytest.mark.xfail(strict=True, reason="core/sweeper.py last_sweep: RecursionError escapes the collector -> 500 "
-                                       "for every queue's metrics")
 def test_a_deeply_nested_sweep_report_does_not_break_the_metrics(echomq_settings, queue):
     echomq_settings.ECHOMQ = {**echomq_settings.ECHOMQ, "METRICS_TOKEN": TOKEN}
     queue.client.hset(queue.keys.meta, "lastSweep", DEEP_JSON)
@@ -51,7 +48,6 @@ def test_a_deeply_nested_sweep_report_does_not_break_the_metrics(echomq_settings
     assert response.status_code == 200 and b'echomq_queue_jobs{queue="q",state="wait"} 0.0' in response.content
 
 
-@pytest.mark.xfail(strict=True, reason="core/sweeper.py last_sweep: RecursionError -> a traceback from echomq_status")
 def test_a_deeply_nested_sweep_report_does_not_break_echomq_status(echomq_settings, queue):
     queue.client.hset(queue.keys.meta, "lastSweep", DEEP_JSON)
     out = io.StringIO()
@@ -61,8 +57,6 @@ def test_a_deeply_nested_sweep_report_does_not_break_echomq_status(echomq_settin
 
 # -- the charts --------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="charts.nice_scale makes an inf ceiling above 1e308; round(inf / inf) "
-                                       "raises ValueError in line_chart -> dashboard 500")
 def test_a_minute_count_near_the_float_limit_does_not_break_the_charts(root, queue):
     queue.client.hset(queue.keys.metrics_minute(now_ms() // 60_000), "completed", "1.5e308")
     assert root.get(DASHBOARD).status_code == 200
@@ -70,8 +64,6 @@ def test_a_minute_count_near_the_float_limit_does_not_break_the_charts(root, que
 
 # -- /echomq/metrics/ ---------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="conf._option replaces a value with its default on any problem, warnings "
-                                       "included: a token under 24 chars (W015, a warning) silently becomes None")
 def test_a_short_metrics_token_still_lets_its_scraper_in(echomq_settings, queue):
     short = "twenty-chars-token-1"
     echomq_settings.ECHOMQ = {**echomq_settings.ECHOMQ, "METRICS_TOKEN": short}
@@ -79,8 +71,6 @@ def test_a_short_metrics_token_still_lets_its_scraper_in(echomq_settings, queue)
     assert response.status_code == 200, response.content
 
 
-@pytest.mark.xfail(strict=True, reason="views.metrics/refusal call get_settings() unguarded: an ECHOMQ error is "
-                                       "an HTML 500, where the admin pages say what is wrong")
 def test_metrics_with_a_settings_error_answer_in_one_line(echomq_settings):
     echomq_settings.ECHOMQ = {**echomq_settings.ECHOMQ, "METRICS_TOKEN": TOKEN, "ENQUEUE_TIMEOUT": 0}
     response = Client(raise_request_exception=False).get(METRICS, headers={"Authorization": f"Bearer {TOKEN}"})
@@ -89,8 +79,6 @@ def test_metrics_with_a_settings_error_answer_in_one_line(echomq_settings):
 
 # -- a job's page: what it reads ----------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="the job page reads and renders every log line (LRANGE 0 -1): at the "
-                                       "default cap, 1,000 lines of 10,000 chars, the page is about 40 MB")
 def test_a_job_page_with_a_full_log_stays_small(root, queue):
     job_id = queue.add("work")
     queue.client.rpush(queue.keys.logs(job_id), *["<" * 10_000] * 1_000)  # what MAX_LOG_LINES and Job.log allow
@@ -108,9 +96,6 @@ def _best_page_time(client: Client, url: str, runs: int = 5) -> float:
     return best
 
 
-@pytest.mark.xfail(strict=True, reason="Queue.get_job_with_state/get_state LPOS wait, paused and active in full "
-                                       "(core/queue.py _look_up_states): a backlog makes every job page, lookup and "
-                                       "action scan it, blocking Redis (~14 ms per 1M waiting)")
 def test_the_page_of_a_completed_job_does_not_scan_the_backlog(root, queue):
     done = queue.add("work")
     take_jobs(queue, "tok", 30_000, 1, 1, "w")
@@ -130,8 +115,6 @@ def test_the_page_of_a_completed_job_does_not_scan_the_backlog(root, queue):
 
 # -- what an action says it did -----------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="browser.py retry: the script's -1 (no job hash, it stays failed) is told "
-                                       "as 'was no longer failed'")
 def test_retry_of_a_failed_id_without_a_hash_says_what_happened(root, queue):
     queue.client.zadd(queue.keys.failed, {"ghost": 1})
     page = root.post(job_url("ghost", "retry"), follow=True).content.decode()
@@ -139,8 +122,6 @@ def test_retry_of_a_failed_id_without_a_hash_says_what_happened(root, queue):
     assert "no longer failed" not in page
 
 
-@pytest.mark.xfail(strict=True, reason="browser.py cancel: the script's -1 (the id left wait, no hash) is told as "
-                                       "'started (or left its state) meanwhile and was left alone'")
 def test_cancel_of_a_waiting_id_without_a_hash_says_what_happened(root, queue):
     queue.client.lpush(queue.keys.wait, "ghost")
     page = root.post(job_url("ghost", "cancel"), follow=True).content.decode()

@@ -115,6 +115,7 @@ def test_a_correct_setting_passes_the_checks():
     ({"METRICS_MINUTES": 1.5}, "echomq.E005"),
     ({"METRICS_MINUTES": 10**15}, "echomq.E005"),
     ({"QUEUES": {"a": {"MAX_LOG_LINES": 0}}}, "echomq.E005"),
+    ({"QUEUES": {"a": {"MAX_LOG_LINES": 10**6}}}, "echomq.E005"),
     ({"METRICS_TOKEN": 12345678901234567890123456}, "echomq.E015"),
     ({"METRICS_TOKEN": "a token with spaces in it, long enough"}, "echomq.E015"),
     ({"METRICS_TOKEN": "short"}, "echomq.W015"),

@@ -38,6 +38,8 @@ from .common import JOB_ERRORS, REDIS_ERRORS, confirmation, confirmed, redis_pro
 from .mirror_lists import live_jobs
 
 PAGE_SIZE = 50
+# The newest log lines a job's page shows: at 10,000 characters a line, 1 MB of text (4 MB escaped) at most.
+PAGE_LOG_LINES = 100
 # A Redis list or sorted set holds fewer than 2**32 items, so a page past that is past the end of
 # any state; capping the position keeps the LRANGE argument a number Redis takes.
 MAX_POSITION = 2**32
@@ -152,7 +154,7 @@ class JobBrowserAdmin(admin.ModelAdmin):
         if queue_name not in names:
             return "Choose one of the configured queues."
         try:
-            job, state = get_queue(queue_name).get_job_with_state(validate_stored_id(job_id))
+            job, state = get_queue(queue_name).get_job_with_state(validate_stored_id(job_id), log_lines=0)
         except InvalidNameError as error:
             return f"No job can have that id: {error}."
         except REDIS_ERRORS as error:
@@ -203,7 +205,7 @@ class JobBrowserAdmin(admin.ModelAdmin):
         queue, job_id = configured_queue(queue_name), job_id_or_404(job_id)
         title = f"Job {job_id} of queue {queue.name}"
         try:
-            job, state = queue.get_job_with_state(job_id)
+            job, state = queue.get_job_with_state(job_id, log_lines=PAGE_LOG_LINES)
             due_ms = queue.client.zscore(queue.keys.delayed, job_id) if state == "delayed" else None
             live = live_jobs(queue.name, [job_id])[0] if state == "active" else None
         except REDIS_ERRORS as error:
@@ -212,8 +214,10 @@ class JobBrowserAdmin(admin.ModelAdmin):
         if job is None and state is None:
             return self.page(request, "job_page.html", title, status=404, queue_name=queue.name, job_id=job_id,
                              missing=True)
+        # An id without a job hash can only be deleted: there is nothing to retry, promote or cancel.
         actions = [(action.label, reverse(f"admin:echomq_job_{action.name}", args=[queue.name, job_id]))
-                   for action in ACTIONS if state in action.states and request.user.has_perm(action.permission)]
+                   for action in ACTIONS if state in action.states and request.user.has_perm(action.permission)
+                   and (job is not None or action is DELETE)]
         return self.page(request, "job_page.html", title, queue_name=queue.name, job_id=job_id, state=state,
                          state_url=reverse("admin:echomq_job_browse", args=[queue.name, state]) if state else None,
                          actions=actions, **(job_sections(job, state, due_ms, live) if job else {"no_hash": True}))
@@ -242,6 +246,8 @@ class JobBrowserAdmin(admin.ModelAdmin):
     def retry_job_view(self, request: HttpRequest, queue_name: str, job_id: str) -> HttpResponse:
         def retry(queue: Queue, state: str | None) -> Outcome:
             if not queue.retry(job_id):
+                if queue.get_state(job_id) == "failed":  # the script answered -1: no job hash to run
+                    return "has no job hash to run and stays failed (delete it)", messages.WARNING, None
                 return "was no longer failed and was left alone", messages.WARNING, None
             FailedJob.objects.filter(queue=queue.name, job_id=job_id).delete()  # the mirror's copy
             return "was sent back to wait", messages.SUCCESS, None
@@ -260,6 +266,8 @@ class JobBrowserAdmin(admin.ModelAdmin):
         def cancel(queue: Queue, state: str | None) -> Outcome:
             if queue.cancel(job_id, reason=f"cancelled in the admin by {request.user.get_username()}"):
                 return "was cancelled: it is failed now, and Retry sends it back", messages.SUCCESS, None
+            if queue.get_job(job_id, log_lines=0) is None:  # the script answered -1
+                return f"had no job hash: its id was taken out of {state}", messages.WARNING, None
             return "started (or left its state) meanwhile and was left alone", messages.WARNING, None
 
         return self.act(request, queue_name, job_id, CANCEL, cancel)

@@ -101,7 +101,7 @@ def job_sections(job: Job, state: str | None, due_ms: float | None, live: LiveJo
                     ("time in active", seconds(live.seconds_in_active)), ("next sweep will", str(live.verdict))]
         if live else [],
         "progress": None if job.progress is None else pretty_json(job.progress), "percent": percent(job.progress),
-        "logs": job.logs,
+        "logs": job.logs, "log_count": job.log_count, "first_log_line": job.log_count - len(job.logs) + 1,
         "returnvalue": pretty_json(job.returnvalue) if state == "completed" or job.returnvalue is not None else None,
         "data": pretty_json(job.data), "options": pretty_json(job.opts.to_json()),
     }

@@ -217,7 +217,8 @@ class Job:
     started_on: int | None = None  # when the first attempt started
     error_classes: list[str] = field(default_factory=list)  # beside `stacktrace`, one per failure
     progress: Any = None  # what the job last reported (update_progress)
-    logs: list[str] = field(default_factory=list)  # its log lines, oldest first (read by Queue.get_job)
+    logs: list[str] = field(default_factory=list)  # its newest log lines, oldest first (read by Queue.get_job)
+    log_count: int = 0  # how many log lines it keeps (Queue.get_job may read fewer)
     _reporter: Reporter | None = field(default=None, init=False, repr=False, compare=False)
 
     def attach(self, reporter: Reporter) -> None:

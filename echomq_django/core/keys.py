@@ -50,6 +50,7 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "cleanJobs-1": ("<state>",),
     "extendLocks-1": ("stalled",),
     "getCounts-8": COUNTED,
+    "getJob-9": (*STATES, "<id>", "<id>:logs"),
     "moveStalledJobsToWait-8": ("stalled", "wait", "active", "failed", "stalled-check", "meta", "paused", "marker"),
     "moveToActive-9": ("wait", "active", "meta", "delayed", "marker", "paused", "failed", "prioritized",
                        "fetch:<token>"),

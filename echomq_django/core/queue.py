@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from . import defaults
-from .errors import NotConfirmedError
+from .errors import NotConfirmedError, QueueStateError
 from .job import Job, JobOptions, encode_json
 from .keys import LIST_STATES, STATES, QueueKeys, validate_job_id, validate_job_name, validate_name, validate_stored_id
 from .scripts import Confirm, Scripts, pairs
@@ -99,46 +99,29 @@ class Queue:
                 ids)
         return ids
 
-    def get_job(self, job_id: str) -> Job | None:
-        """The job with this id (with its progress and log lines), or None."""
-        validate_name(job_id, "job id")
-        pipe = self.client.pipeline(transaction=True)
-        pipe.hgetall(self.keys.job(job_id))
-        pipe.lrange(self.keys.logs(job_id), 0, -1)
-        fields, logs = pipe.execute()
-        return self._job(job_id, fields, logs)
-
-    def _job(self, job_id: str, fields: dict[str, str], logs: list[str]) -> Job | None:
-        if not fields:
-            return None
-        job = Job.from_hash(self.name, job_id, fields)
-        job.logs = logs
-        return job
+    def get_job(self, job_id: str, *, log_lines: int = -1) -> Job | None:
+        """The job with this id, with its progress and its newest `log_lines` log lines (-1: all), or None."""
+        return self.get_job_with_state(job_id, log_lines=log_lines)[0]
 
     def get_state(self, job_id: str) -> str | None:
         """Which state holds the job: one of STATES, or None when it is in none."""
-        validate_name(job_id, "job id")
-        pipe = self.client.pipeline(transaction=False)
-        self._look_up_states(pipe, job_id)
-        return first_state(pipe.execute())
+        return self.scripts.job_state(self.keys, validate_name(job_id, "job id"))
 
-    def get_job_with_state(self, job_id: str) -> tuple[Job | None, str | None]:
-        """The job and the state that holds it, read in one atomic step (None for either that is missing)."""
-        validate_name(job_id, "job id")
-        pipe = self.client.pipeline(transaction=True)
-        pipe.hgetall(self.keys.job(job_id))
-        pipe.lrange(self.keys.logs(job_id), 0, -1)
-        self._look_up_states(pipe, job_id)
-        fields, logs, *found = pipe.execute()
-        return self._job(job_id, fields, logs), first_state(found)
+    def get_job_with_state(self, job_id: str, *, log_lines: int = -1) -> tuple[Job | None, str | None]:
+        """The job and the state that holds it, read in one atomic step (None for either that is missing).
 
-    def _look_up_states(self, pipe: Any, job_id: str) -> None:
-        """Queue on `pipe` one look-up per state, in STATES order."""
-        for state in STATES:
-            if state in LIST_STATES:
-                pipe.lpos(getattr(self.keys, state), job_id)
-            else:
-                pipe.zscore(getattr(self.keys, state), job_id)
+        The job's `logs` are its newest `log_lines` lines (-1: all) and
+        `log_count` how many it keeps. QueueStateError when its key is not a hash.
+        """
+        validate_name(job_id, "job id")
+        state, fields, kept, lines = self.scripts.read_job(self.keys, job_id, log_lines)
+        if fields is None:
+            raise QueueStateError(f"the key of job {job_id!r} of queue {self.name!r} is not a hash")
+        if not fields:
+            return None, state
+        job = Job.from_flat(self.name, job_id, fields)
+        job.logs, job.log_count = lines, kept
+        return job, state
 
     def get_jobs(self, state: str, start: int = 0, count: int = 50) -> list[Job]:
         """Jobs in one state, `count` of them from position `start`.
@@ -256,11 +239,6 @@ def read_jobs(queue: Queue, job_ids: Iterable[str]) -> list[JobRead]:
         else:
             reads.append(JobRead(job_id, Job.from_hash(queue.name, job_id, fields)))
     return reads
-
-
-def first_state(found: list[Any]) -> str | None:
-    """The state whose look-up (Queue._look_up_states) found the job."""
-    return next((state for state, where in zip(STATES, found) if where is not None), None)
 
 
 def batched(items: Iterable[T], size: int) -> Iterator[list[T]]:

@@ -217,6 +217,22 @@ class Scripts(ScriptClient):
         """The addLog call for one line, with an id of its own: sent again, it appends nothing."""
         return ("addLog-2", keys.for_script("addLog-2", id=job_id), [token, line, keep, uuid.uuid4().hex])
 
+    def read_job(
+        self, keys: QueueKeys, job_id: str, log_lines: int,
+    ) -> tuple[str | None, list[str] | None, int, list[str]]:
+        """(state, flat job hash, log lines kept, the newest `log_lines` of them (-1: all)), read in one step.
+
+        The hash is [] when there is none, None when its key holds another type.
+        """
+        state, fields, kept, lines = self._run(
+            "getJob-9", keys.for_script("getJob-9", id=job_id), [job_id, log_lines])
+        return state or None, None if fields is None else list(fields), int(kept), list(lines)
+
+    def job_state(self, keys: QueueKeys, job_id: str) -> str | None:
+        """Which state holds the job (one of STATES), or None; sorted sets are asked before lists are scanned."""
+        [state] = self._run("getJob-9", keys.for_script("getJob-9", id=job_id), [job_id, "state"])
+        return state or None
+
     def get_counts(self, keys: QueueKeys) -> dict[str, int]:
         """Jobs per state, read atomically; `stalled` counts marked jobs (also in active)."""
         commands = ["SCARD" if state == "stalled" else "LLEN" if state in LIST_STATES else "ZCARD"

@@ -209,6 +209,6 @@ def last_sweep(client: Any, keys: QueueKeys) -> dict[str, Any] | None:
     raw = client.hget(keys.meta, LAST_SWEEP_FIELD)
     try:
         report = json.loads(raw) if raw else None
-    except ValueError:  # written by some other client
+    except (ValueError, RecursionError):  # written by some other client (or nested past decoding)
         return None
     return report if isinstance(report, dict) else None
