@@ -143,7 +143,11 @@ def test_redis_restarts_never_run_a_job_twice():
 def test_lost_replies_never_add_a_job_twice_nor_waste_an_attempt():
     """3% of replies vanish after Redis ran the command: adds, fetches, finishes, renewals, wake-ups alike."""
     adds = int(os.environ.get("ECHOMQ_SOAK_ADDS", 400))
-    lock_ms = 1000
+    # Every reply can be lost here, those of a reconnect's handshake (HELLO, CLIENT) too, so a fetch
+    # may take a few of the client's backoff rounds (0.1 + 0.2 + 0.4 + 0.5 s) before it lands: the
+    # lock must outlast that, as the default of 30 s does by far. With 1 s, about one run in 25
+    # recovered a job whose fetch was still being re-sent.
+    lock_ms = 3000
     server = RedisServer()
     server.start()
     # Lost replies counted by the script they answered (a fetch shares its pipeline with finishes).
