@@ -27,14 +27,13 @@ from ..core import (
     InvalidNameError,
     Queue,
     browse,
-    validate_name,
     validate_stored_id,
 )
 from ..models import FailedJob, JobRecord
 from ..models import Job as JobModel
 from ..queues import get_queue
 from .browser_pages import COLUMNS, STATE_COLUMNS, job_sections, page_links, table_row
-from .common import JOB_ERRORS, REDIS_ERRORS, confirmation, confirmed, redis_problem
+from .common import JOB_ERRORS, REDIS_ERRORS, configured_queue, confirmation, confirmed, redis_problem
 from .mirror_lists import live_jobs
 
 PAGE_SIZE = 50
@@ -67,18 +66,6 @@ DELETE = Action("delete", "Delete…", "echomq.delete_job", (*(s for s in STATES
                 "a job that is not active", "deleted")
 ACTIONS = (RETRY, PROMOTE, CANCEL, DELETE)
 Outcome = tuple[str, int, str | None]  # what happened, the message level, where to go (None: the job's page)
-
-
-def configured_queue(queue_name: str) -> Queue:
-    """The configured queue a URL names; 404 for any other name."""
-    try:
-        configured = get_settings().queues
-        validate_name(queue_name, "queue name")
-    except (ImproperlyConfigured, InvalidNameError) as error:
-        raise Http404(str(error)) from None
-    if queue_name not in configured:
-        raise Http404(f"no queue {queue_name!r} is configured")
-    return get_queue(queue_name)
 
 
 def job_id_or_404(job_id: str) -> str:

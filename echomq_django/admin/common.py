@@ -7,15 +7,27 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib import admin
-from django.http import HttpRequest
+from django.core.exceptions import ImproperlyConfigured
+from django.http import Http404, HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import dateformat, timezone
 from django.utils.html import format_html
 from redis.exceptions import RedisClusterException, RedisError
 
-from ..core import UNREACHABLE, InvalidNameError, Job, JobLockedError, QueueStateError, datetime_from_ms
+from ..conf import get_settings
+from ..core import (
+    UNREACHABLE,
+    InvalidNameError,
+    Job,
+    JobLockedError,
+    Queue,
+    QueueStateError,
+    datetime_from_ms,
+    validate_name,
+)
 from ..models import JobRecord
+from ..queues import get_queue
 
 # What a read of Redis can raise: an answer of the wrong kind, or Redis out of reach.
 REDIS_ERRORS = (RedisError, RedisClusterException, QueueStateError)
@@ -84,3 +96,15 @@ def row_facts(row: JobRecord) -> list[tuple[str, Any]]:
 def traces(stacktrace: Any) -> str:
     items = stacktrace if isinstance(stacktrace, list) else [stacktrace] if stacktrace else []
     return format_html("<pre>{}</pre>", "\n\n".join(map(str, items))) if items else "-"
+
+
+def configured_queue(queue_name: str) -> Queue:
+    """The configured queue a URL names; 404 for any other name."""
+    try:
+        configured = get_settings().queues
+        validate_name(queue_name, "queue name")
+    except (ImproperlyConfigured, InvalidNameError) as error:
+        raise Http404(str(error)) from None
+    if queue_name not in configured:
+        raise Http404(f"no queue {queue_name!r} is configured")
+    return get_queue(queue_name)

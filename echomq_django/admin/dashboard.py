@@ -16,7 +16,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import ImproperlyConfigured, PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.http import urlencode
@@ -26,19 +26,17 @@ from ..conf import get_settings
 from ..core import (
     COUNTED,
     UNREACHABLE,
-    InvalidNameError,
     Queue,
     count_failed_older_than,
     failed_count,
     recent_minutes,
-    validate_name,
 )
 from ..mirror import sync_queue
 from ..models import Queue as QueueModel
 from ..queues import get_queue, make_sweeper
 from ..status import describe_sweep, queue_status
 from .charts_context import HOUR, SPANS, Span, queue_charts, slot_metrics
-from .common import REDIS_ERRORS, confirmation, confirmed, redis_problem
+from .common import REDIS_ERRORS, configured_queue, confirmation, confirmed, redis_problem
 
 DAY_MS = 86_400_000
 # A century: more is surely a typo, and days * DAY_MS must stay a number Redis takes.
@@ -152,14 +150,7 @@ class QueueAdmin(admin.ModelAdmin):
         """The configured queue named in the URL, if the user has `permission`."""
         if not request.user.has_perm(permission):
             raise PermissionDenied
-        try:
-            configured = get_settings().queues
-            validate_name(queue_name, "queue name")
-        except (ImproperlyConfigured, InvalidNameError) as error:
-            raise Http404(str(error)) from None
-        if queue_name not in configured:
-            raise Http404("only configured queues are operated from the admin")
-        return get_queue(queue_name)
+        return configured_queue(queue_name)
 
     def _back(self) -> HttpResponseRedirect:
         return HttpResponseRedirect(reverse("admin:echomq_queue_changelist"))
