@@ -40,3 +40,16 @@ def check_job_queues(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
         for name, function in sorted(registered_jobs().items())
         if (problem := unserved_queue(function.queue))
     ]
+
+
+# A tag of its own, like echomq_jobs: reading a schedule imports its task's module.
+@checks.register("echomq_schedules")
+def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Report every problem of ECHOMQ["SCHEDULES"]: a bad cron, an unknown task, arguments that are not JSON..."""
+    from .schedules import schedules_problems
+
+    autodiscover_modules("jobs")
+    return [
+        (checks.Warning if problem.warning else checks.Error)(problem.message, hint=problem.hint, id=problem.id)
+        for problem in schedules_problems()
+    ]

@@ -9,6 +9,7 @@
         "ENQUEUE_TIMEOUT": 3,  # seconds an enqueue may take before it raises
         "METRICS_MINUTES": 1440,  # per-minute metrics kept in Redis (0: none)
         "METRICS_TOKEN": None,  # bearer token a Prometheus scraper sends to /metrics/
+        "SCHEDULES": {"heartbeat": {"TASK": "myapp.jobs.ping", "EVERY": 30}},  # see schedules.py
         "QUEUES": {"default": {"LOCK_DURATION": 30, "SWEEP_INTERVAL": 30, ...}},
     }
 
@@ -58,6 +59,8 @@ TOP_LEVEL_DEFAULTS: dict[str, Any] = {
     # A bearer token that lets a scraper read /metrics/ without a login; None: only staff with the permission.
     "METRICS_TOKEN": None,
     "QUEUES": {"default": {}},
+    # Periodic jobs: name -> options, read by echomq_beat (schedules.py checks them).
+    "SCHEDULES": {},
 }
 QUEUE_DEFAULTS: dict[str, Any] = {
     "LOCK_DURATION": defaults.LOCK_DURATION_MS / 1000,  # seconds a lock lives unless renewed

@@ -57,6 +57,11 @@ def _runtime(settings: Any, long_running: bool) -> tuple[Any, Scripts]:
     return _connection(settings.redis_url, settings.enqueue_timeout_s, wait_s)
 
 
+def long_running_client() -> tuple[Any, Scripts]:
+    """The client (and its scripts) of a long-running process, which waits out Redis outages."""
+    return _runtime(get_settings(), long_running=True)
+
+
 def get_queue(name: str, *, long_running: bool = False) -> Queue:
     """A producer handle on `name`, with that queue's default attempts and backoff.
 

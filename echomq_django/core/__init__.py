@@ -7,6 +7,7 @@ models and the admin.
 """
 
 from . import defaults
+from .beat import Beat, Firing, Record, Schedule, ScheduleError, check_cron, read_records, run_now, zone
 from .browse import BROWSABLE, Entry, Page, browse
 from .connection import DEFAULT_REDIS_URL, UNREACHABLE, RedisURLError, connect, parse_redis_url, redacted_url
 from .errors import (
@@ -41,7 +42,8 @@ from .worker import Handler, Retention, Worker, class_path
 
 __all__ = [
     "ALPHABET", "BROWSABLE", "COUNTED", "DEFAULT_REDIS_URL", "MAX_DELAY_MS", "STATES", "UNREACHABLE", "Backoff",
-    "Confirm",
+    "Beat", "Confirm", "Firing", "Record", "Schedule", "ScheduleError", "check_cron", "read_records", "run_now",
+    "zone",
     "EchoMQError", "Entry", "Handler", "InvalidNameError", "Job", "JobLockedError", "JobNotFoundError", "JobOptions",
     "LiveJob", "LockLostError", "Minute", "NewJob", "NotConfirmedError", "Page", "PayloadError", "Queue", "QueueKeys",
     "QueueStateError", "RedisURLError", "Retention", "Scripts", "SweepReport", "SweepTarget", "Sweeper",

@@ -49,6 +49,7 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "cancelJob-5": ("wait", "paused", "delayed", "prioritized", "failed"),
     "cleanJobs-1": ("<state>",),
     "extendLocks-1": ("stalled",),
+    "fireSchedule-6": ("schedule:<name>", "wait", "paused", "meta", "marker", "prioritized"),
     "getCounts-8": COUNTED,
     "getJob-9": (*STATES, "<id>", "<id>:logs"),
     "moveStalledJobsToWait-8": ("stalled", "wait", "active", "failed", "stalled-check", "meta", "paused", "marker"),
@@ -81,7 +82,7 @@ _PLACEHOLDER = re.compile(r"<([a-z]+)>")
 # may not be one of these names. Digit-only ids are reserved for generated ids.
 RESERVED_IDS = frozenset(
     {"wait", "paused", "active", "stalled", "failed", "completed", "delayed", "prioritized",
-     "stalled-check", "meta", "marker", "id", "events", "locks"}
+     "stalled-check", "meta", "marker", "id", "events", "locks", "schedule"}
 )
 
 
@@ -237,6 +238,10 @@ class QueueKeys:
     @functools.cache  # noqa: B019  (a handful of queues and scripts per process)
     def _script_keys(self, script: str) -> tuple[str, ...]:
         return tuple(self.base + name for name in SCRIPT_KEYS[script])
+
+    def schedule(self, name: str) -> str:
+        """A schedule's record (HASH): the latest tick decided and the latest job added; see fireSchedule."""
+        return self.base + "schedule:" + name
 
     def lock(self, job_id: str) -> str:
         return self.base + job_id + ":lock"

@@ -7,6 +7,7 @@ local RESERVED_IDS = {
   ["wait"] = true, ["paused"] = true, ["active"] = true, ["stalled"] = true, ["failed"] = true,
   ["completed"] = true, ["delayed"] = true, ["prioritized"] = true, ["stalled-check"] = true,
   ["meta"] = true, ["marker"] = true, ["id"] = true, ["events"] = true, ["locks"] = true,
+  ["schedule"] = true,
 }
 local function jobKey(prefix, id)
   if RESERVED_IDS[id] or string.find(id, "[:{}]") then return nil end

@@ -1,0 +1,366 @@
+"""Schedules (cron and interval jobs) and the scheduler that fires them: each tick once, however many run.
+
+A schedule's ticks are instants every scheduler computes alike: an interval
+schedule ticks at whole multiples of its period since the Unix epoch (tick n
+is at n x EVERY, so ticks never drift), a cron schedule at the times its
+expression names in its time zone (cronsim, which on a daylight-saving day
+fires a daily job once: at the next valid time on the spring-forward day, at
+the first of the two on the fall-back day). Which tick becomes a job is
+decided in Redis by fireSchedule (one script call per tick), so any number
+of schedulers on any number of hosts add each tick's job once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
+
+from . import defaults
+from .connection import UNREACHABLE
+from .errors import EchoMQError, PayloadError
+from .job import MAX_DELAY_MS, JobOptions, encode_json
+from .keys import QueueKeys, validate_job_id, validate_job_name, validate_name
+from .queue import now_ms
+from .scripts import Call, Scripts
+
+logger = logging.getLogger("echomq.beat")
+
+# A tick's job id is "<schedule name>@<tick ms>", within the 128 characters of an id.
+MAX_SCHEDULE_NAME = 100
+MIN_EVERY_MS = 100
+# How late a tick may fire when it is not caught up (CATCH_UP False, or a
+# schedule that never fired before): this, or half the gap to the next tick
+# when that is shorter. Later than that, it is recorded as missed.
+MISSED_AFTER_MS = 60_000
+OUTCOMES = ("fired", "skipped", "missed", "superseded")
+
+
+class ScheduleError(EchoMQError, ValueError):
+    """A schedule that cannot be: a bad cron expression, interval, time zone or name."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One periodic job: what to add (job name, data, options) to which queue, and when.
+
+    Exactly one of `cron` (five fields, in `timezone`) and `every_ms`.
+    `since_ms`: ticks before it are not caught up (the time the schedule was
+    created, changed or enabled), so re-enabling a schedule does not fire
+    the tick it slept through.
+    """
+
+    name: str
+    queue: str
+    job_name: str
+    data: Any = None
+    opts: JobOptions = field(default_factory=JobOptions)
+    cron: str | None = None
+    every_ms: int | None = None
+    timezone: str = "UTC"
+    catch_up: bool = True
+    skip_if_running: bool = False
+    since_ms: int = 0
+
+    def __post_init__(self) -> None:
+        validate_name(self.name, "schedule name")
+        if len(self.name) > MAX_SCHEDULE_NAME:
+            raise ScheduleError(f"schedule name {self.name[:20]!r}... is {len(self.name)} characters long; "
+                                f"the limit is {MAX_SCHEDULE_NAME}")
+        validate_name(self.queue, "queue name")
+        validate_job_name(self.job_name)
+        if (self.cron is None) == (self.every_ms is None):
+            raise ScheduleError(f"schedule {self.name!r} needs exactly one of a cron expression and an interval")
+        zone(self.timezone)
+        if self.cron is not None:
+            check_cron(self.cron)
+        elif (isinstance(self.every_ms, bool) or not isinstance(self.every_ms, int)
+              or not MIN_EVERY_MS <= self.every_ms <= MAX_DELAY_MS):
+            raise ScheduleError(f"the interval of schedule {self.name!r} must be from {MIN_EVERY_MS} ms to ten "
+                                f"years, not {self.every_ms!r} ms")
+
+    def tick_at_or_before(self, at_ms: int) -> int:
+        """The latest tick no later than `at_ms` (ms since the epoch)."""
+        if self.every_ms is not None:
+            return at_ms // self.every_ms * self.every_ms
+        # cronsim's steps are strict, so start just after `at_ms` to include a tick at it.
+        return _ms(next(CronSim(str(self.cron), self._local(at_ms + 1), reverse=True)))
+
+    def tick_after(self, at_ms: int) -> int:
+        """The first tick later than `at_ms`."""
+        if self.every_ms is not None:
+            return (at_ms // self.every_ms + 1) * self.every_ms
+        return _ms(next(CronSim(str(self.cron), self._local(at_ms))))
+
+    def next_ticks(self, at_ms: int, count: int) -> list[int]:
+        """The `count` ticks after `at_ms`."""
+        ticks = []
+        for _ in range(count):
+            at_ms = self.tick_after(at_ms)
+            ticks.append(at_ms)
+        return ticks
+
+    def job_id(self, tick_ms: int) -> str:
+        """The id of the job a tick adds: the same for every scheduler, so a tick is one job."""
+        return f"{self.name}@{tick_ms}"
+
+    def missed_after_ms(self, tick_ms: int) -> int:
+        """How late the tick may fire when it is not caught up."""
+        return min(MISSED_AFTER_MS, (self.tick_after(tick_ms) - tick_ms) // 2)
+
+    def describe(self) -> str:
+        """"every 5 s" or "cron 0 3 * * 1-5 (Europe/Berlin)"."""
+        if self.every_ms is not None:
+            return f"every {self.every_ms / 1000:g} s"
+        return f"cron {self.cron} ({self.timezone})"
+
+    def _local(self, at_ms: int) -> datetime:
+        return datetime.fromtimestamp(at_ms / 1000, UTC).astimezone(zone(self.timezone))
+
+
+def _ms(moment: datetime) -> int:
+    return round(moment.timestamp() * 1000)
+
+
+def zone(name: str) -> ZoneInfo:
+    """The time zone named `name`; ScheduleError when there is none."""
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, TypeError):
+        raise ScheduleError(f"unknown time zone {name!r} (use an IANA name such as 'Europe/Berlin' or 'UTC')"
+                            ) from None
+
+
+def check_cron(expression: object) -> str:
+    """`expression` if it is a five-field cron expression that has a next time; else ScheduleError."""
+    if not isinstance(expression, str) or len(expression.split()) != 5:
+        raise ScheduleError(f"cron expression {expression!r} must have five fields: minute hour "
+                            "day-of-month month day-of-week, e.g. '0 3 * * 1-5'")
+    try:
+        next(CronSim(expression, datetime.now(UTC)))
+    except (CronSimError, StopIteration) as error:
+        raise ScheduleError(f"cron expression {expression!r} is wrong: {error or 'it never fires'}") from None
+    return expression
+
+
+@dataclass(frozen=True)
+class Firing:
+    """How one tick (or a run now: `tick_ms` None) of one schedule was decided."""
+
+    schedule: str
+    queue: str
+    tick_ms: int | None
+    outcome: str  # one of OUTCOMES
+    job_id: str  # "" when no job was added
+    decided: bool  # False: an earlier call had decided the tick (another scheduler, or a re-send)
+    late_ms: int
+
+    def summary(self) -> str:
+        """One line for a log or a terminal."""
+        if self.tick_ms is None:
+            return f"schedule {self.schedule}: ran now as job {self.job_id} on queue {self.queue}"
+        tick = datetime.fromtimestamp(self.tick_ms / 1000, UTC).isoformat(timespec="milliseconds")
+        if not self.decided:
+            return f"schedule {self.schedule}: tick {tick} was already {self.outcome} (by another scheduler)"
+        what = {"fired": f"fired job {self.job_id} on queue {self.queue}, {self.late_ms} ms late",
+                "skipped": "skipped: the previous tick's job has not finished (SKIP_IF_RUNNING)",
+                "missed": f"missed: found {self.late_ms / 1000:.1f} s late, and not caught up"}
+        return f"schedule {self.schedule}: tick {tick} {what.get(self.outcome, self.outcome)}"
+
+
+class Beat:
+    """The scheduler: fires each schedule's due ticks until stopped.
+
+    `load` returns the schedules; it is called again every
+    `reload_interval_ms`, so changes take effect within that time. A beat
+    that finds several ticks of a schedule passed (it was down, or Redis
+    was) sends only the newest: missed ticks are coalesced into one.
+    """
+
+    def __init__(
+        self, client: Any, load: Callable[[], Iterable[Schedule]], *, prefix: str = defaults.PREFIX,
+        scripts: Scripts | None = None, reload_interval_ms: int = 5000,
+        max_payload_bytes: int = defaults.MAX_PAYLOAD_BYTES, clock: Callable[[], int] = now_ms,
+    ) -> None:
+        if reload_interval_ms < 1:
+            raise ValueError(f"the reload interval must be at least 1 ms, not {reload_interval_ms}")
+        self.client = client
+        self.load = load
+        self.prefix = prefix
+        self.scripts = scripts or Scripts(client)
+        self.reload_interval_ms = reload_interval_ms
+        self.max_payload_bytes = max_payload_bytes
+        self.clock = clock
+        self.schedules: dict[str, Schedule] = {}
+        self._due_at: dict[str, int] = {}  # when this beat next sends a call for the schedule
+        self._reload_at = 0
+        self._stopping = threading.Event()
+        self._aborted = threading.Event()
+
+    def reload(self) -> None:
+        """Read the schedules again; a new or changed one is looked at now, its newest tick first."""
+        schedules = {schedule.name: schedule for schedule in self.load()}
+        for name, schedule in schedules.items():
+            if self.schedules.get(name) != schedule:
+                self._due_at[name] = 0
+        self._due_at = {name: due for name, due in self._due_at.items() if name in schedules}
+        self.schedules = schedules
+
+    def fire_due(self, now: int | None = None) -> list[Firing]:
+        """Send the newest due tick of every schedule whose tick is due; how each was decided.
+
+        One pipelined round trip per queue. Raises one of UNREACHABLE when
+        Redis does not answer (nothing is lost: the ticks stay due).
+        """
+        now = self.clock() if now is None else now
+        by_queue: dict[str, list[tuple[Schedule, int]]] = {}
+        for name, schedule in self.schedules.items():
+            if self._due_at.get(name, 0) <= now:
+                by_queue.setdefault(schedule.queue, []).append((schedule, schedule.tick_at_or_before(now)))
+        firings = []
+        for queue, due in by_queue.items():
+            if self._aborted.is_set():
+                break
+            keys = QueueKeys(queue, self.prefix)
+            calls, sent = [], []
+            for schedule, tick in due:
+                try:
+                    calls.append(fire_call(keys, schedule, now, tick, max_payload_bytes=self.max_payload_bytes))
+                    sent.append((schedule, tick))
+                except PayloadError as error:  # data too large for the queue: nothing to retry until it changes
+                    logger.error("schedule %s: cannot add its job: %s", schedule.name, error)
+                    self._due_at[schedule.name] = schedule.tick_after(now)
+            replies = self.scripts.run_batch(calls)
+            unreachable = None
+            for (schedule, tick), reply in zip(sent, replies):
+                if isinstance(reply, UNREACHABLE):
+                    unreachable = reply  # the tick stays due: sent again once Redis answers
+                    continue
+                self._due_at[schedule.name] = schedule.tick_after(now)
+                if isinstance(reply, Exception):  # e.g. a record key of another type: this tick is lost, logged
+                    logger.error("schedule %s: tick %s failed: %s", schedule.name, tick, reply)
+                    continue
+                firings.append(_firing(schedule, tick, now, reply))
+            if unreachable is not None:
+                raise unreachable
+        return firings
+
+    def next_wake_ms(self) -> int:
+        """When the loop next has something to do: a due tick, or reading the schedules again."""
+        return min([self._reload_at, *self._due_at.values()])
+
+    def run(self, on_firing: Callable[[Firing], None] | None = None) -> None:
+        """Fire due ticks until stopped, reading the schedules every reload interval and riding out outages."""
+        report = on_firing or (lambda firing: logger.info("%s", firing.summary()))
+        outage_since: float | None = None
+        while not self._stopping.is_set():
+            try:
+                if self.clock() >= self._reload_at:
+                    self._reload_at = self.clock() + self.reload_interval_ms
+                    self._reload_safely()
+                for firing in self.fire_due():
+                    report(firing)
+            except UNREACHABLE as error:
+                if outage_since is None:
+                    outage_since = time.monotonic()
+                    logger.error("Redis unreachable (%s); the scheduler keeps retrying", error)
+                self._stopping.wait(min(5.0, 0.2 + (time.monotonic() - outage_since) / 4))
+                continue
+            if outage_since is not None:
+                logger.warning("Redis is back after %.0f s; firing again", time.monotonic() - outage_since)
+                outage_since = None
+            self._stopping.wait(max(0.0, (self.next_wake_ms() - self.clock()) / 1000))
+
+    def _reload_safely(self) -> None:
+        try:
+            self.reload()
+        except UNREACHABLE:
+            raise
+        except Exception:
+            # The schedules stay as they were (a database that is down, a bug in
+            # a loader): firing what is known beats firing nothing.
+            logger.exception("could not read the schedules; keeping the %d known", len(self.schedules))
+
+    def stop(self) -> None:
+        """First call: finish the round of calls in progress, then return. Second call: return now."""
+        if self._stopping.is_set():
+            self._aborted.set()
+        self._stopping.set()
+
+
+
+def fire_call(keys: QueueKeys, schedule: Schedule, now: int, tick: int | None, job_id: str = "", *,
+              max_payload_bytes: int = defaults.MAX_PAYLOAD_BYTES) -> Call:
+    """The fireSchedule call for one tick, or with `tick` None for a run now under `job_id`.
+
+    PayloadError when the schedule's data is not JSON or too large for the queue.
+    """
+    data = encode_json(schedule.data, f"data of schedule {schedule.name!r}", max_payload_bytes)
+    if tick is None:
+        timing: list[Any] = ["", job_id, 0, 0]
+    else:
+        catch_up = schedule.catch_up and tick >= schedule.since_ms
+        timing = [tick, schedule.job_id(tick), schedule.missed_after_ms(tick), int(catch_up)]
+    tick_text, tick_job, missed_after, catch_up_flag = timing
+    return ("fireSchedule-6", keys.for_script("fireSchedule-6", name=schedule.name),
+            [keys.base, now, tick_text, tick_job, schedule.job_name, data, schedule.opts.encoded(),
+             schedule.opts.priority, missed_after, catch_up_flag, int(schedule.skip_if_running)])
+
+
+def _firing(schedule: Schedule, tick: int | None, now: int, reply: list[Any]) -> Firing:
+    outcome, job_id, decided = reply
+    return Firing(schedule.name, schedule.queue, tick, str(outcome), str(job_id), bool(int(decided)),
+                  now - tick if tick is not None else 0)
+
+
+def run_now(scripts: Scripts, schedule: Schedule, job_id: str, *, prefix: str = defaults.PREFIX,
+            max_payload_bytes: int = defaults.MAX_PAYLOAD_BYTES) -> Firing:
+    """Add the schedule's job now under `job_id`, outside its ticks (the admin's "run now").
+
+    It becomes the schedule's latest job (which SKIP_IF_RUNNING waits for).
+    """
+    now = now_ms()
+    call = fire_call(QueueKeys(schedule.queue, prefix), schedule, now, None, validate_job_id(job_id),
+                     max_payload_bytes=max_payload_bytes)
+    [reply] = scripts.run_batch([call], raise_on_error=True)
+    return _firing(schedule, None, now, reply)
+
+
+@dataclass(frozen=True)
+class Record:
+    """What Redis remembers of a schedule: its latest tick decided, and its latest job."""
+
+    tick_ms: int | None = None
+    outcome: str = ""
+    job_id: str = ""
+    fired_at_ms: int | None = None
+    counts: dict[str, int] = field(default_factory=dict)  # ticks per outcome
+
+
+def read_records(client: Any, schedules: Iterable[Schedule], *, prefix: str = defaults.PREFIX) -> list[Record]:
+    """The records of these schedules, in order, in one pipelined round trip (a broken one reads as empty)."""
+    schedules = list(schedules)
+    pipe = client.pipeline(transaction=False)
+    for schedule in schedules:
+        pipe.hgetall(QueueKeys(schedule.queue, prefix).schedule(schedule.name))
+    return [_record(fields if isinstance(fields, dict) else {})
+            for fields in pipe.execute(raise_on_error=False)]
+
+
+def _record(fields: dict[str, str]) -> Record:
+    def number(name: str) -> int | None:
+        try:
+            return int(fields[name])
+        except (KeyError, ValueError):
+            return None
+
+    return Record(tick_ms=number("tick"), outcome=fields.get("outcome", ""), job_id=fields.get("job", ""),
+                  fired_at_ms=number("firedAt"),
+                  counts={outcome: number(outcome) or 0 for outcome in OUTCOMES[:3]})

@@ -1,0 +1,98 @@
+--[[
+  fireSchedule: decide one tick of one schedule, and when it fires, add its
+  job, in one atomic step. Every scheduler (echomq_beat) that finds a tick
+  due sends this call; the schedule's record (KEYS[1]) remembers the latest
+  tick decided, so the first call decides and every other call for that
+  tick, or an older one, changes nothing. However many schedulers run, a
+  tick becomes at most one job.
+
+  A tick is decided one of four ways:
+    fired    its job was added (id ARGV[4]: the schedule's name and the
+             tick's time, so a job with that id already there also counts
+             as this tick's job and is not added again)
+    skipped  SKIP_IF_RUNNING, and the job of the tick fired before it has
+             not finished (its hash exists without finishedOn)
+    missed   the tick is more than ARGV[9] ms late, and the schedule does
+             not catch up (ARGV[10] = 0) or has never fired a tick before
+             (a new schedule does not fire what fell before it existed)
+
+  A "run now" (ARGV[3] = "") adds the job under the id ARGV[4] the caller
+  made up and records it as the schedule's latest job, leaving the ticks alone.
+
+  KEYS[1] schedule:<name> HASH   the schedule's record:
+            tick      latest tick decided (ms), and outcome how
+            job       id of the latest job it added, firedAt when (ms),
+                      firedTick its tick ("" for a run now)
+            fired, skipped, missed   how many ticks went each way
+  KEYS[2] wait        LIST
+  KEYS[3] paused      LIST
+  KEYS[4] meta        HASH
+  KEYS[5] marker      ZSET
+  KEYS[6] prioritized ZSET
+
+  ARGV[1] key prefix of the queue
+  ARGV[2] now, ms
+  ARGV[3] the tick's time, ms ("" = run now)
+  ARGV[4] the tick's job id
+  ARGV[5] job name
+  ARGV[6] data (JSON text)
+  ARGV[7] opts (JSON text)
+  ARGV[8] priority, -100..100 (0 = none)
+  ARGV[9] how late a tick may be and still fire when it is not caught up, ms
+  ARGV[10] 1 = catch up: fire the tick however late (it is the newest one due)
+  ARGV[11] 1 = skip the tick while the previous job has not finished
+
+  Returns {outcome, job id, decided}: decided is 1 when this call decided
+  the tick, 0 when an earlier call had (a re-send, or another scheduler);
+  the outcome and job id are then the record's.
+]]
+-- @include "emitEvent"
+-- @include "pushReady"
+
+local prefix, now = ARGV[1], tonumber(ARGV[2])
+
+local function addJob(id)
+  local jobKey = prefix .. id
+  local priority = tonumber(ARGV[8])
+  redis.call("HSET", jobKey, "name", ARGV[5], "data", ARGV[6], "opts", ARGV[7],
+    "timestamp", now, "atm", 0, "ats", 0, "stc", 0)
+  if priority ~= 0 then
+    redis.call("HSET", jobKey, "pri", priority)
+  end
+  pushReady(prefix, KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], id)
+  emitEvent(prefix, "added", id)
+end
+
+local id = ARGV[4]
+if ARGV[3] == "" then
+  if redis.call("EXISTS", prefix .. id) == 1 then return {"fired", id, 0} end
+  addJob(id)
+  redis.call("HSET", KEYS[1], "job", id, "firedAt", now, "firedTick", "")
+  return {"fired", id, 1}
+end
+
+local tick = tonumber(ARGV[3])
+local last = redis.call("HMGET", KEYS[1], "tick", "outcome", "job", "firedTick")
+local lastTick = tonumber(last[1])
+if lastTick and lastTick >= tick then
+  local outcome = lastTick == tick and last[2] or "superseded"
+  return {outcome, last[4] == ARGV[3] and last[3] or "", 0}
+end
+
+if now - tick > tonumber(ARGV[9]) and (ARGV[10] ~= "1" or not lastTick) then
+  redis.call("HSET", KEYS[1], "tick", ARGV[3], "outcome", "missed")
+  redis.call("HINCRBY", KEYS[1], "missed", 1)
+  return {"missed", "", 1}
+end
+if ARGV[11] == "1" and last[3] then
+  local previous = redis.pcall("HMGET", prefix .. last[3], "timestamp", "finishedOn")
+  if type(previous) == "table" and previous[1] and not previous[2] then
+    redis.call("HSET", KEYS[1], "tick", ARGV[3], "outcome", "skipped")
+    redis.call("HINCRBY", KEYS[1], "skipped", 1)
+    return {"skipped", "", 1}
+  end
+end
+if redis.call("EXISTS", prefix .. id) == 0 then addJob(id) end
+redis.call("HSET", KEYS[1], "tick", ARGV[3], "outcome", "fired", "job", id, "firedAt", now, "firedTick", ARGV[3])
+redis.call("HINCRBY", KEYS[1], "fired", 1)
+return {"fired", id, 1}
