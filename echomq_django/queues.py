@@ -57,9 +57,25 @@ def _runtime(settings: Any, long_running: bool) -> tuple[Any, Scripts]:
     return _connection(settings.redis_url, settings.enqueue_timeout_s, wait_s)
 
 
-def long_running_client() -> tuple[Any, Scripts]:
-    """The client (and its scripts) of a long-running process, which waits out Redis outages."""
-    return _runtime(get_settings(), long_running=True)
+@functools.cache
+def _scheduler_connection(url: str) -> tuple[Any, Scripts]:
+    client = connect(url, retry=None, retry_on_error=[], socket_timeout=SCHEDULER_CALL_TIMEOUT_S)
+    return client, Scripts(client)
+
+
+# Seconds a scheduler's call may wait for Redis's answer.
+SCHEDULER_CALL_TIMEOUT_S = 2.0
+
+
+def scheduler_client() -> tuple[Any, Scripts]:
+    """The client (and its scripts) of echomq_beat: a call is never re-sent inside redis-py.
+
+    A call Redis does not take fails at once (or after SCHEDULER_CALL_TIMEOUT_S
+    unanswered), and the scheduler's loop tries again with what is due by
+    then: a tick built before an outage is not delivered after it, beside the
+    newest one (core.Beat.run).
+    """
+    return _scheduler_connection(get_settings().redis_url)
 
 
 def get_queue(name: str, *, long_running: bool = False) -> Queue:
@@ -131,6 +147,7 @@ def make_worker(name: str, handler: Handler, **overrides: Any) -> Worker:
 def _forget_clients(*, setting: str, **kwargs: Any) -> None:
     if setting == "ECHOMQ":
         _connection.cache_clear()
+        _scheduler_connection.cache_clear()
 
 
 def check_redis() -> list[str]:

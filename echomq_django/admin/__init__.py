@@ -6,6 +6,6 @@ permission; the bulk ones that act on a whole set run only on the POST of a
 confirmation page.
 """
 
-from . import browser, dashboard, mirror_lists
+from . import browser, dashboard, mirror_lists, schedules
 
-__all__ = ["browser", "dashboard", "mirror_lists"]
+__all__ = ["browser", "dashboard", "mirror_lists", "schedules"]

@@ -8,7 +8,7 @@ from django.utils.module_loading import autodiscover_modules
 
 from echomq_django.conf import get_settings
 from echomq_django.core import UNREACHABLE, Beat, Firing
-from echomq_django.queues import long_running_client
+from echomq_django.queues import scheduler_client
 from echomq_django.schedules import load_schedules
 
 from ._options import connect_or_fail, on_stop_signals, positive_seconds
@@ -32,7 +32,7 @@ class Command(BaseCommand):
     def handle(self, *, once: bool, interval: float, verbosity: int, **options: Any) -> None:
         autodiscover_modules("jobs")  # the @job functions schedules name, as the worker imports them
         settings = get_settings()
-        client, scripts = long_running_client()
+        client, scripts = scheduler_client()
         beat = Beat(client, load_schedules, prefix=settings.prefix, scripts=scripts,
                     reload_interval_ms=max(1, round(interval * 1000)), max_payload_bytes=settings.max_payload_bytes)
         connect_or_fail(lambda message: self.stderr.write(self.style.WARNING(message)))
