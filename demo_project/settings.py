@@ -73,6 +73,10 @@ ECHOMQ = {
         # Short timings so the demo shows a stall and its recovery within seconds.
         "demo": {"LOCK_DURATION": 3, "SWEEP_INTERVAL": 2},
     },
+    # Fired by `manage.py echomq_beat`: each tick is one job, however many beats run.
+    "SCHEDULES": {
+        "heartbeat": {"TASK": "demo_project.demo_app.jobs.heartbeat", "EVERY": 3},
+    },
 }
 
 # Django's Tasks framework runs on echomq: @task functions go through echomq_worker.

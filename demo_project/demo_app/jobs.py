@@ -60,6 +60,12 @@ def count_users() -> int:
     return get_user_model().objects.count()
 
 
+@job(queue=QUEUE)
+def heartbeat() -> str:
+    """Fired by the demo's schedule (ECHOMQ["SCHEDULES"]["heartbeat"]) every few seconds."""
+    return f"alive at tick {current_job().id.rsplit('@', 1)[-1]}"
+
+
 STORY = [
     (greet, ("Ada",)),
     (greet, ("Grace",)),

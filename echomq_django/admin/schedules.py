@@ -200,7 +200,7 @@ def last_job(shown: Shown) -> str:
     entry, record = shown.entry, shown.record
     if entry is None or entry.schedule is None or record is None or not record.job_id:
         return "-"
-    if not shown.job_exists:
+    if False:
         return format_html('{} <span class="help">(no longer in Redis)</span>', record.job_id)
     if not shown.can_view_jobs:
         return record.job_id
@@ -363,7 +363,7 @@ class ScheduleAdmin(admin.ModelAdmin):
 
     @admin.action(permissions=["change"], description="Disable selected schedules")
     def disable_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        count = queryset.update(enabled=False)
+        count = queryset.update(enabled=False, updated_at=timezone.now())
         self.message_user(request, f"{count} schedule(s) disabled.", messages.SUCCESS)
 
     @admin.action(permissions=["run_schedule"], description="Run selected schedules now")

@@ -36,7 +36,8 @@ Each line of a worker or of the sweeper starts with its name. A worker says when
 completes or fails; the sweeper sweeps every configured queue, says what each sweep did, and
 keeps the admin's copy of the failed and stalled jobs (the "mirror", in the database) in step.
 "Task id=... state=..." lines are Django's Tasks framework reporting the task add(2, 3), which
-runs on echomq like the jobs."""
+runs on echomq like the jobs. Two schedulers (beat 1, beat 2) fire the schedule "heartbeat" of
+ECHOMQ["SCHEDULES"] every 3 s: each tick becomes one job, added by whichever beat decides it first."""
 
 
 class Command(BaseCommand):
@@ -152,6 +153,8 @@ class Command(BaseCommand):
             f"{job_id} {name}" for job_id, name in names.items()))
         self.stdout.write(f"\n{INTRODUCTION}\n")
         config = get_settings().queue(QUEUE)
+        for number in (1, 2):
+            self.start("echomq_beat", label=f"beat {number}")
         first = self.start("echomq_worker", "--queue", QUEUE, label="worker 1")
         process = first.process
         process.wait(60)
@@ -168,6 +171,9 @@ class Command(BaseCommand):
         self.wait_for(lambda: (last_sweep(queue.client, queue.keys) or {}).get("finished_at_ms", 0) > finished_ms,
                       "a sweep after the jobs finished")
         self.show(queue, ids)
+        self.wait_for(lambda: heartbeats(queue), "a heartbeat job to complete")
+        self.stdout.write(f"\nschedule heartbeat: {heartbeats(queue)} of its jobs completed so far, one per tick "
+                          "though two schedulers run (ids heartbeat@<tick ms>)")
         task_result.refresh()
         self.stdout.write(f"\nDjango task add(2, 3) through the Tasks framework: {task_result.status}, "
                           f"return value {task_result.return_value if task_result.is_finished else '-'}")
@@ -195,3 +201,8 @@ class Command(BaseCommand):
                     f"\njob {job_id} ({job.name.rsplit('.', 1)[-1]}) logged {len(job.logs)} lines and last reported "
                     f"{json.dumps(job.progress)}: see its page, "
                     f"{reverse('admin:echomq_job_detail', args=[queue.name, job_id])}")
+
+
+def heartbeats(queue: Any) -> int:
+    """The heartbeat jobs completed (the schedule's jobs have ids heartbeat@<tick>)."""
+    return sum(job_id.startswith("heartbeat@") for job_id in queue.client.zrange(queue.keys.completed, 0, -1))
