@@ -6,6 +6,7 @@ from datetime import datetime
 from zoneinfo import ZoneInfo
 
 import pytest
+from redis.exceptions import ReadOnlyError
 
 from echomq_django.core import Beat, JobOptions, Schedule, ScheduleError, read_records, run_now
 from echomq_django.core.beat import MISSED_AFTER_MS
@@ -312,3 +313,22 @@ def test_the_loop_fires_on_time_and_stops(queue):
     ticks = [f.tick_ms for f in fired]
     assert all(b - a == 200 for a, b in zip(ticks[1:], ticks[2:]))  # after the first, every tick in turn
     assert max(f.late_ms for f in fired[1:]) < 150
+
+
+@pytest.mark.own_servers
+def test_a_primary_turned_replica_keeps_the_tick_due_until_a_write_lands():
+    # During a failover the old primary answers READONLY: the tick is not lost, it is sent again.
+    from echomq_django.core import Queue, connect
+    from tests.redis_servers import redis_server
+
+    with redis_server() as primary_url, redis_server() as other_url:
+        client = connect(other_url, retry=None, retry_on_error=[])
+        client.replicaof("127.0.0.1", primary_url.rsplit(":", 1)[1].split("/")[0])
+        queue = Queue("q", client, prefix="p")
+        beat = beat_for(queue, every(60))
+        now = 1_800_000_000_000 // 60_000 * 60_000
+        with pytest.raises(ReadOnlyError):
+            beat.fire_due(now)
+        client.replicaof("NO", "ONE")
+        assert [f.outcome for f in beat.fire_due(now + 1)] == ["fired"]
+        client.close()

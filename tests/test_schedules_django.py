@@ -176,3 +176,26 @@ def test_beat_refuses_to_start_without_redis(with_schedules, settings, prefix):
     settings.ECHOMQ = {**settings.ECHOMQ, "REDIS_URL": "redis://127.0.0.1:1/0"}
     with pytest.raises(CommandError, match="cannot reach Redis"):
         call_command("echomq_beat", "--once", stdout=io.StringIO())
+
+
+def test_a_running_scheduler_takes_up_rows_added_and_disabled_in_the_database(with_schedules, redis_client, prefix):
+    import threading
+
+    from tests.helpers import wait_until
+
+    with_schedules({})
+    demo = Queue("demo", redis_client, prefix=prefix)
+    beat = Beat(redis_client, load_schedules, prefix=prefix, reload_interval_ms=200)
+    thread = threading.Thread(target=beat.run, args=(lambda firing: None,))
+    thread.start()
+    try:
+        row = ScheduleRow.objects.create(name="fast", task=GREET, every=0.2, args=["db"])
+        assert wait_until(lambda: demo.counts()["wait"] >= 3, 10), "a new row fires within one reading"
+        ScheduleRow.objects.filter(pk=row.pk).update(enabled=False)
+        assert wait_until(lambda: "fast" not in beat.schedules, 10), "a disabled row stops within one reading"
+        stopped_at = demo.counts()["wait"]
+        assert not wait_until(lambda: demo.counts()["wait"] > stopped_at, 0.6)
+    finally:
+        beat.stop()
+        thread.join(10)
+    assert not thread.is_alive()

@@ -133,6 +133,14 @@ def when_text(entry: Entry | None, options: dict[str, Any]) -> str:
     return "-"
 
 
+def dotted(path: Any) -> str:
+    """A task's dotted path, with a line break allowed after each dot."""
+    if not path:
+        return "-"
+    parts = str(path).split(".")
+    return format_html_join("", "{}<wbr>", ((piece,) for piece in [part + "." for part in parts[:-1]] + parts[-1:]))
+
+
 def queue_text(explicit: Any, entry: Entry | None) -> str:
     """The queue the options name; else the task's own, said so."""
     if explicit:
@@ -200,7 +208,7 @@ def last_job(shown: Shown) -> str:
     entry, record = shown.entry, shown.record
     if entry is None or entry.schedule is None or record is None or not record.job_id:
         return "-"
-    if False:
+    if not shown.job_exists:
         return format_html('{} <span class="help">(no longer in Redis)</span>', record.job_id)
     if not shown.can_view_jobs:
         return record.job_id
@@ -247,10 +255,13 @@ def settings_row(shown: Shown, can_run: bool) -> dict[str, Any]:
     """One line of the settings schedules' table: the same columns as the rows', its problems, its button."""
     entry = shown.entry
     assert entry is not None
+    # Its problems are listed in full under its line.
+    when_next = (format_html('<span class="echomq-problem">{}</span>', "invalid: see its problems below")
+                 if entry.schedule is None else next_fire(entry))
     return {
-        "name": entry.name, "when": when_text(entry, entry.options), "task": entry.options.get("TASK", "-"),
+        "name": entry.name, "when": when_text(entry, entry.options), "task": dotted(entry.options.get("TASK")),
         "queue": queue_text(entry.options.get("QUEUE"), entry), "enabled": entry.enabled,
-        "last_fired": last_fired(shown), "next_fire": next_fire(entry), "last_job": last_job(shown),
+        "last_fired": last_fired(shown), "next_fire": when_next, "last_job": last_job(shown),
         "problems": [{"message": problem.message, "hint": problem.hint, "warning": problem.warning}
                      for _, problem in entry.problems],
         "run_url": reverse("admin:echomq_schedule_run_settings", args=[entry.name])
@@ -260,7 +271,7 @@ def settings_row(shown: Shown, can_run: bool) -> dict[str, Any]:
 
 @admin.register(ScheduleRow)
 class ScheduleAdmin(admin.ModelAdmin):
-    list_display = ("name", "when", "task", "queue_shown", "enabled", "last_fired", "next_fire", "last_job")
+    list_display = ("name", "when", "task_path", "queue_shown", "enabled", "last_fired", "next_fire", "last_job")
     list_filter = ("enabled", "queue")
     search_fields = ("name", "task")
     actions = ["enable_selected", "disable_selected", "run_selected"]
@@ -274,6 +285,12 @@ class ScheduleAdmin(admin.ModelAdmin):
     )
     redis_fieldset = ("In Redis", {"fields": ("last_fired_at", "outcome_counts", "next_fires", "last_job_id",
                                               "created_at", "updated_at")})
+
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        field = super().formfield_for_dbfield(db_field, request, **kwargs)
+        if db_field.name in ("args", "kwargs") and field is not None:
+            field.widget.attrs.update(rows=3, cols=60)  # a line of JSON, mostly
+        return field
 
     def get_fieldsets(self, request: HttpRequest, obj: ScheduleRow | None = None) -> Any:
         return self.fieldsets if obj is None else (*self.fieldsets, self.redis_fieldset)
@@ -315,6 +332,10 @@ class ScheduleAdmin(admin.ModelAdmin):
     @admin.display(description="when")
     def when(self, obj: ScheduleRow) -> str:
         return when_text(self.shown(obj).entry, obj.options())
+
+    @admin.display(description="task", ordering="task")
+    def task_path(self, obj: ScheduleRow) -> str:
+        return dotted(obj.task)
 
     @admin.display(description="queue", ordering="queue")
     def queue_shown(self, obj: ScheduleRow) -> str:
@@ -370,7 +391,8 @@ class ScheduleAdmin(admin.ModelAdmin):
     def run_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
         """Add each valid selected schedule's job now; invalid ones are named and skipped."""
         firings: list[Firing] = []
-        for row in queryset:
+        rows = list(queryset)
+        for index, row in enumerate(rows):
             entry, error = entry_of(row)
             if entry is None:
                 self.message_user(request, f"No schedule was run: {error}", messages.ERROR)
@@ -383,9 +405,11 @@ class ScheduleAdmin(admin.ModelAdmin):
             try:
                 firings.append(schedules.run_now(entry.schedule))
             except RUN_ERRORS as error:
-                self.message_user(request, f"Schedule {row.name} was not run: {redis_problem(error)}",
+                unreachable, rest = isinstance(error, UNREACHABLE), len(rows) - index - 1
+                also = f"; nor were the {rest} other selected schedule(s)" if unreachable and rest else ""
+                self.message_user(request, f"Schedule {row.name} was not run: {redis_problem(error)}{also}",
                                   messages.ERROR)
-                if isinstance(error, UNREACHABLE):  # one wait for Redis per request, not one per schedule
+                if unreachable:  # one wait for Redis per request, not one per schedule
                     break
         if firings:
             self.message_user(request, format_html("Ran {} schedule(s) now: {}.", len(firings),

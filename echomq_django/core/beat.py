@@ -22,6 +22,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
+from redis.exceptions import ClusterDownError, ReadOnlyError, TryAgainError
 
 from . import defaults
 from .connection import UNREACHABLE
@@ -41,6 +42,8 @@ MIN_EVERY_MS = 100
 # when that is shorter. Later than that, it is recorded as missed.
 MISSED_AFTER_MS = 60_000
 OUTCOMES = ("fired", "skipped", "missed", "superseded")
+# Errors that pass (Redis unreachable, a failover under way): the tick stays due and is sent again.
+TRANSIENT = (*UNREACHABLE, ReadOnlyError, TryAgainError, ClusterDownError)
 
 
 class ScheduleError(EchoMQError, ValueError):
@@ -216,14 +219,21 @@ class Beat:
     def fire_due(self, now: int | None = None) -> list[Firing]:
         """Send the newest due tick of every schedule whose tick is due; how each was decided.
 
-        One pipelined round trip per queue. Raises one of UNREACHABLE when
+        One pipelined round trip per queue. Raises one of TRANSIENT when
         Redis does not answer (nothing is lost: the ticks stay due).
         """
         now = self.clock() if now is None else now
         by_queue: dict[str, list[tuple[Schedule, int]]] = {}
         for name, schedule in self.schedules.items():
             if self._due_at.get(name, 0) <= now:
-                by_queue.setdefault(schedule.queue, []).append((schedule, schedule.tick_at_or_before(now)))
+                try:
+                    tick = schedule.tick_at_or_before(now)
+                except Exception:  # a cron expression the library cannot step back through: not a loop of errors
+                    logger.exception("schedule %s: cannot work out its ticks; looked at again on the next reading",
+                                     name)
+                    self._due_at[name] = now + self.reload_interval_ms
+                    continue
+                by_queue.setdefault(schedule.queue, []).append((schedule, tick))
         firings = []
         for queue, due in by_queue.items():
             if self._aborted.is_set():
@@ -240,7 +250,7 @@ class Beat:
             replies = self.scripts.run_batch(calls)
             unreachable = None
             for (schedule, tick), reply in zip(sent, replies):
-                if isinstance(reply, UNREACHABLE):
+                if isinstance(reply, TRANSIENT):
                     unreachable = reply  # the tick stays due: sent again once Redis answers
                     continue
                 self._due_at[schedule.name] = schedule.tick_after(now)
@@ -267,7 +277,7 @@ class Beat:
                     self._reload_safely()
                 for firing in self.fire_due():
                     report(firing)
-            except UNREACHABLE as error:
+            except TRANSIENT as error:
                 if outage_since is None:
                     outage_since = time.monotonic()
                     logger.error("Redis unreachable (%s); the scheduler keeps retrying", error)

@@ -7,7 +7,8 @@ from django.db import DatabaseError
 from django.utils.module_loading import autodiscover_modules
 
 from echomq_django.conf import get_settings
-from echomq_django.core import UNREACHABLE, Beat, Firing
+from echomq_django.core import Beat, Firing
+from echomq_django.core.beat import TRANSIENT
 from echomq_django.queues import scheduler_client
 from echomq_django.schedules import load_schedules
 
@@ -57,7 +58,7 @@ class Command(BaseCommand):
                 try:
                     for firing in beat.fire_due():
                         report(firing)
-                except UNREACHABLE as error:
+                except TRANSIENT as error:
                     raise CommandError(f"cannot reach Redis: {error}") from None
                 return
             with on_stop_signals(beat.stop):
