@@ -166,15 +166,20 @@ class Schedule(models.Model):
 
     def clean(self) -> None:
         """The errors parse_schedule finds, on the fields they are about; a name that settings use."""
-        from django.core.exceptions import ValidationError
+        from django.core.exceptions import ImproperlyConfigured, ValidationError
 
         from .schedules import FIELD_OF_OPTION, settings_entries
 
+        try:
+            problems = self.entry().problems
+            taken = any(entry.name == self.name for entry in settings_entries())
+        except ImproperlyConfigured as error:  # ECHOMQ itself is broken: say so on the form
+            raise ValidationError(f"ECHOMQ cannot be read, so the schedule cannot be checked: {error}") from None
         errors: dict[str, list[str]] = {}
-        for option, problem in self.entry().problems:
+        for option, problem in problems:
             if not problem.warning:
                 errors.setdefault(FIELD_OF_OPTION.get(option, "name"), []).append(problem.message)
-        if any(entry.name == self.name for entry in settings_entries()):
+        if taken:
             errors.setdefault("name", []).append(
                 f"ECHOMQ['SCHEDULES'] has a schedule named {self.name!r}; pick another name.")
         if errors:

@@ -26,6 +26,8 @@ from django.db import close_old_connections
 from .conf import MAX_SECONDS, Problem, get_settings, settings_problems
 from .core import (
     ALPHABET,
+    MAX_SCHEDULE_NAME,
+    MIN_EVERY_MS,
     Firing,
     InvalidNameError,
     JobOptions,
@@ -40,7 +42,6 @@ from .core import (
     zone,
 )
 from .core import run_now as fire_now
-from .core.beat import MAX_SCHEDULE_NAME, MIN_EVERY_MS
 from .queues import get_queue
 
 logger = logging.getLogger("echomq.beat")

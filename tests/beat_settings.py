@@ -7,4 +7,5 @@ import os
 from demo_project.settings import *  # noqa: F403
 from demo_project.settings import ECHOMQ
 
-ECHOMQ = {**ECHOMQ, "QUEUES": {**ECHOMQ["QUEUES"], "q": {}}, "SCHEDULES": json.loads(os.environ.get("ECHOMQ_TEST_SCHEDULES", "{}"))}
+ECHOMQ = {**ECHOMQ, "QUEUES": {**ECHOMQ["QUEUES"], "q": {}},
+          "SCHEDULES": json.loads(os.environ.get("ECHOMQ_TEST_SCHEDULES", "{}"))}

@@ -105,9 +105,10 @@ def utc(ms: int) -> str:
 
 def list_rows(page: str) -> dict[str, dict[str, str]]:
     """The changelist's rows by schedule name: each column's cell (its HTML) by field name."""
-    table = page[page.index('<table id="result_list">'):page.index("</table>")]
+    start = page.index('<table id="result_list">')
+    table = page[start:page.index("</table>", start)]
     rows = {}
-    for tr in re.findall(r"<tr>(.*?)</tr>", table, re.S)[1:]:
+    for tr in re.findall(r"<tr[^>]*>(.*?)</tr>", table[table.index("<tbody>"):], re.S):
         cells = dict(re.findall(r'<t[hd] class="field-(\w+)"[^>]*>(.*?)</t[hd]>', tr, re.S))
         rows[re.sub(r"<[^>]+>", "", cells["name"])] = cells
     return rows
@@ -157,7 +158,7 @@ def test_the_list_shows_each_schedule_with_what_redis_remembers_and_when_it_fire
 
     assert rows["beat"]["when"] == "every 3600 s" and rows["berlin"]["when"] == "cron 0 3 * * * (Europe/Berlin)"
     assert rows["beat"]["task_path"] == PING
-    assert rows["beat"]["queue_shown"] == 'q <span class="help">(the task&#x27;s own)</span>', "the resolved queue"
+    assert rows["beat"]["queue_shown"] == 'q <span class="help">(the task\'s own)</span>', "the resolved queue"
     assert rows["berlin"]["queue_shown"] == "other"
     assert rows["beat"]["last_fired"] == f"{utc(tick)}: fired" and rows["berlin"]["last_fired"] == "never"
     assert rows["beat"]["last_job"] == f'<a href="{job_page(job_id)}">{job_id}</a>', "linked to its page"
@@ -390,11 +391,29 @@ def test_enable_and_disable_flip_the_rows_and_move_updated_at(root):
     assert other.enabled and other.updated_at == long_ago, "only the selected row"
 
     disabled_at = beat.updated_at
-    action(root, "enable_selected", beat)
+    response = action(root, "enable_selected", beat, other)
+    assert messages_of(response)[0].startswith("1 schedule(s) enabled")
     beat.refresh_from_db()
+    other.refresh_from_db()
     assert beat.enabled and beat.updated_at >= disabled_at
     # Re-enabled, its ticks are counted from now: the ones it slept through are not caught up.
     assert beat.entry().schedule.since_ms >= int(disabled_at.timestamp() * 1000)
+    assert other.updated_at == long_ago, "already enabled: left alone, so a tick due now is still caught up"
+
+
+def test_a_row_with_the_name_of_a_settings_schedule_says_it_is_not_fired(root):
+    shadowed = row("heartbeat")  # the form refuses the name; a row written around it
+    assert list_rows(root.get(changelist()).content.decode())["heartbeat"]["next_fire"] == (
+        '<span class="echomq-problem">not fired: ECHOMQ[&#x27;SCHEDULES&#x27;] has a schedule of this name</span>')
+    assert "not fired: ECHOMQ[&#x27;SCHEDULES&#x27;]" in root.get(change_url(shadowed)).content.decode()
+
+
+def test_a_broken_echomq_setting_is_said_instead_of_failing_the_list(root, schedule_settings):
+    row("beat")
+    schedule_settings.ECHOMQ = {**schedule_settings.ECHOMQ, "ENQUEUE_TIMEOUT": 0}
+    response = root.get(changelist())
+    assert response.status_code == 200
+    assert "ECHOMQ cannot be read, so no schedule can be: " in response.content.decode()
 
 
 # -- the schedules of settings -------------------------------------------------------------------------------------
@@ -475,3 +494,20 @@ def test_hostile_names_task_paths_and_arguments_are_escaped(root, schedule_setti
     form_page = root.get(change_url(hostile)).content.decode()
     assert "<script>alert(" not in form_page and "<svg onload" not in form_page
     assert "&lt;/textarea&gt;&lt;script&gt;alert(3)&lt;/script&gt;" in form_page
+
+
+def test_a_record_another_client_wrote_is_shown_escaped_and_unlinked(root, queue):
+    beat = row("beat")
+    hostile_id = "<script>alert(4)</script>"
+    queue.client.hset(queue.keys.schedule("beat"), mapping={
+        "tick": "99999999999999999999", "outcome": "<b>odd</b>", "job": hostile_id, "firedAt": "soon",
+        "fired": "many"})
+    queue.client.set(queue.keys.job(hostile_id), "a key of that name exists")
+    response = root.get(changelist())
+    page = response.content.decode()
+    assert response.status_code == 200 and "<script>alert(4)" not in page and "<b>odd" not in page
+    cells = list_rows(page)["beat"]
+    assert cells["last_job"] == "&lt;script&gt;alert(4)&lt;/script&gt;", "plain text: no job can have that id"
+    assert cells["last_fired"] == "-: &lt;b&gt;odd&lt;/b&gt;", "a tick out of any calendar reads as -"
+    form_page = root.get(change_url(beat)).content.decode()
+    assert "fired 0, skipped 0, missed 0" in form_page and "<script>alert(4)" not in form_page

@@ -1,4 +1,4 @@
-"""The admin: a queue dashboard, a browser of every state of every queue, and the failed and stalled lists.
+"""The admin: a queue dashboard, a browser of every queue's states, the failed and stalled lists, and the schedules.
 
 Every change goes through the Lua scripts first, so Redis stays the source
 of truth. Changes are POST-only, CSRF-protected and need their own

@@ -51,6 +51,7 @@ class Shown:
     job_exists: bool = False  # the record's latest job still has its hash
     unread: str = ""
     can_view_jobs: bool = False  # the latest job is linked to its page
+    shadowed: bool = False  # a row with the name of a settings schedule, which the scheduler leaves out
 
 
 def entry_of(row: ScheduleRow) -> tuple[Entry | None, str]:
@@ -150,25 +151,36 @@ def queue_text(explicit: Any, entry: Entry | None) -> str:
     return format_html('<span class="help">{}</span>', "(the task's own)")
 
 
-def next_fire(entry: Entry | None) -> str:
+SHADOWED = "not fired: ECHOMQ['SCHEDULES'] has a schedule of this name"
+
+
+def next_fire(entry: Entry | None, shadowed: bool = False) -> str:
     """When the schedule fires next, in its time zone; or why it does not."""
     if entry is None:
         return "-"
+    if shadowed:
+        return format_html('<span class="echomq-problem">{}</span>', SHADOWED)
     if entry.schedule is None:
         found = problems_of(entry)
         return format_html('<span class="echomq-problem">invalid: {}</span>', found[0] if found else "?")
     if not entry.enabled:
         return "disabled"
-    return in_zone(entry.schedule.tick_after(clock_ms()), entry.schedule.timezone)
+    try:
+        return in_zone(entry.schedule.tick_after(clock_ms()), entry.schedule.timezone)
+    except Exception as error:  # a cron expression the library cannot step through (the scheduler logs it too)
+        return format_html('<span class="echomq-problem">cannot work out its ticks: {}</span>', error or repr(error))
 
 
-def next_fires(entry: Entry | None) -> str:
+def next_fires(entry: Entry | None, shadowed: bool = False) -> str:
     """The next ticks, in the schedule's time zone, as a list; or why there are none."""
-    if entry is None or entry.schedule is None:
-        return next_fire(entry)
+    if entry is None or entry.schedule is None or shadowed:
+        return next_fire(entry, shadowed)
     schedule = entry.schedule
-    ticks = format_html_join("", "<li>{}</li>", ((in_zone(tick, schedule.timezone),)
-                                                 for tick in schedule.next_ticks(clock_ms(), NEXT_FIRES)))
+    try:
+        coming = schedule.next_ticks(clock_ms(), NEXT_FIRES)
+    except Exception as error:  # as in next_fire
+        return format_html('<span class="echomq-problem">cannot work out its ticks: {}</span>', error or repr(error))
+    ticks = format_html_join("", "<li>{}</li>", ((in_zone(tick, schedule.timezone),) for tick in coming))
     if entry.enabled:
         return format_html('<ul class="echomq-ticks">{}</ul>', ticks)
     return format_html('<p>Disabled: it does not fire. Enabled, it would fire at:</p><ul class="echomq-ticks">{}</ul>',
@@ -183,7 +195,7 @@ def last_fired(shown: Shown) -> str:
     if entry is None or entry.schedule is None or record is None:
         return "-"
     schedule = entry.schedule
-    ran_now = (record.job_id.startswith(f"{schedule.name}@now-") and record.fired_at_ms is not None)
+    ran_now = record.ran_now and record.fired_at_ms is not None
     parts = []
     if record.tick_ms is not None:
         parts.append(f"{in_zone(record.tick_ms, schedule.timezone)}: {record.outcome or 'unknown'}")
@@ -208,6 +220,8 @@ def last_job(shown: Shown) -> str:
     entry, record = shown.entry, shown.record
     if entry is None or entry.schedule is None or record is None or not record.job_id:
         return "-"
+    if not linkable(record.job_id):  # another client's: no page can show it
+        return record.job_id
     if not shown.job_exists:
         return format_html('{} <span class="help">(no longer in Redis)</span>', record.job_id)
     if not shown.can_view_jobs:
@@ -245,7 +259,9 @@ class ScheduleChangeList(ChangeList):
             shown, self.echomq_redis_error = read_shown([*rows_entries, *settings_entries], can_view_jobs=can_view_jobs)
         else:
             shown = [Shown(entry) for entry in [*rows_entries, *settings_entries]]
+        settings_names = {entry.name for entry in settings_entries}
         for row, item in zip(self.result_list, shown):
+            item.shadowed = row.name in settings_names
             row.echomq_shown = item
         can_run = model_admin.has_run_schedule_permission(request)
         self.echomq_settings_rows = [settings_row(item, can_run) for item in shown[len(rows_entries):]]
@@ -326,6 +342,7 @@ class ScheduleAdmin(admin.ModelAdmin):
                 found = Shown(None, unread=f"unknown: {error}")
             else:
                 [found], _error = read_shown([entry], can_view_jobs=getattr(obj, "echomq_can_view_jobs", False))
+                found.shadowed = any(other.name == obj.name for other in schedules.settings_entries())
             obj.echomq_shown = found
         return found
 
@@ -348,7 +365,7 @@ class ScheduleAdmin(admin.ModelAdmin):
     @admin.display(description="next fire")
     def next_fire(self, obj: ScheduleRow) -> str:
         shown = self.shown(obj)
-        return shown.unread if shown.entry is None else next_fire(shown.entry)
+        return shown.unread if shown.entry is None else next_fire(shown.entry, shown.shadowed)
 
     @admin.display(description="last job")
     def last_job(self, obj: ScheduleRow) -> str:
@@ -367,7 +384,7 @@ class ScheduleAdmin(admin.ModelAdmin):
     @admin.display(description="next fires")
     def next_fires(self, obj: ScheduleRow) -> str:
         shown = self.shown(obj)
-        return shown.unread if shown.entry is None else next_fires(shown.entry)
+        return shown.unread if shown.entry is None else next_fires(shown.entry, shown.shadowed)
 
     @admin.display(description="last job")
     def last_job_id(self, obj: ScheduleRow) -> str:
@@ -377,14 +394,15 @@ class ScheduleAdmin(admin.ModelAdmin):
 
     @admin.action(permissions=["change"], description="Enable selected schedules")
     def enable_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        # update() skips auto_now; updated_at is when the schedule starts counting ticks to catch up.
-        count = queryset.update(enabled=True, updated_at=timezone.now())
+        # update() skips auto_now; updated_at is when the schedule starts counting ticks to catch up, so
+        # rows already enabled keep theirs (a tick due now is still caught up).
+        count = queryset.filter(enabled=False).update(enabled=True, updated_at=timezone.now())
         self.message_user(request, f"{count} schedule(s) enabled; ticks they slept through are not fired.",
                           messages.SUCCESS)
 
     @admin.action(permissions=["change"], description="Disable selected schedules")
     def disable_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        count = queryset.update(enabled=False, updated_at=timezone.now())
+        count = queryset.filter(enabled=True).update(enabled=False, updated_at=timezone.now())
         self.message_user(request, f"{count} schedule(s) disabled.", messages.SUCCESS)
 
     @admin.action(permissions=["run_schedule"], description="Run selected schedules now")

@@ -7,7 +7,20 @@ models and the admin.
 """
 
 from . import defaults
-from .beat import Beat, Firing, Record, Schedule, ScheduleError, check_cron, read_records, run_now, zone
+from .beat import (
+    MAX_SCHEDULE_NAME,
+    MIN_EVERY_MS,
+    TRANSIENT,
+    Beat,
+    Firing,
+    Record,
+    Schedule,
+    ScheduleError,
+    check_cron,
+    read_records,
+    run_now,
+    zone,
+)
 from .browse import BROWSABLE, Entry, Page, browse
 from .connection import DEFAULT_REDIS_URL, UNREACHABLE, RedisURLError, connect, parse_redis_url, redacted_url
 from .errors import (
@@ -41,7 +54,8 @@ from .sweeper import Sweeper, SweepReport, SweepTarget, last_sweep
 from .worker import Handler, Retention, Worker, class_path
 
 __all__ = [
-    "ALPHABET", "BROWSABLE", "COUNTED", "DEFAULT_REDIS_URL", "MAX_DELAY_MS", "STATES", "UNREACHABLE", "Backoff",
+    "ALPHABET", "BROWSABLE", "MAX_SCHEDULE_NAME", "MIN_EVERY_MS", "TRANSIENT", "COUNTED",
+    "DEFAULT_REDIS_URL", "MAX_DELAY_MS", "STATES", "UNREACHABLE", "Backoff",
     "Beat", "Confirm", "Firing", "Record", "Schedule", "ScheduleError", "check_cron", "read_records", "run_now",
     "zone",
     "EchoMQError", "Entry", "Handler", "InvalidNameError", "Job", "JobLockedError", "JobNotFoundError", "JobOptions",

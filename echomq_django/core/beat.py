@@ -352,6 +352,7 @@ class Record:
     job_id: str = ""
     fired_at_ms: int | None = None
     counts: dict[str, int] = field(default_factory=dict)  # ticks per outcome
+    ran_now: bool = False  # the latest job was a run now, not a tick's
 
 
 def read_records(client: Any, schedules: Iterable[Schedule], *, prefix: str = defaults.PREFIX) -> list[Record]:
@@ -373,4 +374,5 @@ def _record(fields: dict[str, str]) -> Record:
 
     return Record(tick_ms=number("tick"), outcome=fields.get("outcome", ""), job_id=fields.get("job", ""),
                   fired_at_ms=number("firedAt"),
-                  counts={outcome: number(outcome) or 0 for outcome in OUTCOMES[:3]})
+                  counts={outcome: number(outcome) or 0 for outcome in OUTCOMES[:3]},
+                  ran_now="job" in fields and fields.get("firedTick") == "")

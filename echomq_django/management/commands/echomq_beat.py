@@ -7,8 +7,7 @@ from django.db import DatabaseError
 from django.utils.module_loading import autodiscover_modules
 
 from echomq_django.conf import get_settings
-from echomq_django.core import Beat, Firing
-from echomq_django.core.beat import TRANSIENT
+from echomq_django.core import TRANSIENT, Beat, Firing
 from echomq_django.queues import scheduler_client
 from echomq_django.schedules import load_schedules
 
