@@ -8,6 +8,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connections
 
 from demo_project.demo_app import tasks
 from echomq_django.checks import check_schedules
@@ -186,7 +187,14 @@ def test_a_running_scheduler_takes_up_rows_added_and_disabled_in_the_database(wi
     with_schedules({})
     demo = Queue("demo", redis_client, prefix=prefix)
     beat = Beat(redis_client, load_schedules, prefix=prefix, reload_interval_ms=200)
-    thread = threading.Thread(target=beat.run, args=(lambda firing: None,))
+
+    def run() -> None:
+        try:
+            beat.run(lambda firing: None)
+        finally:
+            connections.close_all()  # the thread's own connection, which would keep the test database open
+
+    thread = threading.Thread(target=run)
     thread.start()
     try:
         row = ScheduleRow.objects.create(name="fast", task=GREET, every=0.2, args=["db"])
