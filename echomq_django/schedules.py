@@ -16,11 +16,14 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
+import sys
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections
 
 from .conf import MAX_SECONDS, Problem, get_settings, settings_problems
@@ -62,8 +65,8 @@ SCHEDULE_OPTIONS: dict[str, Any] = {
     "ATTEMPTS": None,  # None: the task's or job's own, else the queue's ATTEMPTS
 }
 HINTS = {
-    "TASK": "Give the dotted path of a function decorated with Django's @task or echomq's @job, "
-            "e.g. 'myapp.tasks.send_report'.",
+    "TASK": "Give the dotted path of a Django @task (its backend echomq's) or of an echomq @job (in an "
+            "installed app's jobs.py), e.g. 'myapp.tasks.send_report' or 'myapp.jobs.ping'.",
     "CRON": "Use five fields, minute hour day-of-month month day-of-week, e.g. '0 3 * * 1-5'.",
     "EVERY": f"Use seconds from {MIN_EVERY_MS / 1000:g} up to ten years, e.g. 30 or 0.5.",
     "ARGS": "Use a list of JSON values, e.g. [1, \"a\"].",
@@ -81,6 +84,10 @@ FLAGS = ("ENABLED", "CATCH_UP", "SKIP_IF_RUNNING")
 FIELD_OF_OPTION = {"NAME": "name", "TASK": "task", "CRON": "cron", "EVERY": "every", "ARGS": "args",
                    "KWARGS": "kwargs", "QUEUE": "queue", "TIMEZONE": "timezone", "PRIORITY": "priority",
                    "ATTEMPTS": "attempts", **{flag: flag.lower() for flag in FLAGS}}
+
+
+NOT_A_DICT = Problem("echomq.E016", "ECHOMQ['SCHEDULES'] must be a dict of schedule name -> options.",
+                     'For example {"heartbeat": {"TASK": "myapp.jobs.ping", "EVERY": 30}}.')
 
 
 @dataclass(frozen=True)
@@ -101,9 +108,8 @@ def parse_schedule(name: Any, raw: Any, *, since_ms: int = 0, where: str | None 
     where = where or f"ECHOMQ['SCHEDULES'][{name!r}]"
     problems: list[tuple[str, Problem]] = []
 
-    def problem(option: str, message: str, *, check_id: str | None = None, warning: bool = False) -> None:
-        problems.append((option, Problem(check_id or CHECK_IDS.get(option, "echomq.E021"), message,
-                                         HINTS.get(option, ""), warning)))
+    def problem(option: str, message: str) -> None:
+        problems.append((option, Problem(CHECK_IDS.get(option, "echomq.E021"), message, HINTS.get(option, ""))))
 
     try:
         validate_name(name, "schedule name")
@@ -127,7 +133,7 @@ def parse_schedule(name: Any, raw: Any, *, since_ms: int = 0, where: str | None 
     for flag in FLAGS:
         if not isinstance(options[flag], bool):
             problem(flag, f"{where}['{flag}'] must be True or False, not {options[flag]!r}.")
-        flags[flag] = bool(options[flag]) if isinstance(options[flag], bool) else SCHEDULE_OPTIONS[flag]
+        flags[flag] = options[flag] if isinstance(options[flag], bool) else SCHEDULE_OPTIONS[flag]
 
     timing = _timing(options, where, problem)
     timezone = options["TIMEZONE"] if options["TIMEZONE"] is not None else settings.TIME_ZONE
@@ -146,8 +152,6 @@ def parse_schedule(name: Any, raw: Any, *, since_ms: int = 0, where: str | None 
         schedule = target.schedule(name, options["QUEUE"], args, kwargs, priority, attempts, where, problem,
                                    timing=timing, timezone=timezone, catch_up=flags["CATCH_UP"],
                                    skip_if_running=flags["SKIP_IF_RUNNING"], since_ms=since_ms)
-    if any(not found.warning for _, found in problems):
-        schedule = None
     return Entry(name, source, dict(raw), schedule, flags["ENABLED"], problems)
 
 
@@ -221,6 +225,11 @@ class _Target:
             own_attempts, backoff = self.found.attempts, self.found.backoff
             job_name, data = self.found.name, {"args": args, "kwargs": kwargs}
             own_priority = 0
+            try:  # as the job will be stored: within the payload limit and the nesting limit
+                encode_json(data, f"{where}: the job's data", get_settings().max_payload_bytes)
+            except PayloadError as error:
+                problem("ARGS", f"{error}.")
+                return None
         else:
             task = self.found
             queue = queue or task.queue_name
@@ -266,46 +275,64 @@ def _queue(queue: Any, where: str, problem: Any) -> bool:
     return True
 
 
-def _target(path: Any, where: str, problem: Any) -> _Target | None:
-    from django.utils.module_loading import import_string
+# Modules this file imported to read a TASK that no installed app's jobs.py had imported:
+# a @job found in one is unknown to echomq_worker, however often it is read again here.
+_imported_for_schedules: set[str] = set()
 
-    from .backends import EchoMQBackend, load_task
-    from .core import UnrecoverableError
-    from .jobs import JobFunction
+
+def _target(path: Any, where: str, problem: Any) -> _Target | None:
+    from django.apps import apps
+    from django.utils.module_loading import autodiscover_modules, import_string
+
+    from .backends import EchoMQBackend
+    from .jobs import JobFunction, registered_jobs
     from .tasks_compat import Task
 
-    if not isinstance(path, str) or "." not in path:
+    if not isinstance(path, str) or not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+", path):
         problem("TASK", f"{where}['TASK'] must be the dotted path of a @task or @job function, not {path!r}.")
         return None
+    # Nothing outside the installed apps is imported (a form in the admin must not run any
+    # module's code), as the worker imports nothing else either.
+    if apps.get_containing_app_config(path) is None:
+        problem("TASK", f"{where}['TASK']: {path!r} is not inside an installed app, so the worker would not run it.")
+        return None
+    autodiscover_modules("jobs")  # what echomq_worker imports, so a @job it knows is known here too
+    module = path.rpartition(".")[0]
+    if module not in sys.modules:
+        _imported_for_schedules.add(module)
     try:
         found = import_string(path)
-    except ImportError as error:
-        problem("TASK", f"{where}['TASK']: cannot import {path!r}: {error}.")
+    except Exception as error:  # ImportError, or whatever the module raises as it is imported
+        problem("TASK", f"{where}['TASK']: cannot import {path!r}: {type(error).__name__}: {error}.")
         return None
     if isinstance(found, JobFunction):
+        if module in _imported_for_schedules or registered_jobs().get(found.name) is not found:
+            problem("TASK", f"{where}['TASK']: @job {path} is not imported by an installed app's jobs.py, "
+                            "so echomq_worker would not know it.")
+            return None
         return _Target(path, found)
     if not isinstance(found, Task):
         problem("TASK", f"{where}['TASK']: {path!r} is neither a Django @task nor an echomq @job.")
         return None
     try:
-        load_task(path)  # the worker runs only tasks inside an installed app
         backend = found.get_backend()
-    except (UnrecoverableError, Exception) as error:
+    except Exception as error:  # InvalidTaskBackend: an alias TASKS does not have
         problem("TASK", f"{where}['TASK']: {error}.")
         return None
     if not isinstance(backend, EchoMQBackend):
-        problem("TASK", f"{where}['TASK']: task {path} uses backend {found.backend!r}, which is not echomq's, "
-                        "so no echomq_worker would run its jobs.")
+        problem("TASK", f"{where}['TASK']: task {path} uses backend {found.backend!r}, which is not echomq's "
+                        "(TASKS[...]['BACKEND'] = 'echomq_django.backends.EchoMQBackend'), so no echomq_worker "
+                        "would run its jobs.")
         return None
     return _Target(path, found)
 
 
 def settings_entries() -> list[Entry]:
-    """Every schedule of ECHOMQ["SCHEDULES"], as read now."""
+    """Every schedule of ECHOMQ["SCHEDULES"], as read now; ImproperlyConfigured when that is not a dict."""
     raw = getattr(settings, "ECHOMQ", {})
     schedules = raw.get("SCHEDULES", {}) if isinstance(raw, dict) else {}
     if not isinstance(schedules, dict):
-        return []
+        raise ImproperlyConfigured(f"{NOT_A_DICT.message} {NOT_A_DICT.hint}")
     return [parse_schedule(name, options) for name, options in schedules.items()]
 
 
@@ -314,8 +341,7 @@ def schedules_problems() -> list[Problem]:
     raw = getattr(settings, "ECHOMQ", {})
     schedules = raw.get("SCHEDULES", {}) if isinstance(raw, dict) else {}
     if not isinstance(schedules, dict):
-        return [Problem("echomq.E016", "ECHOMQ['SCHEDULES'] must be a dict of schedule name -> options.",
-                        'For example {"heartbeat": {"TASK": "myapp.jobs.ping", "EVERY": 30}}.')]
+        return [NOT_A_DICT]
     if any(not problem.warning for problem in settings_problems()):
         return []  # queues and defaults unknown: reported by the settings' own checks
     return [problem for entry in settings_entries() for _, problem in entry.problems]

@@ -6,21 +6,23 @@
   tick, or an older one, changes nothing. However many schedulers run, a
   tick becomes at most one job.
 
-  A tick is decided one of four ways:
+  A tick is decided one of four ways (a schedule's first decided tick may also be "new"):
     fired    its job was added (id ARGV[4]: the schedule's name and the
              tick's time, so a job with that id already there also counts
              as this tick's job and is not added again)
     skipped  SKIP_IF_RUNNING, and the job of the tick fired before it has
              not finished (its hash exists without finishedOn)
     missed   the tick is more than ARGV[9] ms late, and the schedule does
-             not catch up (ARGV[10] = 0) or has never fired a tick before
-             (a new schedule does not fire what fell before it existed)
+             not catch up (ARGV[10] = 0)
+    new      the same lateness, in a schedule with no tick decided before:
+             a new schedule does not fire what fell before it existed
 
   A "run now" (ARGV[3] = "") adds the job under the id ARGV[4] the caller
   made up and records it as the schedule's latest job, leaving the ticks alone.
 
   KEYS[1] schedule:<name> HASH   the schedule's record:
-            tick      latest tick decided (ms), and outcome how
+            tick      latest tick decided (ms), and outcome how (fired,
+                      skipped, missed, new)
             job       id of the latest job it added, firedAt when (ms),
                       firedTick its tick ("" for a run now)
             fired, skipped, missed   how many ticks went each way
@@ -80,6 +82,12 @@ if lastTick and lastTick >= tick then
 end
 
 if now - tick > tonumber(ARGV[9]) and (ARGV[10] ~= "1" or not lastTick) then
+  if not lastTick then
+    -- A schedule no call has decided a tick of starts here: what fell before is neither fired
+    -- nor counted as missed.
+    redis.call("HSET", KEYS[1], "tick", ARGV[3], "outcome", "new")
+    return {"new", "", 1}
+  end
   redis.call("HSET", KEYS[1], "tick", ARGV[3], "outcome", "missed")
   redis.call("HINCRBY", KEYS[1], "missed", 1)
   return {"missed", "", 1}

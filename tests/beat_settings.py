@@ -5,7 +5,9 @@ import json
 import os
 
 from demo_project.settings import *  # noqa: F403
-from demo_project.settings import ECHOMQ
+from demo_project.settings import ECHOMQ, INSTALLED_APPS
+
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.beat_app"]  # its jobs.py has the job the schedules fire
 
 ECHOMQ = {**ECHOMQ, "QUEUES": {**ECHOMQ["QUEUES"], "q": {}},
           "SCHEDULES": json.loads(os.environ.get("ECHOMQ_TEST_SCHEDULES", "{}"))}

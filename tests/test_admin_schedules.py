@@ -18,7 +18,6 @@ from django.utils import timezone
 
 from echomq_django import schedules
 from echomq_django.core import Beat, now_ms
-from echomq_django.jobs import job
 from echomq_django.models import Schedule
 from echomq_django.queues import get_queue
 from tests.redis_servers import free_port
@@ -26,22 +25,18 @@ from tests.redis_servers import free_port
 pytestmark = pytest.mark.django_db
 
 
-@job(queue="q")
-def ping(*args, **kwargs):
-    return "pong"
-
-
-PING = f"{__name__}.ping"
+PING = "tests.beat_app.jobs.tick"  # a @job on queue q, in the app tests.beat_app the fixture installs
 CHANGELIST = "admin:echomq_schedule_changelist"
 SETTINGS_SCHEDULES = {
     "heartbeat": {"TASK": PING, "EVERY": 30, "ARGS": [7]},
-    "broken-one": {"TASK": "tests.no_such_module.nothing", "CRON": "0 3 * * *"},
+    "broken-one": {"TASK": "tests.beat_app.no_such_module.nothing", "CRON": "0 3 * * *"},
 }
 
 
 @pytest.fixture
 def schedule_settings(echomq_settings):
     """Two queues, q (the @job's own) and other, and two schedules in settings: one valid, one not."""
+    echomq_settings.INSTALLED_APPS = [*echomq_settings.INSTALLED_APPS, "tests.beat_app"]
     echomq_settings.ECHOMQ = {**echomq_settings.ECHOMQ, "QUEUES": {"q": {}, "other": {}},
                               "SCHEDULES": SETTINGS_SCHEDULES}
     return echomq_settings
@@ -151,7 +146,7 @@ def test_the_list_shows_each_schedule_with_what_redis_remembers_and_when_it_fire
     beat = row("beat", every=3600)
     row("berlin", every=None, cron="0 3 * * *", timezone="Europe/Berlin", queue="other")
     row("off", enabled=False)
-    row("bad", task="tests.no_such_module.nothing")
+    row("bad", task="tests.beat_app.no_such_module.nothing")
     tick, job_id = fire_a_tick(beat)
 
     rows = list_rows(shown(root.get(changelist())))
@@ -186,7 +181,7 @@ def test_the_latest_job_is_plain_text_once_redis_no_longer_has_it(root, queue):
 def test_the_list_reads_the_records_of_the_whole_page_in_one_call(root, queue, monkeypatch):
     for name in ("a", "b", "c", "d"):
         row(name)
-    row("bad", task="tests.no_such_module.nothing")
+    row("bad", task="tests.beat_app.no_such_module.nothing")
     calls = []
     real_records = schedules.records
 
@@ -256,8 +251,8 @@ def test_a_superuser_adds_changes_and_deletes_a_schedule(root):
 @pytest.mark.parametrize("changes, field, words", [
     ({"cron": "0 3 * *", "every": ""}, "cron", "must have five fields"),
     ({"cron": "61 * * * *", "every": ""}, "cron", "is wrong"),
-    ({"task": "tests.no_such_module.nothing"}, "task", "cannot import"),
-    ({"task": "os.path.join"}, "task", "neither a Django @task nor an echomq @job"),
+    ({"task": "tests.beat_app.no_such_module.nothing"}, "task", "cannot import"),
+    ({"task": "tests.beat_app.jobs.job"}, "task", "neither a Django @task nor an echomq @job"),
     ({"cron": "0 3 * * *", "every": "60"}, "cron", "needs exactly one of CRON and EVERY"),
     ({"cron": "", "every": ""}, "cron", "needs exactly one of CRON and EVERY"),
     ({"args": '{"a": 1}'}, "args", "must be a list"),
@@ -339,7 +334,7 @@ def test_staff_who_may_run_get_the_buttons_and_the_action(schedule_settings, que
 def test_run_now_adds_each_valid_schedules_job_and_reports_the_invalid_ones(root, queue):
     beat = row("beat", args=[1, "x"], kwargs={"k": True})
     elsewhere = row("elsewhere", queue="other")
-    bad = row("bad", task="tests.no_such_module.nothing")
+    bad = row("bad", task="tests.beat_app.no_such_module.nothing")
     response = action(root, "run_selected", beat, elsewhere, bad)
     assert response.status_code == 200
     said = messages_of(response)

@@ -15,7 +15,7 @@ from tests.helpers import wait_until
 from tests.redis_servers import RedisServer
 
 ROOT = Path(__file__).resolve().parents[1]
-EVERY_SECOND = {"tick": {"TASK": "tests.scheduled_jobs.tick", "EVERY": 1}}
+EVERY_SECOND = {"tick": {"TASK": "tests.beat_app.jobs.tick", "EVERY": 1}}
 pytestmark = pytest.mark.slow
 
 

@@ -42,9 +42,9 @@ def run_all_jobs(*queues: str) -> None:
         call_command("echomq_worker", "--queue", name, "--burst", "-v", "0")
 
 
-def messages(schedules: dict, settings, redis_url, prefix) -> list[tuple[str, str]]:
-    settings.ECHOMQ = {"REDIS_URL": redis_url, "PREFIX": prefix, "QUEUES": {"default": {}, "demo": {}},
-                       "SCHEDULES": schedules}
+def messages(schedules, settings, redis_url, prefix, queues=()) -> list[tuple[str, str]]:
+    settings.ECHOMQ = {"REDIS_URL": redis_url, "PREFIX": prefix,
+                       "QUEUES": {"default": {}, "demo": {}, **{name: {} for name in queues}}, "SCHEDULES": schedules}
     return [(message.id, message.msg) for message in check_schedules()]
 
 
@@ -58,7 +58,7 @@ def test_a_job_schedule_and_a_task_schedule_each_fire_once_and_run(with_schedule
     redis_client.hset(f"{prefix}:{{default}}:schedule:sum", "tick", 0)
     output = beat_once()
     assert "2 schedule(s)" in output and output.count(" fired job ") == 2
-    assert "was already fired" in beat_once()  # a second scheduler: nothing new
+    assert "was decided before (fired)" in beat_once()  # a second scheduler: nothing new
     demo, default = Queue("demo", redis_client, prefix=prefix), Queue("default", redis_client, prefix=prefix)
     [greeting] = demo.get_jobs("wait")
     [task_job] = default.get_jobs("prioritized")
@@ -113,6 +113,22 @@ def test_check_reports_bad_names(settings, redis_url, prefix):
     assert "may hold only" in found[0][1] and "limit is 100" in found[1][1]
 
 
+def test_a_task_outside_the_installed_apps_is_refused(settings, redis_url, prefix):
+    found = messages({"s": {"TASK": "tests.beat_app.jobs.tick", "EVERY": 60}}, settings, redis_url, prefix)
+    assert [message_id for message_id, _ in found] == ["echomq.E018"] and "not inside an installed app" in found[0][1]
+
+
+def test_a_job_that_no_jobs_py_imports_is_refused(settings, redis_url, prefix):
+    settings.INSTALLED_APPS = [*settings.INSTALLED_APPS, "tests.beat_app"]
+    schedules = {"ok": {"TASK": "tests.beat_app.jobs.tick", "EVERY": 60},
+                 "lonely": {"TASK": "tests.beat_app.unlisted.lonely", "EVERY": 60}}
+    settings.ECHOMQ = {"REDIS_URL": redis_url, "PREFIX": prefix, "QUEUES": {"q": {}, "default": {}, "demo": {}}}
+    for _ in range(2):  # read twice: the module imported for the first reading stays refused
+        found = messages(schedules, settings, redis_url, prefix, queues=("q",))
+        assert [message_id for message_id, _ in found] == ["echomq.E018"], found
+        assert "not imported by an installed app's jobs.py" in found[0][1]
+
+
 def test_schedules_that_are_not_a_dict_are_one_error(settings, redis_url, prefix):
     found = messages([{"TASK": GREET}], settings, redis_url, prefix)
     assert [message_id for message_id, _ in found] == ["echomq.E016"]
@@ -140,7 +156,8 @@ def test_database_rows_fire_beside_settings_and_a_name_clash_keeps_the_settings_
 
 def test_a_row_is_checked_by_the_same_rules_on_the_fields_they_concern(with_schedules):
     with_schedules({"taken": {"TASK": GREET, "EVERY": 60}})
-    row = ScheduleRow(name="taken", task="no.such.task", cron="0 3 * *", every=5, args={"a": 1}, queue="nowhere")
+    row = ScheduleRow(name="taken", task="demo_project.demo_app.no_such_module.f", cron="0 3 * *", every=5,
+                      args={"a": 1}, queue="nowhere")
     with pytest.raises(ValidationError) as raised:
         row.full_clean()
     errors = raised.value.message_dict

@@ -10,15 +10,19 @@ Redis columns say so, never the page fail.
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
-from django.core.exceptions import ImproperlyConfigured, PermissionDenied
+from django.core.exceptions import ImproperlyConfigured, PermissionDenied, ValidationError
 from django.db.models import QuerySet
+from django.forms.fields import InvalidJSONInput
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 from django.utils import dateformat, timezone
@@ -28,6 +32,7 @@ from django.views.decorators.http import require_POST
 from .. import schedules
 from ..core import UNREACHABLE, Firing, InvalidNameError, PayloadError, QueueKeys, Record, validate_stored_id, zone
 from ..core import now_ms as clock_ms
+from ..core.beat import seconds_text
 from ..models import Schedule as ScheduleRow
 from ..queues import get_queue
 from ..schedules import Entry
@@ -40,6 +45,35 @@ NEXT_FIRES = 5
 UNREACHABLE_TEXT = "Redis unreachable"
 # What run now can raise instead of adding the job: Redis errors, data too large for the queue, broken settings.
 RUN_ERRORS = (*REDIS_ERRORS, PayloadError, InvalidNameError, ImproperlyConfigured)
+
+
+class ArgumentsField(forms.JSONField):
+    """The form's JSON field for ARGS and KWARGS: any text a user can type is a field error, never a 500.
+
+    JSON nested beyond what Python's parser takes is refused, and a value is
+    shown ASCII-escaped, so a lone surrogate ("\\ud800") can be written back
+    into the page.
+    """
+
+    def to_python(self, value: Any) -> Any:
+        try:
+            return super().to_python(value)
+        except RecursionError:
+            raise ValidationError("This JSON is nested too deeply.", code="invalid") from None
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        try:
+            return super().bound_data(data, initial)
+        except RecursionError:
+            return InvalidJSONInput(data)
+
+    def prepare_value(self, value: Any) -> str:
+        if isinstance(value, InvalidJSONInput):
+            return value
+        try:
+            return json.dumps(value, cls=self.encoder)  # ensure_ascii: lone surrogates become \\ud800
+        except (TypeError, ValueError, RecursionError):
+            return InvalidJSONInput(repr(value))
 
 
 @dataclass
@@ -129,8 +163,10 @@ def when_text(entry: Entry | None, options: dict[str, Any]) -> str:
     cron, every = options.get("CRON"), options.get("EVERY")
     if cron:
         return f"cron {cron} ({options.get('TIMEZONE') or settings.TIME_ZONE})"
+    if isinstance(every, (int, float)) and math.isfinite(every) and abs(every) < 1e15:
+        return f"every {seconds_text(round(every * 1000))} s"
     if every is not None:
-        return f"every {every:g} s" if isinstance(every, (int, float)) else f"every {every!r} s"
+        return f"every {every!r} s"
     return "-"
 
 
@@ -303,6 +339,8 @@ class ScheduleAdmin(admin.ModelAdmin):
                                               "created_at", "updated_at")})
 
     def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name in ("args", "kwargs"):
+            kwargs["form_class"] = ArgumentsField
         field = super().formfield_for_dbfield(db_field, request, **kwargs)
         if db_field.name in ("args", "kwargs") and field is not None:
             field.widget.attrs.update(rows=3, cols=60)  # a line of JSON, mostly
@@ -321,7 +359,8 @@ class ScheduleAdmin(admin.ModelAdmin):
         return obj
 
     def has_run_schedule_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("echomq.run_schedule")
+        # Running a schedule from a page one cannot see makes no sense: the view permission comes with it.
+        return request.user.has_perm("echomq.run_schedule") and self.has_view_permission(request)
 
     def get_urls(self) -> list[URLPattern]:
         return [
@@ -410,11 +449,20 @@ class ScheduleAdmin(admin.ModelAdmin):
         """Add each valid selected schedule's job now; invalid ones are named and skipped."""
         firings: list[Firing] = []
         rows = list(queryset)
+        try:
+            taken = {entry.name for entry in schedules.settings_entries()}
+        except ImproperlyConfigured as error:
+            self.message_user(request, f"No schedule was run: {error}", messages.ERROR)
+            return
         for index, row in enumerate(rows):
             entry, error = entry_of(row)
             if entry is None:
                 self.message_user(request, f"No schedule was run: {error}", messages.ERROR)
                 break
+            if row.name in taken:  # it would run under the settings schedule's name, and rewrite its record
+                self.message_user(request, f"Schedule {row.name} was not run: ECHOMQ['SCHEDULES'] has a schedule "
+                                  "of this name, and the scheduler leaves this row out.", messages.WARNING)
+                continue
             if entry.schedule is None:
                 found = problems_of(entry)
                 self.message_user(request, f"Schedule {row.name} was not run: {found[0] if found else 'invalid'}",

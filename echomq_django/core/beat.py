@@ -41,7 +41,7 @@ MIN_EVERY_MS = 100
 # schedule that never fired before): this, or half the gap to the next tick
 # when that is shorter. Later than that, it is recorded as missed.
 MISSED_AFTER_MS = 60_000
-OUTCOMES = ("fired", "skipped", "missed", "superseded")
+OUTCOMES = ("fired", "skipped", "missed", "new", "superseded")
 # Errors that pass (Redis unreachable, a failover under way): the tick stays due and is sent again.
 TRANSIENT = (*UNREACHABLE, ReadOnlyError, TryAgainError, ClusterDownError)
 
@@ -121,11 +121,16 @@ class Schedule:
     def describe(self) -> str:
         """"every 5 s" or "cron 0 3 * * 1-5 (Europe/Berlin)"."""
         if self.every_ms is not None:
-            return f"every {self.every_ms / 1000:g} s"
+            return f"every {seconds_text(self.every_ms)} s"
         return f"cron {self.cron} ({self.timezone})"
 
     def _local(self, at_ms: int) -> datetime:
         return datetime.fromtimestamp(at_ms / 1000, UTC).astimezone(zone(self.timezone))
+
+
+def seconds_text(ms: int) -> str:
+    """ms as seconds, as written in settings: "0.25", "30", "31536000" (never an exponent)."""
+    return f"{ms / 1000:.3f}".rstrip("0").rstrip(".")
 
 
 def _ms(moment: datetime) -> int:
@@ -136,7 +141,7 @@ def zone(name: str) -> ZoneInfo:
     """The time zone named `name`; ScheduleError when there is none."""
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError, TypeError):
+    except (ZoneInfoNotFoundError, ValueError, TypeError, OSError):  # OSError: a folder of zones ("Europe")
         raise ScheduleError(f"unknown time zone {name!r} (use an IANA name such as 'Europe/Berlin' or 'UTC')"
                             ) from None
 
@@ -171,10 +176,12 @@ class Firing:
             return f"schedule {self.schedule}: ran now as job {self.job_id} on queue {self.queue}"
         tick = datetime.fromtimestamp(self.tick_ms / 1000, UTC).isoformat(timespec="milliseconds")
         if not self.decided:
-            return f"schedule {self.schedule}: tick {tick} was already {self.outcome} (by another scheduler)"
+            return f"schedule {self.schedule}: tick {tick} was decided before ({self.outcome})"
         what = {"fired": f"fired job {self.job_id} on queue {self.queue}, {self.late_ms} ms late",
                 "skipped": "skipped: the previous tick's job has not finished (SKIP_IF_RUNNING)",
-                "missed": f"missed: found {self.late_ms / 1000:.1f} s late, and not caught up"}
+                "missed": f"missed: found {self.late_ms / 1000:.1f} s late, and not caught up",
+                "new": f"not fired: {self.late_ms / 1000:.1f} s past when the schedule was first seen; "
+                       "its next tick is fired"}
         return f"schedule {self.schedule}: tick {tick} {what.get(self.outcome, self.outcome)}"
 
 
