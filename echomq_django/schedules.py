@@ -166,8 +166,9 @@ def _timing(options: dict[str, Any], where: str, problem: Any) -> dict[str, Any]
         except ScheduleError as error:
             problem("CRON", f"{where}['CRON']: {error}.")
             return {}
-    if (isinstance(every, bool) or not isinstance(every, (int, float)) or not math.isfinite(every)
-            or not MIN_EVERY_MS / 1000 <= every <= MAX_SECONDS):
+    # The range before isfinite: an int past a float's range (2**1024) cannot be converted.
+    if (isinstance(every, bool) or not isinstance(every, (int, float))
+            or not MIN_EVERY_MS / 1000 <= every <= MAX_SECONDS or not math.isfinite(every)):
         problem("EVERY", f"{where}['EVERY'] must be seconds from {MIN_EVERY_MS / 1000:g} to {MAX_SECONDS:,} "
                          f"(ten years), not {every!r}.")
         return {}

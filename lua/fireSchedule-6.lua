@@ -43,15 +43,25 @@
   ARGV[9] how late a tick may be and still fire when it is not caught up, ms
   ARGV[10] 1 = catch up: fire the tick however late (it is the newest one due)
   ARGV[11] 1 = skip the tick while the previous job has not finished
+  ARGV[12] deadline, ms by Redis's clock (TIME): a call that runs later (its
+           sender's timeout, or the schedule's next tick, has passed) decides
+           nothing and answers "expired"; with one, a tick more than 2 s ahead
+           of Redis's clock answers "early", and a record tick that far ahead
+           (another host's clock, another client) does not hold a tick back.
+           0 = no deadline and no look at Redis's clock
 
   Returns {outcome, job id, decided}: decided is 1 when this call decided
   the tick, 0 when an earlier call had (a re-send, or another scheduler);
-  the outcome and job id are then the record's.
+  the outcome and job id are then the record's. "expired" and "early"
+  decide nothing. A key of another type than a hash under the tick's job
+  id is an error, before anything is written.
 ]]
 -- @include "emitEvent"
 -- @include "pushReady"
 
 local prefix, now = ARGV[1], tonumber(ARGV[2])
+-- How far ahead of Redis's clock a tick or a record may be (hosts' clocks differ a little).
+local EARLY_MS = 2000
 
 local function addJob(id)
   local jobKey = prefix .. id
@@ -65,17 +75,44 @@ local function addJob(id)
   emitEvent(prefix, "added", id)
 end
 
+-- The tick's job id may already name a key: a job (this tick's, added before its record was
+-- lost), or a key of another type, which no job can be added under.
 local id = ARGV[4]
+local kind = redis.call("TYPE", prefix .. id)["ok"]
+if kind ~= "none" and kind ~= "hash" then
+  return redis.error_reply("echomq the key of job " .. id .. " holds a " .. kind .. ", not a job")
+end
+
 if ARGV[3] == "" then
-  if redis.call("EXISTS", prefix .. id) == 1 then return {"fired", id, 0} end
+  if kind == "hash" then return {"fired", id, 0} end
   addJob(id)
   redis.call("HSET", KEYS[1], "job", id, "firedAt", now, "firedTick", "")
   return {"fired", id, 1}
 end
 
 local tick = tonumber(ARGV[3])
-local last = redis.call("HMGET", KEYS[1], "tick", "outcome", "job", "firedTick")
+local last = redis.call("HMGET", KEYS[1], "tick", "outcome", "job", "firedTick", "fired", "skipped", "missed")
 local lastTick = tonumber(last[1])
+-- A counter another client made unreadable starts again from 0, before anything is written.
+local function counted(raw)
+  return (raw and string.match(raw, "^%d+$") and tonumber(raw) or 0) + 1
+end
+
+local deadline = tonumber(ARGV[12])
+if deadline > 0 then
+  local time = redis.call("TIME")
+  local redisNow = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  -- Sent long ago (it waited in a frozen Redis or a stalled network), or the schedule's next
+  -- tick is due by now: its sender sends that tick instead, so this call decides nothing.
+  if redisNow > deadline then return {"expired", "", 0} end
+  -- A tick ahead of Redis's clock comes from a host whose clock runs ahead: deciding it would
+  -- hold back every other scheduler until then.
+  if tick > redisNow + EARLY_MS then return {"early", "", 0} end
+  -- A record tick ahead of Redis's clock was written by such a host, or by another client: it
+  -- does not hold this tick back.
+  if lastTick and not (lastTick <= redisNow + EARLY_MS) then lastTick = tick - 1 end
+end
+
 if lastTick and lastTick >= tick then
   local outcome = lastTick == tick and last[2] or "superseded"
   return {outcome, last[4] == ARGV[3] and last[3] or "", 0}
@@ -88,19 +125,17 @@ if now - tick > tonumber(ARGV[9]) and (ARGV[10] ~= "1" or not lastTick) then
     redis.call("HSET", KEYS[1], "tick", ARGV[3], "outcome", "new")
     return {"new", "", 1}
   end
-  redis.call("HSET", KEYS[1], "tick", ARGV[3], "outcome", "missed")
-  redis.call("HINCRBY", KEYS[1], "missed", 1)
+  redis.call("HSET", KEYS[1], "tick", ARGV[3], "outcome", "missed", "missed", counted(last[7]))
   return {"missed", "", 1}
 end
 if ARGV[11] == "1" and last[3] then
   local previous = redis.pcall("HMGET", prefix .. last[3], "timestamp", "finishedOn")
   if type(previous) == "table" and previous[1] and not previous[2] then
-    redis.call("HSET", KEYS[1], "tick", ARGV[3], "outcome", "skipped")
-    redis.call("HINCRBY", KEYS[1], "skipped", 1)
+    redis.call("HSET", KEYS[1], "tick", ARGV[3], "outcome", "skipped", "skipped", counted(last[6]))
     return {"skipped", "", 1}
   end
 end
-if redis.call("EXISTS", prefix .. id) == 0 then addJob(id) end
-redis.call("HSET", KEYS[1], "tick", ARGV[3], "outcome", "fired", "job", id, "firedAt", now, "firedTick", ARGV[3])
-redis.call("HINCRBY", KEYS[1], "fired", 1)
+if kind == "none" then addJob(id) end
+redis.call("HSET", KEYS[1], "tick", ARGV[3], "outcome", "fired", "job", id, "firedAt", now, "firedTick", ARGV[3],
+  "fired", counted(last[5]))
 return {"fired", id, 1}

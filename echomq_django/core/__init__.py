@@ -10,7 +10,6 @@ from . import defaults
 from .beat import (
     MAX_SCHEDULE_NAME,
     MIN_EVERY_MS,
-    TRANSIENT,
     Beat,
     Firing,
     Record,
@@ -19,6 +18,7 @@ from .beat import (
     check_cron,
     read_records,
     run_now,
+    transient,
     zone,
 )
 from .browse import BROWSABLE, Entry, Page, browse
@@ -54,10 +54,10 @@ from .sweeper import Sweeper, SweepReport, SweepTarget, last_sweep
 from .worker import Handler, Retention, Worker, class_path
 
 __all__ = [
-    "ALPHABET", "BROWSABLE", "MAX_SCHEDULE_NAME", "MIN_EVERY_MS", "TRANSIENT", "COUNTED",
+    "ALPHABET", "BROWSABLE", "MAX_SCHEDULE_NAME", "MIN_EVERY_MS", "COUNTED",
     "DEFAULT_REDIS_URL", "MAX_DELAY_MS", "STATES", "UNREACHABLE", "Backoff",
     "Beat", "Confirm", "Firing", "Record", "Schedule", "ScheduleError", "check_cron", "read_records", "run_now",
-    "zone",
+    "transient", "zone",
     "EchoMQError", "Entry", "Handler", "InvalidNameError", "Job", "JobLockedError", "JobNotFoundError", "JobOptions",
     "LiveJob", "LockLostError", "Minute", "NewJob", "NotConfirmedError", "Page", "PayloadError", "Queue", "QueueKeys",
     "QueueStateError", "RedisURLError", "Retention", "Scripts", "SweepReport", "SweepTarget", "Sweeper",

@@ -22,7 +22,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
-from redis.exceptions import ClusterDownError, ReadOnlyError, TryAgainError
+from redis.exceptions import ClusterDownError, OutOfMemoryError, ReadOnlyError, ResponseError, TryAgainError
 
 from . import defaults
 from .connection import UNREACHABLE
@@ -42,8 +42,22 @@ MIN_EVERY_MS = 100
 # when that is shorter. Later than that, it is recorded as missed.
 MISSED_AFTER_MS = 60_000
 OUTCOMES = ("fired", "skipped", "missed", "new", "superseded")
-# Errors that pass (Redis unreachable, a failover under way): the tick stays due and is sent again.
-TRANSIENT = (*UNREACHABLE, ReadOnlyError, TryAgainError, ClusterDownError)
+# Answers that decided nothing: the call ran too late (it waited in a frozen Redis or a
+# stalled network past its deadline), or the tick lies ahead of Redis's clock.
+UNDECIDED = ("expired", "early")
+# Errors that pass (Redis unreachable, a failover under way, a Redis refusing writes for a
+# while): the tick stays due and is sent again. Other errors (a record of another type) are
+# the data's, and would only repeat.
+TRANSIENT = (*UNREACHABLE, ReadOnlyError, TryAgainError, ClusterDownError, OutOfMemoryError)
+TRANSIENT_REPLIES = ("NOREPLICAS", "MISCONF", "BUSY")
+# Steps through a cron expression's times before giving up (a repeated hour needs two).
+MAX_STEPS = 8
+
+
+def transient(error: BaseException) -> bool:
+    """Whether `error` passes, so the tick stays due (see TRANSIENT)."""
+    return isinstance(error, TRANSIENT) or (
+        isinstance(error, ResponseError) and str(error).split(" ", 1)[0] in TRANSIENT_REPLIES)
 
 
 class ScheduleError(EchoMQError, ValueError):
@@ -93,14 +107,29 @@ class Schedule:
         """The latest tick no later than `at_ms` (ms since the epoch)."""
         if self.every_ms is not None:
             return at_ms // self.every_ms * self.every_ms
-        # cronsim's steps are strict, so start just after `at_ms` to include a tick at it.
-        return _ms(next(CronSim(str(self.cron), self._local(at_ms + 1), reverse=True)))
+        # cronsim's steps are strict, so start just after `at_ms` to include a tick at it. In the
+        # second pass of a repeated (fall-back) hour, stepping back may skip the tick of the first
+        # pass; stepping forward from what it found puts that right.
+        tick = _ms(next(CronSim(str(self.cron), self._local(at_ms + 1), reverse=True)))
+        for _ in range(MAX_STEPS):
+            following = self.tick_after(tick)
+            if following > at_ms:
+                return tick
+            tick = following
+        return tick
 
     def tick_after(self, at_ms: int) -> int:
         """The first tick later than `at_ms`."""
         if self.every_ms is not None:
             return (at_ms // self.every_ms + 1) * self.every_ms
-        return _ms(next(CronSim(str(self.cron), self._local(at_ms))))
+        # In the second pass of a repeated (fall-back) hour, cronsim's next local time can be an
+        # instant of the first pass, before `at_ms`: those are skipped.
+        ticks = CronSim(str(self.cron), self._local(at_ms))
+        for _ in range(MAX_STEPS):
+            tick = _ms(next(ticks))
+            if tick > at_ms:
+                return tick
+        raise ScheduleError(f"schedule {self.name!r}: no tick after {at_ms} ms within {MAX_STEPS} steps")
 
     def next_ticks(self, at_ms: int, count: int) -> list[int]:
         """The `count` ticks after `at_ms`."""
@@ -198,6 +227,7 @@ class Beat:
         self, client: Any, load: Callable[[], Iterable[Schedule]], *, prefix: str = defaults.PREFIX,
         scripts: Scripts | None = None, reload_interval_ms: int = 5000,
         max_payload_bytes: int = defaults.MAX_PAYLOAD_BYTES, clock: Callable[[], int] = now_ms,
+        call_timeout_ms: int = 2000,
     ) -> None:
         if reload_interval_ms < 1:
             raise ValueError(f"the reload interval must be at least 1 ms, not {reload_interval_ms}")
@@ -208,6 +238,8 @@ class Beat:
         self.reload_interval_ms = reload_interval_ms
         self.max_payload_bytes = max_payload_bytes
         self.clock = clock
+        self.call_timeout_ms = call_timeout_ms
+        self._offset_ms: int | None = None  # Redis's clock minus ours, measured at each reading
         self.schedules: dict[str, Schedule] = {}
         self._due_at: dict[str, int] = {}  # when this beat next sends a call for the schedule
         self._reload_at = 0
@@ -223,13 +255,34 @@ class Beat:
         self._due_at = {name: due for name, due in self._due_at.items() if name in schedules}
         self.schedules = schedules
 
+    def now(self) -> int:
+        """The time by Redis's clock (ms), which every scheduler follows whatever its host's clock says."""
+        if self._offset_ms is None:
+            self.measure_clock()
+        return self.clock() + (self._offset_ms or 0)
+
+    def measure_clock(self) -> None:
+        """Measure how far Redis's clock is from ours (one TIME call)."""
+        before = self.clock()
+        seconds, micros = self.client.time()
+        self._offset_ms = int(seconds) * 1000 + int(micros) // 1000 - (before + self.clock()) // 2
+
     def fire_due(self, now: int | None = None) -> list[Firing]:
         """Send the newest due tick of every schedule whose tick is due; how each was decided.
 
-        One pipelined round trip per queue. Raises one of TRANSIENT when
-        Redis does not answer (nothing is lost: the ticks stay due).
+        One pipelined round trip per queue. Raises the error when Redis does
+        not answer or refuses for a while (`transient`): nothing is lost, the
+        ticks stay due. Without `now` the time is Redis's, and each call
+        carries a deadline: if it runs later than `call_timeout_ms` after it
+        was sent, or once the schedule's next tick is due (it waited in a
+        frozen Redis or a stalled network), it decides nothing, and the
+        newest tick is sent instead. A given `now` (a test's clock) sends no
+        deadline.
         """
-        now = self.clock() if now is None else now
+        deadline = 0
+        if now is None:
+            now = self.now()
+            deadline = now + self.call_timeout_ms
         by_queue: dict[str, list[tuple[Schedule, int]]] = {}
         for name, schedule in self.schedules.items():
             if self._due_at.get(name, 0) <= now:
@@ -249,7 +302,10 @@ class Beat:
             calls, sent = [], []
             for schedule, tick in due:
                 try:
-                    calls.append(fire_call(keys, schedule, now, tick, max_payload_bytes=self.max_payload_bytes))
+                    # Once the next tick is due this call is stale: that tick is sent instead (coalesced).
+                    call_deadline = min(deadline, schedule.tick_after(tick)) if deadline else 0
+                    calls.append(fire_call(keys, schedule, now, tick, max_payload_bytes=self.max_payload_bytes,
+                                           deadline=call_deadline))
                     sent.append((schedule, tick))
                 except PayloadError as error:  # data too large for the queue: nothing to retry until it changes
                     logger.error("schedule %s: cannot add its job: %s", schedule.name, error)
@@ -257,14 +313,21 @@ class Beat:
             replies = self.scripts.run_batch(calls)
             unreachable = None
             for (schedule, tick), reply in zip(sent, replies):
-                if isinstance(reply, TRANSIENT):
+                if isinstance(reply, Exception) and transient(reply):
                     unreachable = reply  # the tick stays due: sent again once Redis answers
                     continue
-                self._due_at[schedule.name] = schedule.tick_after(now)
                 if isinstance(reply, Exception):  # e.g. a record key of another type: this tick is lost, logged
                     logger.error("schedule %s: tick %s failed: %s", schedule.name, tick, reply)
+                elif reply[0] in UNDECIDED:
+                    # It ran too late (a newer tick is due by now), or our clock jumped away from
+                    # Redis's: the clock is measured again, and the schedule looked at again at once.
+                    logger.warning("schedule %s: tick %s was %s; looked at again", schedule.name, tick, reply[0])
+                    self._offset_ms = None
+                    self._due_at[schedule.name] = 0
                     continue
-                firings.append(_firing(schedule, tick, now, reply))
+                else:
+                    firings.append(_firing(schedule, tick, now, reply))
+                self._due_at[schedule.name] = schedule.tick_after(now)
             if unreachable is not None:
                 raise unreachable
         return firings
@@ -279,12 +342,16 @@ class Beat:
         outage_since: float | None = None
         while not self._stopping.is_set():
             try:
-                if self.clock() >= self._reload_at:
-                    self._reload_at = self.clock() + self.reload_interval_ms
+                if self.now() >= self._reload_at:
+                    self.measure_clock()
+                    self._reload_at = self.now() + self.reload_interval_ms
                     self._reload_safely()
                 for firing in self.fire_due():
                     report(firing)
-            except TRANSIENT as error:
+            except Exception as error:
+                if not transient(error):
+                    raise
+                self._offset_ms = None  # measured again once Redis answers
                 if outage_since is None:
                     outage_since = time.monotonic()
                     logger.error("Redis unreachable (%s); the scheduler keeps retrying", error)
@@ -293,14 +360,14 @@ class Beat:
             if outage_since is not None:
                 logger.warning("Redis is back after %.0f s; firing again", time.monotonic() - outage_since)
                 outage_since = None
-            self._stopping.wait(max(0.0, (self.next_wake_ms() - self.clock()) / 1000))
+            self._stopping.wait(max(0.0, (self.next_wake_ms() - self.now()) / 1000))
 
     def _reload_safely(self) -> None:
         try:
             self.reload()
-        except UNREACHABLE:
-            raise
-        except Exception:
+        except Exception as error:
+            if transient(error):
+                raise
             # The schedules stay as they were (a database that is down, a bug in
             # a loader): firing what is known beats firing nothing.
             logger.exception("could not read the schedules; keeping the %d known", len(self.schedules))
@@ -308,16 +375,21 @@ class Beat:
     def stop(self) -> None:
         """First call: finish the round of calls in progress, then return. Second call: return now."""
         if self._stopping.is_set():
+            logger.warning("scheduler: second stop, leaving now")
             self._aborted.set()
+        else:
+            logger.info("scheduler: stopping after the round of calls in progress (stop again to leave now)")
         self._stopping.set()
 
 
 
 def fire_call(keys: QueueKeys, schedule: Schedule, now: int, tick: int | None, job_id: str = "", *,
-              max_payload_bytes: int = defaults.MAX_PAYLOAD_BYTES) -> Call:
+              max_payload_bytes: int = defaults.MAX_PAYLOAD_BYTES, deadline: int = 0) -> Call:
     """The fireSchedule call for one tick, or with `tick` None for a run now under `job_id`.
 
-    PayloadError when the schedule's data is not JSON or too large for the queue.
+    `deadline`: the latest time by Redis's clock the call may run at and
+    decide (0: no limit, and no look at Redis's clock). PayloadError when
+    the schedule's data is not JSON or too large for the queue.
     """
     data = encode_json(schedule.data, f"data of schedule {schedule.name!r}", max_payload_bytes)
     if tick is None:
@@ -328,7 +400,7 @@ def fire_call(keys: QueueKeys, schedule: Schedule, now: int, tick: int | None, j
     tick_text, tick_job, missed_after, catch_up_flag = timing
     return ("fireSchedule-6", keys.for_script("fireSchedule-6", name=schedule.name),
             [keys.base, now, tick_text, tick_job, schedule.job_name, data, schedule.opts.encoded(),
-             schedule.opts.priority, missed_after, catch_up_flag, int(schedule.skip_if_running)])
+             schedule.opts.priority, missed_after, catch_up_flag, int(schedule.skip_if_running), deadline])
 
 
 def _firing(schedule: Schedule, tick: int | None, now: int, reply: list[Any]) -> Firing:

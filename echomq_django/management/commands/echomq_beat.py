@@ -7,8 +7,8 @@ from django.db import DatabaseError
 from django.utils.module_loading import autodiscover_modules
 
 from echomq_django.conf import get_settings
-from echomq_django.core import TRANSIENT, Beat, Firing
-from echomq_django.queues import scheduler_client
+from echomq_django.core import Beat, Firing, transient
+from echomq_django.queues import SCHEDULER_CALL_TIMEOUT_S, scheduler_client
 from echomq_django.schedules import load_schedules
 
 from ._options import connect_or_fail, on_stop_signals, positive_seconds
@@ -34,7 +34,8 @@ class Command(BaseCommand):
         settings = get_settings()
         client, scripts = scheduler_client()
         beat = Beat(client, load_schedules, prefix=settings.prefix, scripts=scripts,
-                    reload_interval_ms=max(1, round(interval * 1000)), max_payload_bytes=settings.max_payload_bytes)
+                    reload_interval_ms=max(1, round(interval * 1000)), max_payload_bytes=settings.max_payload_bytes,
+                    call_timeout_ms=round(SCHEDULER_CALL_TIMEOUT_S * 1000))
         connect_or_fail(lambda message: self.stderr.write(self.style.WARNING(message)))
 
         def report(firing: Firing) -> None:
@@ -57,8 +58,18 @@ class Command(BaseCommand):
                 try:
                     for firing in beat.fire_due():
                         report(firing)
-                except TRANSIENT as error:
+                except Exception as error:
+                    if not transient(error):
+                        raise
                     raise CommandError(f"cannot reach Redis: {error}") from None
                 return
-            with on_stop_signals(beat.stop):
+            signals = []
+
+            def stop() -> None:
+                signals.append(True)
+                beat.stop()
+                if len(signals) > 1:  # the second: out at once, even from a call waiting for a frozen Redis
+                    raise SystemExit(0)
+
+            with on_stop_signals(stop):
                 beat.run(report)
