@@ -30,9 +30,18 @@ from django.utils.html import format_html, format_html_join
 from django.views.decorators.http import require_POST
 
 from .. import schedules
-from ..core import UNREACHABLE, Firing, InvalidNameError, PayloadError, QueueKeys, Record, validate_stored_id, zone
+from ..core import (
+    UNREACHABLE,
+    Firing,
+    InvalidNameError,
+    PayloadError,
+    QueueKeys,
+    Record,
+    seconds_text,
+    validate_stored_id,
+    zone,
+)
 from ..core import now_ms as clock_ms
-from ..core.beat import seconds_text
 from ..models import Schedule as ScheduleRow
 from ..queues import get_queue
 from ..schedules import Entry

@@ -18,6 +18,7 @@ from .beat import (
     check_cron,
     read_records,
     run_now,
+    seconds_text,
     transient,
     zone,
 )
@@ -57,7 +58,7 @@ __all__ = [
     "ALPHABET", "BROWSABLE", "MAX_SCHEDULE_NAME", "MIN_EVERY_MS", "COUNTED",
     "DEFAULT_REDIS_URL", "MAX_DELAY_MS", "STATES", "UNREACHABLE", "Backoff",
     "Beat", "Confirm", "Firing", "Record", "Schedule", "ScheduleError", "check_cron", "read_records", "run_now",
-    "transient", "zone",
+    "seconds_text", "transient", "zone",
     "EchoMQError", "Entry", "Handler", "InvalidNameError", "Job", "JobLockedError", "JobNotFoundError", "JobOptions",
     "LiveJob", "LockLostError", "Minute", "NewJob", "NotConfirmedError", "Page", "PayloadError", "Queue", "QueueKeys",
     "QueueStateError", "RedisURLError", "Retention", "Scripts", "SweepReport", "SweepTarget", "Sweeper",
