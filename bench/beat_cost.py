@@ -22,6 +22,9 @@ From Redis it then counts, for the ticks that fell inside the window:
              scheduler decided to fire, whichever one) against all the jobs
              added in the run, and the "fired job" lines the schedulers printed
              (one per decision they made): all three must be equal.
+  missed     the records' "missed" counters, the whole run: ticks decided
+             too late to fire (a new schedule's first late tick is "new",
+             not counted)
 Lateness, per job of the window, in ms after its tick:
   added      when Redis ran the script that added it (the ms of its "added"
              entry on the event stream, read while the run goes on, as the
@@ -64,7 +67,7 @@ SETTLE_S = 3.0
 TAIL_S = 3.0  # after the window, so its last ticks can fire before the schedulers stop
 READ_EVERY_S = 0.25  # how often the event stream is read during a run (it keeps about 10,000 entries)
 LOADED = re.compile(r"^(\d+) schedule\(s\): ", re.MULTILINE)
-SCHEDULE = re.compile(r"(\S+) \(every ([\d.]+) s -> ")
+SCHEDULE = re.compile(r"(\S+) \(every ([\d.,]+) s -> ")
 
 
 def now_ms() -> int:
@@ -231,7 +234,8 @@ def run(beats: int, env: dict[str, str], url: str, workdir: Path, seconds: float
                 text = outputs[n].read_text()
                 if (loaded := LOADED.search(text)) and "\n" in text[loaded.start():]:
                     line = text[loaded.start():].split("\n", 1)[0]
-                    found = {name: round(float(every) * 1000) for name, every in SCHEDULE.findall(line)}
+                    found = {name: round(float(every.replace(",", "")) * 1000)
+                             for name, every in SCHEDULE.findall(line)}
                     if len(found) != int(loaded.group(1)) or (periods and found != periods):
                         raise RuntimeError(f"scheduler {n} loaded other schedules: {line[:300]}")
                     periods = found

@@ -13,6 +13,7 @@ problem as a Problem tied to its option.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -24,7 +25,9 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
 from django.db import close_old_connections
+from django.dispatch import receiver
 
 from .conf import MAX_SECONDS, Problem, get_settings, settings_problems
 from .core import (
@@ -276,6 +279,20 @@ def _queue(queue: Any, where: str, problem: Any) -> bool:
     return True
 
 
+@functools.cache
+def _discover_jobs() -> None:
+    """Import every installed app's jobs.py, as echomq_worker does: once, not once per schedule."""
+    from django.utils.module_loading import autodiscover_modules
+
+    autodiscover_modules("jobs")
+
+
+@receiver(setting_changed)
+def _rediscover_jobs(*, setting: str, **kwargs: Any) -> None:
+    if setting == "INSTALLED_APPS":
+        _discover_jobs.cache_clear()
+
+
 # Modules this file imported to read a TASK that no installed app's jobs.py had imported:
 # a @job found in one is unknown to echomq_worker, however often it is read again here.
 _imported_for_schedules: set[str] = set()
@@ -283,7 +300,7 @@ _imported_for_schedules: set[str] = set()
 
 def _target(path: Any, where: str, problem: Any) -> _Target | None:
     from django.apps import apps
-    from django.utils.module_loading import autodiscover_modules, import_string
+    from django.utils.module_loading import import_string
 
     from .backends import EchoMQBackend
     from .jobs import JobFunction, registered_jobs
@@ -297,7 +314,7 @@ def _target(path: Any, where: str, problem: Any) -> _Target | None:
     if apps.get_containing_app_config(path) is None:
         problem("TASK", f"{where}['TASK']: {path!r} is not inside an installed app, so the worker would not run it.")
         return None
-    autodiscover_modules("jobs")  # what echomq_worker imports, so a @job it knows is known here too
+    _discover_jobs()  # what echomq_worker imports, so a @job it knows is known here too
     module = path.rpartition(".")[0]
     if module not in sys.modules:
         _imported_for_schedules.add(module)

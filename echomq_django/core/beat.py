@@ -311,6 +311,7 @@ class Beat:
                     logger.error("schedule %s: cannot add its job: %s", schedule.name, error)
                     self._due_at[schedule.name] = schedule.tick_after(now)
             replies = self.scripts.run_batch(calls)
+            answered = self.now() if deadline else now  # lateness as of the answer, not of the round's start
             unreachable = None
             for (schedule, tick), reply in zip(sent, replies):
                 if isinstance(reply, Exception) and transient(reply):
@@ -326,15 +327,20 @@ class Beat:
                     self._due_at[schedule.name] = 0
                     continue
                 else:
-                    firings.append(_firing(schedule, tick, now, reply))
+                    firings.append(_firing(schedule, tick, answered, reply))
                 self._due_at[schedule.name] = schedule.tick_after(now)
             if unreachable is not None:
                 raise unreachable
         return firings
 
     def next_wake_ms(self) -> int:
-        """When the loop next has something to do: a due tick, or reading the schedules again."""
-        return min([self._reload_at, *self._due_at.values()])
+        """When the loop next has something to do: a due tick, or reading the schedules again.
+
+        A reading that falls due while ticks keep coming (one due within an interval of it)
+        waits for the next round and follows it, so it never runs into a tick and delays it.
+        """
+        due = min(self._due_at.values(), default=self._reload_at)
+        return due if due <= self._reload_at + self.reload_interval_ms else self._reload_at
 
     def run(self, on_firing: Callable[[Firing], None] | None = None) -> None:
         """Fire due ticks until stopped, reading the schedules every reload interval and riding out outages."""
@@ -342,12 +348,13 @@ class Beat:
         outage_since: float | None = None
         while not self._stopping.is_set():
             try:
-                if self.now() >= self._reload_at:
+                for firing in self.fire_due():
+                    report(firing)
+                if self.now() >= self._reload_at:  # right after a round: the most time until the next tick
                     self.measure_clock()
                     self._reload_at = self.now() + self.reload_interval_ms
                     self._reload_safely()
-                for firing in self.fire_due():
-                    report(firing)
+                    continue  # a new or changed schedule is due now
             except Exception as error:
                 if not transient(error):
                     raise
