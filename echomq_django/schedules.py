@@ -345,10 +345,15 @@ def _target(path: Any, where: str, problem: Any) -> _Target | None:
     return _Target(path, found)
 
 
+def _configured() -> Any:
+    """ECHOMQ["SCHEDULES"] as the settings have it ({} when ECHOMQ has none)."""
+    raw = getattr(settings, "ECHOMQ", {})
+    return raw.get("SCHEDULES", {}) if isinstance(raw, dict) else {}
+
+
 def settings_entries() -> list[Entry]:
     """Every schedule of ECHOMQ["SCHEDULES"], as read now; ImproperlyConfigured when that is not a dict."""
-    raw = getattr(settings, "ECHOMQ", {})
-    schedules = raw.get("SCHEDULES", {}) if isinstance(raw, dict) else {}
+    schedules = _configured()
     if not isinstance(schedules, dict):
         raise ImproperlyConfigured(f"{NOT_A_DICT.message} {NOT_A_DICT.hint}")
     return [parse_schedule(name, options) for name, options in schedules.items()]
@@ -356,9 +361,7 @@ def settings_entries() -> list[Entry]:
 
 def schedules_problems() -> list[Problem]:
     """Every problem of ECHOMQ["SCHEDULES"] (for the system checks); none while ECHOMQ itself is broken."""
-    raw = getattr(settings, "ECHOMQ", {})
-    schedules = raw.get("SCHEDULES", {}) if isinstance(raw, dict) else {}
-    if not isinstance(schedules, dict):
+    if not isinstance(_configured(), dict):
         return [NOT_A_DICT]
     if any(not problem.warning for problem in settings_problems()):
         return []  # queues and defaults unknown: reported by the settings' own checks

@@ -53,6 +53,12 @@ def redis_url() -> str:
     return current_redis_url()
 
 
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings):
+    """A cheap password hash for the users tests create (PBKDF2's 0.25 s each adds minutes to the suite)."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def redis_client():
     url = current_redis_url()
@@ -105,3 +111,20 @@ def scripts(redis_client) -> Scripts:
 @pytest.fixture
 def queue(redis_client, prefix, scripts) -> Queue:
     return Queue("q", redis_client, prefix=prefix, scripts=scripts)
+
+
+@pytest.fixture
+def project_jobs_only(monkeypatch):
+    """The @job registry with only the jobs of installed apps' modules, restored after the test.
+
+    Tests register jobs of their own (tests.beat_app's, which the schedules
+    tests install, stays registered once imported); a check of the project's
+    jobs looks only at the project's.
+    """
+    from django.apps import apps
+
+    from echomq_django import jobs
+
+    monkeypatch.setattr(jobs, "_registry", {
+        name: function for name, function in jobs.registered_jobs().items()
+        if apps.get_containing_app_config(function.func.__module__) is not None})

@@ -448,7 +448,6 @@ def test_run_now_of_a_row_that_the_scheduler_leaves_out_does_not_fire_under_the_
 @pytest.mark.parametrize("url", [
     "redis://127.0.0.1:{port}/0",           # closed port
     "redis://127.0.0.1:6379/99999",         # a database Redis does not have
-    "rediss://127.0.0.1:6379/0",            # TLS to a plain server
     "unix:///nonexistent/redis.sock",
 ])
 def test_every_page_and_button_answers_with_redis_out_of_reach(root, schedule_settings, url):

@@ -49,7 +49,7 @@ def test_the_check_names_the_job_and_its_queue(registry, configured, settings):
     assert job_check_errors("reports.make") == []
 
 
-def test_the_demo_jobs_pass_the_check(configured):
+def test_the_demo_jobs_pass_the_check(configured, project_jobs_only):
     assert checks.run_checks(tags=["echomq_jobs"]) == []
 
 

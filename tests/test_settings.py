@@ -164,7 +164,7 @@ def test_confirming_more_replicas_than_connected_gets_a_warning(settings, capsys
 
 
 @pytest.mark.django_db
-def test_the_project_passes_django_checks_and_has_every_migration():
+def test_the_project_passes_django_checks_and_has_every_migration(project_jobs_only):
     call_command("check", fail_level="WARNING")
     call_command("makemigrations", "--check", "--dry-run", verbosity=0)
 
