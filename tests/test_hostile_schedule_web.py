@@ -349,6 +349,10 @@ def test_a_lone_surrogate_in_the_arguments_is_a_field_error_not_a_500(root, fiel
 
 
 def test_a_row_with_a_lone_surrogate_in_its_arguments_still_opens(root):
+    from django.db import connection
+
+    if connection.vendor == "postgresql":
+        pytest.skip("PostgreSQL's json type refuses a lone surrogate, so no row can hold one")
     odd = row("odd", args=["\ud800"])  # written around the form (a script, a data migration)
     assert root.get(changelist()).status_code == 200
     assert root.get(change_url(odd)).status_code == 200
