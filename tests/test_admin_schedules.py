@@ -85,8 +85,9 @@ def row(name: str = "beat", **fields) -> Schedule:
     return Schedule.objects.create(**{"name": name, "task": PING, "every": 3600, **fields})
 
 
-def action(client: Client, name: str, *rows: Schedule):
-    return client.post(changelist(), {"action": name, "_selected_action": [r.pk for r in rows]}, follow=True)
+def action(client: Client, name: str, *rows: Schedule, **extra):
+    return client.post(changelist(), {"action": name, "_selected_action": [r.pk for r in rows], **extra},
+                       follow=True)
 
 
 def shown(response) -> str:

@@ -21,13 +21,12 @@ from django.urls import reverse
 
 from echomq_django.models import Schedule
 from tests.redis_servers import free_port
+from tests.test_admin_schedules import PING, action, change_url, changelist, form, row, run_settings_url
 
 pytestmark = pytest.mark.django_db
 
 
-PING = "tests.beat_app.jobs.tick"  # a @job on queue q, in the app tests.beat_app the fixture installs
 ADD = "admin:echomq_schedule_add"
-CHANGELIST = "admin:echomq_schedule_changelist"
 SETTINGS_SCHEDULES = {"heartbeat": {"TASK": PING, "EVERY": 30}}
 RAW_HTML = ("<script>", "<img src=x", "<svg onload", "<b>")
 
@@ -55,34 +54,6 @@ def staff(username: str, *codenames: str, is_staff: bool = True) -> Client:
     user = User.objects.create_user(username, password="pw", is_staff=is_staff)
     user.user_permissions.set(Permission.objects.filter(content_type__app_label="echomq", codename__in=codenames))
     return logged_in(user)
-
-
-def changelist() -> str:
-    return reverse(CHANGELIST)
-
-
-def change_url(row: Schedule) -> str:
-    return reverse("admin:echomq_schedule_change", args=[row.pk])
-
-
-def run_settings_url(name: str) -> str:
-    return reverse("admin:echomq_schedule_run_settings", args=[name])
-
-
-def form(**changes) -> dict:
-    data = {"name": "nightly", "task": PING, "cron": "", "every": "60", "args": "[]", "kwargs": "{}", "queue": "",
-            "timezone": "", "enabled": "on", "catch_up": "on", "priority": "", "attempts": ""}
-    data.update(changes)
-    return {key: value for key, value in data.items() if value is not None}
-
-
-def row(name: str = "beat", **fields) -> Schedule:
-    return Schedule.objects.create(**{"name": name, "task": PING, "every": 3600, **fields})
-
-
-def action(client: Client, name: str, *rows: Schedule, **extra):
-    return client.post(changelist(), {"action": name, "_selected_action": [r.pk for r in rows], **extra},
-                       follow=True)
 
 
 def messages_of(response) -> list[str]:

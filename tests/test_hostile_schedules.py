@@ -97,14 +97,10 @@ def own_redis():
 
 # -- a Redis frozen (SIGSTOP), not dead ---------------------------------------------------
 
-@pytest.mark.slow
-@pytest.mark.own_servers
-def test_a_frozen_redis_runs_no_call_the_beat_gave_up_on_and_fires_one_tick_for_the_outage(own_redis):
-    """Calls built while Redis is frozen wait in its socket buffers; on SIGCONT they all run.
+def freeze_under_a_beat(own_redis, seconds: float, *, settled_after_ms: int) -> tuple[list, int, int]:
+    """Freeze Redis for `seconds` under a Beat thread on an every-0.2-s schedule; (`added` jobs, down, up).
 
-    The beat's client gives up on a call after SCHEDULER_CALL_TIMEOUT_S and sends a newer
-    tick later, so an abandoned call must not add a job once Redis wakes, and the whole
-    freeze must end as at most one job (the newest tick), as for a restart.
+    Returns once a tick later than `settled_after_ms` after the thaw has its job.
     """
     client, scripts = _scheduler_connection(own_redis.url)
     observer = connect(own_redis.url)
@@ -116,16 +112,29 @@ def test_a_frozen_redis_runs_no_call_the_beat_gave_up_on_and_fires_one_tick_for_
             os.kill(own_redis.process.pid, signal.SIGSTOP)
             down = now_ms()
             try:
-                # The outage itself (the thing measured): long enough for several timed-out tries.
-                time.sleep(3 * SCHEDULER_CALL_TIMEOUT_S + 1)
+                time.sleep(seconds)  # the freeze itself: what is measured, not a wait for a condition
             finally:
                 os.kill(own_redis.process.pid, signal.SIGCONT)
             up = now_ms()
-            assert wait_until(lambda: any(tick_of(i) > up for i in observer.lrange(queue.keys.wait, 0, -1)), 10)
-        jobs = added(observer, queue)
+            assert wait_until(lambda: any(tick_of(i) > up + settled_after_ms
+                                          for i in observer.lrange(queue.keys.wait, 0, -1)), 10)
+        return added(observer, queue), down, up
     finally:
         observer.close()
         client.close()
+
+
+@pytest.mark.slow
+@pytest.mark.own_servers
+def test_a_frozen_redis_runs_no_call_the_beat_gave_up_on_and_fires_one_tick_for_the_outage(own_redis):
+    """Calls built while Redis is frozen wait in its socket buffers; on SIGCONT they all run.
+
+    The beat's client gives up on a call after SCHEDULER_CALL_TIMEOUT_S and sends a newer
+    tick later, so an abandoned call must not add a job once Redis wakes, and the whole
+    freeze must end as at most one job (the newest tick), as for a restart.
+    """
+    # The outage itself (the thing measured): long enough for several timed-out tries.
+    jobs, down, up = freeze_under_a_beat(own_redis, 3 * SCHEDULER_CALL_TIMEOUT_S + 1, settled_after_ms=0)
     abandoned = [(job_id, ran - sent) for job_id, sent, ran in jobs if ran - sent > SCHEDULER_CALL_TIMEOUT_S * 1000]
     inside = [job_id for job_id, _sent, _ran in jobs if down < tick_of(job_id) <= up]
     assert abandoned == [] and len(inside) <= 1, (
@@ -142,25 +151,7 @@ def test_a_freeze_shorter_than_the_call_timeout_ends_as_one_job_not_two(own_redi
     ticks that passed while it waited are not coalesced into the one that
     just fired: two jobs, for ticks the freeze's length apart, at once.
     """
-    client, scripts = _scheduler_connection(own_redis.url)
-    observer = connect(own_redis.url)
-    queue = Queue("q", observer, prefix="p")
-    beat = Beat(client, lambda: [every(0.2)], prefix="p", scripts=scripts, reload_interval_ms=1000)
-    try:
-        with BeatThread(beat):
-            assert wait_until(lambda: observer.llen(queue.keys.wait) >= 5, 10)
-            os.kill(own_redis.process.pid, signal.SIGSTOP)
-            down = now_ms()
-            try:
-                time.sleep(SCHEDULER_CALL_TIMEOUT_S * 0.75)  # the freeze itself: measured
-            finally:
-                os.kill(own_redis.process.pid, signal.SIGCONT)
-            up = now_ms()
-            assert wait_until(lambda: any(tick_of(i) > up + 400 for i in observer.lrange(queue.keys.wait, 0, -1)), 10)
-        jobs = added(observer, queue)
-    finally:
-        observer.close()
-        client.close()
+    jobs, down, up = freeze_under_a_beat(own_redis, SCHEDULER_CALL_TIMEOUT_S * 0.75, settled_after_ms=400)
     inside = [(tick_of(job_id) - down, ran - down) for job_id, _sent, ran in jobs if down < tick_of(job_id) <= up]
     assert len(inside) <= 1, (
         f"a {up - down} ms freeze became {len(inside)} jobs (tick, added; ms after it began): {inside}")
