@@ -247,7 +247,11 @@ class Beat:
         self._aborted = threading.Event()
 
     def reload(self) -> None:
-        """Read the schedules again; a new or changed one is looked at now, its newest tick first."""
+        """Read the schedules again; a new or changed one is looked at now, its newest tick first.
+
+        The next reading falls due a reload interval from now, whether this one succeeds or not.
+        """
+        self._reload_at = self.now() + self.reload_interval_ms
         schedules = {schedule.name: schedule for schedule in self.load()}
         for name, schedule in schedules.items():
             if self.schedules.get(name) != schedule:
@@ -352,7 +356,6 @@ class Beat:
                     report(firing)
                 if self.now() >= self._reload_at:  # right after a round: the most time until the next tick
                     self.measure_clock()
-                    self._reload_at = self.now() + self.reload_interval_ms
                     self._reload_safely()
                     continue  # a new or changed schedule is due now
             except Exception as error:
