@@ -669,7 +669,9 @@ def test_sigterm_twice_quickly_exits_zero_at_once(subprocess_env, redis_client, 
     beat.send_signal(signal.SIGTERM)
     beat.send_signal(signal.SIGTERM)
     out, err = beat.communicate(timeout=15)
-    assert beat.returncode == 0 and time.monotonic() - started < 2, (beat.returncode, err[-1500:])
+    # When the second lands after the first already ended the loop, it meets the restored handler and
+    # the process dies of it (as in test_a_beat_stops_promptly_during_a_redis_outage): as quick.
+    assert beat.returncode in (0, -signal.SIGTERM) and time.monotonic() - started < 2, (beat.returncode, err[-1500:])
 
 
 @pytest.mark.own_servers
