@@ -1,9 +1,15 @@
 --[[
-  cancelJob: stop a job that has not started from ever starting: take it out
-  of wait, paused, prioritized or delayed and put it in failed, with the
-  reason, as a final failure (retryJob can still send it back). A job that a
-  worker has already taken is left alone: it is no longer in any of those
-  states, and the take and the cancel cannot interleave.
+  cancelJob: cancel a job, whatever it is doing.
+
+  A job that has not started (in wait, paused, prioritized or delayed) goes
+  to failed at once, with the reason, as a final failure (retryJob can still
+  send it back). A running job (it has a `tok`) cannot be stopped from here:
+  its hash gets the reason in `cxl`, and the worker that holds it sees the
+  flag at its next lock renewal (extendLocks answers 2) and stops it. Whatever
+  that attempt ends with, moveToFinished fails it for good with the reason,
+  and the sweep fails a flagged job instead of recovering it. A waiting job's
+  cancel sets `cxl` too, so a cancelled job is known as one wherever it is
+  read; retryJob clears it.
 
   KEYS[1] wait        LIST
   KEYS[2] paused      LIST
@@ -16,29 +22,44 @@
   ARGV[3] reason, recorded as the job's failedReason
   ARGV[4] now, ms
 
-  Returns 1 cancelled (also to a re-send of the call that cancelled it),
-  0 the job was not waiting or delayed (nothing
-  changed), -1 the id was waiting but its key is not a job hash (another
-  client's doing: the id only left the state it was in).
+  Returns
+     1 cancelled (also to a re-send of the call that cancelled it)
+     2 running: flagged, its worker will stop it (also when it already was)
+     3 already finished (completed or failed): nothing changed
+     0 no such job (or an id in no state this script knows): nothing changed
+    -1 the id was waiting but its key is not a job hash (another client's
+       doing: the id only left the state it was in)
 ]]
 -- @include "emitEvent"
 -- @include "jobKey"
 
 local prefix, id, reason, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local jobHash = jobKey(prefix, id)  -- nil for a queue key's name, which no job has
 local found = redis.call("LREM", KEYS[1], 0, id) + redis.call("LREM", KEYS[2], 0, id)
   + redis.call("ZREM", KEYS[3], id) + redis.call("ZREM", KEYS[4], id)
 if found == 0 then
+  if not jobHash then return 0 end
+  -- pcall: a key of another type under the id is no job of ours.
+  local fields = redis.pcall("HMGET", jobHash, "tok", "finishedOn", "cxl", "failedReason")
+  if fields["err"] then return 0 end
+  local token, finishedOn, flagged, failedReason = fields[1], fields[2], fields[3], fields[4]
+  if token then
+    if not flagged then
+      redis.call("HSET", jobHash, "cxl", reason)
+      emitEvent(prefix, "cancelling", id, "reason", reason)
+    end
+    return 2
+  end
   -- A re-send of a call whose reply was lost carries the same reason and time:
   -- that cancel happened, so it answers as the first call did.
-  if redis.call("ZSCORE", KEYS[5], id) == ARGV[4]
-      and redis.pcall("HGET", prefix .. id, "failedReason") == reason then
+  if redis.call("ZSCORE", KEYS[5], id) == ARGV[4] and failedReason == reason and flagged == reason then
     return 1
   end
+  if finishedOn then return 3 end
   return 0
 end
-local jobHash = jobKey(prefix, id)  -- nil for a queue key's name, which no job has
 if not jobHash or redis.call("TYPE", jobHash)["ok"] ~= "hash" then return -1 end
-redis.call("HSET", jobHash, "failedReason", reason, "finishedOn", now)
+redis.call("HSET", jobHash, "failedReason", reason, "finishedOn", now, "cxl", reason)
 redis.call("ZADD", KEYS[5], now, id)
 emitEvent(prefix, "cancelled", id, "reason", reason)
 return 1

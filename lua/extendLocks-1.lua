@@ -15,9 +15,11 @@
   ARGV[2] lock duration, ms
   ARGV[3], ARGV[4]  job id, token  (repeated for each held job)
 
-  Returns one code per pair, in order: 1 renewed; 0 not renewed, because
-  this very token already finished the job (`ftk`: a renewal racing the
-  worker's own finish, nothing is wrong); -1 not renewed, ownership lost.
+  Returns one code per pair, in order: 1 renewed; 2 renewed, and the job was
+  cancelled (`cxl`, set by cancelJob): the worker is to stop it; 0 not
+  renewed, because this very token already finished the job (`ftk`: a
+  renewal racing the worker's own finish, nothing is wrong); -1 not renewed,
+  ownership lost.
   With a single pair this is also how one lock is renewed.
 ]]
 -- @include "lockIndex"
@@ -29,14 +31,14 @@ for i = 3, #ARGV, 2 do
   local id, token = ARGV[i], ARGV[i + 1]
   local jobKey = prefix .. id
   -- pcall: a job key another client overwrote must not stop the other renewals.
-  local owner = redis.pcall("HMGET", jobKey, "tok", "ftk")
+  local owner = redis.pcall("HMGET", jobKey, "tok", "ftk", "cxl")
   if owner["err"] then owner = {} end
   if owner[1] == token then
     -- PXAT: the lock lapses at exactly the time the index records.
     redis.call("SET", jobKey .. ":lock", token, "PXAT", lapsesAt)
     redis.call("ZADD", locksKey, "XX", lapsesAt, id)  -- XX: only ids that are in `active`
     redis.call("SREM", KEYS[1], id)
-    codes[#codes + 1] = 1
+    codes[#codes + 1] = owner[3] and 2 or 1
   elseif owner[2] == token then
     codes[#codes + 1] = 0
   else

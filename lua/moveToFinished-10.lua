@@ -9,7 +9,10 @@
   moveToActive): a worker that finishes with a token has read the fetch's
   reply, so that fetch will not be sent again. Each finished attempt is
   counted in the queue's metrics (includes/metrics.lua): its run time, and
-  whether it completed, failed for good or will be retried.
+  whether it completed, failed for good or will be retried. A job cancelled
+  while it ran (`cxl`, see cancelJob) fails for good with the cancel's reason,
+  whatever the attempt ended with: the reason goes to `failedReason`, and the
+  attempt's own error, if it had one, to the stack traces.
 
   KEYS[1] active     LIST
   KEYS[2] completed  ZSET
@@ -66,7 +69,7 @@ local locksKey = prefix .. "locks"  -- the lock index (see includes/lockIndex.lu
 local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final, errorClass)
   local jobKey = prefix .. id
   -- pcall: one job key of the wrong type must not abort the others' finishes.
-  local fields = redis.pcall("HMGET", jobKey, "tok", "ftk", "atm", "opts", "processedOn")
+  local fields = redis.pcall("HMGET", jobKey, "tok", "ftk", "atm", "opts", "processedOn", "cxl")
   if fields["err"] then return -3 end
   if fields[1] ~= token then
     if fields[2] == token then return 5 end
@@ -99,6 +102,10 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
   end
 
   attemptsMade = attemptsMade + 1
+  if fields[6] then  -- cancelled while it ran: whatever the attempt did, it ends here
+    if outcome == "completed" then stacktrace, errorClass = "", "" end
+    outcome, value, final = "failed", fields[6], "1"
+  end
   if outcome == "completed" then
     redis.call("HSET", jobKey, "ftk", token, "atm", attemptsMade, "finishedOn", now, "returnvalue", value)
     redis.call("ZADD", KEYS[2], now, id)

@@ -1,6 +1,7 @@
 --[[
   retryJob: send a failed job back to wait (or paused) for another attempt.
-  Only a job that is still in `failed` moves. `atm` is kept (it never
+  Only a job that is still in `failed` moves; a cancelled one is no longer
+  cancelled (`cxl` goes). `atm` is kept (it never
   decreases), so a job already at its attempt ceiling gets exactly one more
   attempt.
 
@@ -31,7 +32,7 @@ if not key or redis.call("TYPE", key)["ok"] ~= "hash" then
   return -1  -- no job hash to run (missing, another type, a queue key's name): it stays failed
 end
 redis.call("ZREM", KEYS[1], id)
-redis.call("HDEL", key, "finishedOn", "failedReason", "processedOn")
+redis.call("HDEL", key, "finishedOn", "failedReason", "processedOn", "cxl")
 pushReady(prefix, KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], id)
 emitEvent(prefix, "retried", id, "by", "retryJob")
 return 1

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from echomq_django.core import BROWSABLE, JobOptions, NewJob, Worker, browse
+from echomq_django.core import BROWSABLE, Cancel, JobOptions, NewJob, Worker, browse
 from echomq_django.core.browse import MAX_PAGE
 from echomq_django.core.queue import now_ms
 from tests.helpers import finish_attempt, kill_lock, sweep, take_jobs, wait_until
@@ -222,12 +222,13 @@ def test_a_job_that_has_not_started_is_cancelled(queue, where):
     other = queue.add("work", opts=opts)
     assert queue.get_state(job_id) == where
     before = now_ms()
-    assert queue.cancel(job_id, f"not needed in {where}") is True
-    assert_cancelled(queue, job_id, f"not needed in {where}", before)
+    assert queue.cancel(job_id, f"not needed in {where}") is Cancel.CANCELLED
+    assert_cancelled(queue, job_id, f"cancelled: not needed in {where}", before)
+    assert queue.get_job(job_id).cancel_reason == f"cancelled: not needed in {where}"
     counts = queue.counts()
     assert (counts[where], counts["failed"]) == (1, 1)
     assert queue.get_state(other) == where, "the other job stays"
-    assert queue.cancel(job_id) is False, "cancelled once"
+    assert queue.cancel(job_id) is Cancel.FINISHED, "cancelled once"
 
 
 def test_the_default_reason(queue):
@@ -237,26 +238,46 @@ def test_the_default_reason(queue):
     assert_cancelled(queue, job_id, "cancelled", before)
 
 
-def test_a_running_job_is_not_cancelled(queue):
-    job_id = queue.add("work")
+@pytest.mark.parametrize("ends", ["completed", "failed"])
+def test_a_running_job_is_flagged_and_its_attempt_fails_for_good_whatever_it_ends_with(queue, ends):
+    job_id = queue.add("work", opts=JobOptions(attempts=5))
     _due, [(taken, flat)] = take_jobs(queue, "running", 30_000, now_ms(), 1, "w")
     assert taken == job_id
-    before = queue.client.hgetall(queue.keys.job(job_id))
-    assert queue.cancel(job_id) is False
+    assert queue.cancel(job_id, "stop it") is Cancel.STOPPING
+    assert queue.cancel(job_id, "again") is Cancel.STOPPING, "flagged once, with the first reason"
     assert queue.get_state(job_id) == "active"
-    assert queue.client.hgetall(queue.keys.job(job_id)) == before
     assert queue.client.get(queue.keys.lock(job_id)) == "running"
-    assert events(queue, "cancelled", job_id) == []
-    assert finish_attempt(queue, job_id, "running", now_ms(), completed=True, value='"done"',
-                          default_attempts=1) == 1
+    assert queue.get_job(job_id).cancel_reason == "cancelled: stop it"
+    assert [e["reason"] for e in events(queue, "cancelling", job_id)] == ["cancelled: stop it"]
+    assert queue.scripts.lock_codes(queue.keys, [(job_id, "running")], 30_000) == [2], "the renewal tells"
+    assert finish_attempt(queue, job_id, "running", now_ms(), completed=ends == "completed",
+                          value='"done"' if ends == "completed" else "boom", default_attempts=1) == 2
+    job, state = queue.get_job_with_state(job_id)
+    assert (state, job.failed_reason, job.attempts_made, job.returnvalue) == ("failed", "cancelled: stop it", 1, None)
+    assert queue.cancel(job_id) is Cancel.FINISHED
+
+
+def test_a_stalled_cancelled_job_is_failed_by_the_sweep_not_recovered(queue):
+    job_id = queue.add("work", opts=JobOptions(attempts=5))
+    take_jobs(queue, "dead-worker", 30_000, now_ms(), 1, "w")
+    assert queue.cancel(job_id) is Cancel.STOPPING
+    kill_lock(queue, job_id)
+    sweep(queue)  # marks
+    sweep(queue)  # would recover
+    job, state = queue.get_job_with_state(job_id)
+    assert (state, job.failed_reason, job.attempts_made) == ("failed", "cancelled", 1)
+    assert queue.retry(job_id) is True
+    assert queue.get_job(job_id).cancel_reason is None, "a retry forgets the cancel"
+    assert make_worker(queue, lambda job: "ran").run(burst=True) == 1
+    assert queue.get_state(job_id) == "completed"
 
 
 def test_finished_or_unknown_jobs_are_not_cancelled(queue):
     done = queue.add("work")
     make_worker(queue, lambda job: "ok").run(burst=True)
-    assert queue.cancel(done) is False
+    assert queue.cancel(done) is Cancel.FINISHED and not queue.cancel(done)
     assert queue.get_state(done) == "completed"
-    assert queue.cancel("no-such-job") is False
+    assert queue.cancel("no-such-job") is Cancel.NOT_FOUND and not queue.cancel("no-such-job")
     assert queue.counts()["failed"] == 0
 
 
@@ -308,7 +329,7 @@ def test_cancel_racing_a_worker_leaves_every_job_completed_or_cancelled(queue):
     failed = {job_id for job_id, state in states.items() if state == "failed"}
     assert completed | failed == set(ids), f"lost: {set(ids) - completed - failed}"
     assert failed == set(cancelled) and len(cancelled) == len(failed)
-    assert sorted(ran) == sorted(completed), "a cancelled job never ran, a completed one ran once"
+    assert len(ran) == len(set(ran)) and completed <= set(ran), "each job ran at most once, a completed one once"
     for job_id in ids:
         job = queue.get_job(job_id)
         kinds = {f["event"] for f in (fields for _i, fields in queue.client.xrange(queue.keys.events)
@@ -316,8 +337,11 @@ def test_cancel_racing_a_worker_leaves_every_job_completed_or_cancelled(queue):
         if job_id in completed:
             assert (job.failed_reason, job.returnvalue) == (None, job.data["n"])
             assert "cancelled" not in kinds and "completed" in kinds
+        elif job_id in ran:  # cancelled while it ran: flagged, and its attempt failed for good
+            assert (job.failed_reason, job.attempts_made) == ("cancelled: raced", 1)
+            assert "cancelling" in kinds and "completed" not in kinds
         else:
-            assert (job.failed_reason, job.attempts_started, job.processed_on) == ("raced", 0, None)
+            assert (job.failed_reason, job.attempts_started, job.processed_on) == ("cancelled: raced", 0, None)
             assert "cancelled" in kinds and "completed" not in kinds and "active" not in kinds
     counts = queue.counts()
     assert (counts["completed"], counts["failed"]) == (len(completed), len(failed))

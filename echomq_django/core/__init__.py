@@ -27,12 +27,15 @@ from .connection import DEFAULT_REDIS_URL, UNREACHABLE, RedisURLError, connect, 
 from .errors import (
     EchoMQError,
     InvalidNameError,
+    JobCancelled,
     JobLockedError,
     JobNotFoundError,
     LockLostError,
     NotConfirmedError,
     PayloadError,
     QueueStateError,
+    SoftTimeLimitExceeded,
+    TimeLimitExceeded,
     UnrecoverableError,
     fail_for_good,
 )
@@ -49,21 +52,22 @@ from .inspection import (
 from .job import MAX_DELAY_MS, Backoff, Job, JobOptions, datetime_from_ms, encode_json
 from .keys import ALPHABET, COUNTED, STATES, QueueKeys, validate_job_id, validate_name, validate_stored_id
 from .metrics import Minute, oldest_waiting_age_ms, recent_minutes, totals
-from .queue import NewJob, Queue, now_ms
+from .pool import POOLS, Handler, class_path
+from .queue import Cancel, NewJob, Queue, now_ms
 from .scripts import Confirm, Scripts
 from .sweeper import Sweeper, SweepReport, SweepTarget, last_sweep
-from .worker import Handler, Retention, Worker, class_path
+from .worker import Retention, Worker
 
 __all__ = [
-    "ALPHABET", "BROWSABLE", "MAX_SCHEDULE_NAME", "MIN_EVERY_MS", "COUNTED",
-    "DEFAULT_REDIS_URL", "MAX_DELAY_MS", "STATES", "UNREACHABLE", "Backoff",
-    "Beat", "Confirm", "Firing", "Record", "Schedule", "ScheduleError", "check_cron", "read_records", "run_now",
-    "seconds_text", "transient", "zone",
-    "EchoMQError", "Entry", "Handler", "InvalidNameError", "Job", "JobLockedError", "JobNotFoundError", "JobOptions",
+    "ALPHABET", "BROWSABLE", "MAX_SCHEDULE_NAME", "MIN_EVERY_MS", "COUNTED", "DEFAULT_REDIS_URL", "MAX_DELAY_MS",
+    "POOLS", "STATES", "UNREACHABLE", "Backoff", "Beat", "Cancel", "Confirm", "Firing", "Record", "Schedule",
+    "ScheduleError", "check_cron", "read_records", "run_now", "seconds_text", "transient", "zone", "EchoMQError",
+    "Entry", "Handler", "InvalidNameError", "Job", "JobCancelled", "JobLockedError", "JobNotFoundError", "JobOptions",
     "LiveJob", "LockLostError", "Minute", "NewJob", "NotConfirmedError", "Page", "PayloadError", "Queue", "QueueKeys",
-    "QueueStateError", "RedisURLError", "Retention", "Scripts", "SweepReport", "SweepTarget", "Sweeper",
-    "UnrecoverableError", "Worker", "browse", "class_path", "connect", "count_failed_older_than", "count_failed_since",
-    "datetime_from_ms", "defaults", "encode_json", "fail_for_good", "failed_by_rank", "failed_count",
-    "failed_since", "inspect_jobs", "last_sweep", "now_ms", "oldest_waiting_age_ms", "parse_redis_url", "read_jobs",
-    "recent_minutes", "redacted_url", "totals", "validate_job_id", "validate_name", "validate_stored_id",
+    "QueueStateError", "RedisURLError", "Retention", "Scripts", "SoftTimeLimitExceeded", "SweepReport", "SweepTarget",
+    "Sweeper", "TimeLimitExceeded", "UnrecoverableError", "Worker", "browse", "class_path", "connect",
+    "count_failed_older_than", "count_failed_since", "datetime_from_ms", "defaults", "encode_json", "fail_for_good",
+    "failed_by_rank", "failed_count", "failed_since", "inspect_jobs", "last_sweep", "now_ms", "oldest_waiting_age_ms",
+    "parse_redis_url", "read_jobs", "recent_minutes", "redacted_url", "totals", "validate_job_id", "validate_name",
+    "validate_stored_id",
 ]

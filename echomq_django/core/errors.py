@@ -36,6 +36,31 @@ class UnrecoverableError(EchoMQError):
     """Raised by a job to fail it for good: no retry, whatever attempts are left."""
 
 
+class JobCancelled(EchoMQError):
+    """Raised inside a running job that was cancelled (Queue.cancel), at its next check.
+
+    On the threads pool this is how a running job is stopped: at its next
+    `current_job()`, `update_progress` or `log` (Job.check). The attempt fails
+    for good with the cancel's reason, whatever the job does with this.
+    """
+
+
+class SoftTimeLimitExceeded(EchoMQError):
+    """Raised inside a job that ran past its soft time limit; the job may catch it and clean up.
+
+    On the processes pool it is raised wherever the job is (a signal); on the
+    threads pool at the job's next check (Job.check), once.
+    """
+
+
+class TimeLimitExceeded(EchoMQError):
+    """Raised at the next check inside a thread whose job ran past its hard time limit.
+
+    The attempt has already failed by then and the worker has moved on: a
+    thread cannot be killed, so this only stops a job that checks.
+    """
+
+
 def fail_for_good(error: BaseException) -> BaseException:
     """Mark `error`, about to be raised by a handler, to fail its job for good, as UnrecoverableError does.
 
@@ -48,7 +73,8 @@ def fail_for_good(error: BaseException) -> BaseException:
 
 def is_final(error: BaseException) -> bool:
     """Whether a handler's error ends its job whatever attempts are left."""
-    return isinstance(error, (UnrecoverableError, PayloadError)) or getattr(error, "echomq_final", False) is True
+    return (isinstance(error, (UnrecoverableError, PayloadError, JobCancelled))
+            or getattr(error, "echomq_final", False) is True)
 
 
 class NotConfirmedError(EchoMQError):

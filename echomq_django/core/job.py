@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from . import defaults
-from .errors import PayloadError
+from .errors import JobCancelled, PayloadError
 
 # The bounds of the numbers a job may carry. The Lua scripts check attempts
 # against the same bound (MAX_ATTEMPTS in lua/includes/jobFields.lua), so a
@@ -78,19 +78,33 @@ class JobOptions:
     backoff: Backoff = field(default_factory=Backoff)
     delay_ms: int = 0
     priority: int = 0  # -100..100; higher runs first
+    # A job's own time limits (0: the worker's, from its queue's settings); see worker.py.
+    time_limit_ms: int = 0
+    soft_time_limit_ms: int = 0
 
     def __post_init__(self) -> None:
         # Checked here, for every way options are made; an integral float (3.0, from JSON) becomes an int.
         object.__setattr__(self, "attempts", whole_number(self.attempts, "attempts", 1, MAX_ATTEMPTS))
         object.__setattr__(self, "priority", whole_number(self.priority, "priority", -100, 100))
         object.__setattr__(self, "delay_ms", whole_number(self.delay_ms, "delay (ms)", 0, MAX_DELAY_MS))
+        hard = whole_number(self.time_limit_ms, "time limit (ms)", 0, MAX_DELAY_MS)
+        soft = whole_number(self.soft_time_limit_ms, "soft time limit (ms)", 0, MAX_DELAY_MS)
+        if hard and soft >= hard:
+            raise PayloadError(f"the soft time limit ({soft} ms) must be shorter than the time limit ({hard} ms): "
+                               "it is the job's warning before the hard limit stops it")
+        object.__setattr__(self, "time_limit_ms", hard)
+        object.__setattr__(self, "soft_time_limit_ms", soft)
 
     def overridden(self, *, attempts: int | None = None, backoff: Backoff | None = None,
-                   delay_ms: int = 0, priority: int = 0) -> JobOptions:
-        """These options as defaults, with a job's own attempts and backoff where it has them."""
+                   delay_ms: int = 0, priority: int = 0,
+                   time_limit_ms: int | None = None, soft_time_limit_ms: int | None = None) -> JobOptions:
+        """These options as defaults, with a job's own attempts, backoff and time limits where it has them."""
         return JobOptions(attempts=self.attempts if attempts is None else attempts,
                           backoff=backoff or self.backoff,
-                          delay_ms=delay_ms, priority=priority)
+                          delay_ms=delay_ms, priority=priority,
+                          time_limit_ms=self.time_limit_ms if time_limit_ms is None else time_limit_ms,
+                          soft_time_limit_ms=(self.soft_time_limit_ms if soft_time_limit_ms is None
+                                              else soft_time_limit_ms))
 
     def to_json(self) -> dict[str, Any]:
         """The options as stored; defaults other than `attempts` are left out, to keep jobs small."""
@@ -101,6 +115,10 @@ class JobOptions:
             value["delay"] = self.delay_ms
         if self.priority:
             value["priority"] = self.priority
+        if self.time_limit_ms:
+            value["timeLimit"] = self.time_limit_ms
+        if self.soft_time_limit_ms:
+            value["softTimeLimit"] = self.soft_time_limit_ms
         return value
 
     def encoded(self) -> str:
@@ -113,7 +131,8 @@ class JobOptions:
         if not isinstance(value, Mapping):
             raise PayloadError(f"opts must be a JSON object, not {type(value).__name__}")
         return cls(attempts=value.get("attempts", defaults.ATTEMPTS), backoff=Backoff.from_json(value.get("backoff")),
-                   delay_ms=value.get("delay", 0), priority=value.get("priority", 0))
+                   delay_ms=value.get("delay", 0), priority=value.get("priority", 0),
+                   time_limit_ms=value.get("timeLimit", 0), soft_time_limit_ms=value.get("softTimeLimit", 0))
 
 
 # The readers below never raise: a hash written by another client may hold
@@ -219,11 +238,32 @@ class Job:
     progress: Any = None  # what the job last reported (update_progress)
     logs: list[str] = field(default_factory=list)  # its newest log lines, oldest first (read by Queue.get_job)
     log_count: int = 0  # how many log lines it keeps (Queue.get_job may read fewer)
+    cancel_reason: str | None = None  # set when it was cancelled (Queue.cancel), also while it still runs
     _reporter: Reporter | None = field(default=None, init=False, repr=False, compare=False)
+    # What the running job is to raise at its next check (a cancel, a time limit); see check().
+    _interrupt: BaseException | None = field(default=None, init=False, repr=False, compare=False)
 
     def attach(self, reporter: Reporter) -> None:
         """Let this job report progress and log lines through `reporter` (the worker running it)."""
         self._reporter = reporter
+
+    def interrupt(self, error: BaseException) -> None:
+        """Have the running job raise `error` at its next check (the worker's way to stop a thread)."""
+        self._interrupt = error
+
+    def check(self) -> None:
+        """Raise what the worker asked this job to stop with, if anything.
+
+        `current_job()`, `update_progress` and `log` call this, so a job that
+        reports is stopped there: JobCancelled when it was cancelled (every
+        check), SoftTimeLimitExceeded once when it ran past its soft limit,
+        TimeLimitExceeded after its hard limit (the attempt has failed already).
+        """
+        error = self._interrupt
+        if error is not None:
+            if not isinstance(error, JobCancelled):
+                self._interrupt = None
+            raise error
 
     def _running(self, what: str) -> Reporter:
         if self._reporter is None:
@@ -238,6 +278,7 @@ class Job:
         take the write (the worker logs a warning; the job goes on).
         """
         reporter = self._running("report progress")
+        self.check()
         written = reporter.progress(self, encode_json(value, f"progress of job {self.id}", MAX_PROGRESS_BYTES))
         if written:
             self.progress = value
@@ -251,6 +292,7 @@ class Job:
         not take the write.
         """
         reporter = self._running("log")
+        self.check()
         line = str(message)
         if len(line) > MAX_LOG_LINE_CHARS:
             line = line[:MAX_LOG_LINE_CHARS - 1] + "…"
@@ -287,6 +329,7 @@ class Job:
             started_on=_optional_int(fields.get("startedOn")),
             error_classes=_list(_json(fields.get("errc"), [])),
             progress=_json(fields.get("progress"), None),
+            cancel_reason=fields.get("cxl"),
         )
 
     @classmethod

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from .keys import QueueKeys
 from .scripts import Scripts
@@ -24,12 +25,14 @@ class LockRenewer:
     recovered and fetched again while its old attempt still runs, the two
     attempts do not share an entry. `run()` (on a thread of its own) renews
     every held lock in one script call every `renew_interval_ms`, and at once
-    after `renew_soon()`.
+    after `renew_soon()`. A renewal also tells of each held job that was
+    cancelled meanwhile: `on_cancel(job id, token)` is called for it, at every
+    renewal until it is released.
     """
 
     def __init__(self, scripts: Scripts, keys: QueueKeys, lock_duration_ms: int, renew_interval_ms: int,
-                 worker_id: str) -> None:
-        self.scripts, self.keys, self.worker_id = scripts, keys, worker_id
+                 worker_id: str, on_cancel: Callable[[str, str], None] | None = None) -> None:
+        self.scripts, self.keys, self.worker_id, self.on_cancel = scripts, keys, worker_id, on_cancel
         self.lock_duration_ms, self.renew_interval_ms = lock_duration_ms, renew_interval_ms
         self._held: set[tuple[str, str]] = set()
         self._held_lock = threading.Lock()
@@ -68,11 +71,14 @@ class LockRenewer:
         if not held:
             return True
         try:
-            lost = self.scripts.extend_locks(self.keys, held, self.lock_duration_ms)
+            codes = self.scripts.lock_codes(self.keys, held, self.lock_duration_ms)
         except Exception as error:  # an outage, OOM, a failover's READONLY: try again soon
             logger.error("worker %s: could not renew locks (%s)", self.worker_id, error)
             return False
-        for job_id in lost:
-            logger.warning("worker %s: lost the lock of job %s; its result will be discarded",
-                           self.worker_id, job_id)
+        for (job_id, token), code in zip(held, codes):
+            if code == -1:
+                logger.warning("worker %s: lost the lock of job %s; its result will be discarded",
+                               self.worker_id, job_id)
+            elif code == 2 and self.on_cancel is not None:
+                self.on_cancel(job_id, token)
         return True

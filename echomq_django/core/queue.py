@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import re
 import time
 from collections.abc import Iterable, Iterator
@@ -179,13 +180,19 @@ class Queue:
         """Make a delayed job ready now; False when it is not delayed (any more)."""
         return self.scripts.promote_job(self.keys, validate_stored_id(job_id), now_ms())
 
-    def cancel(self, job_id: str, reason: str = "cancelled") -> bool:
-        """Keep a job that has not started from running: it goes to `failed` with `reason`.
+    def cancel(self, job_id: str, reason: str = "") -> Cancel:
+        """Cancel a job: it fails for good with "cancelled" (": reason", when given), and is never retried.
 
-        False when it is not waiting or delayed (any more): a running job is
-        not stopped. `retry` sends a cancelled job back to wait.
+        A job that has not started goes to `failed` at once (Cancel.CANCELLED).
+        A running one is flagged (Cancel.STOPPING): its worker sees the flag at
+        its next lock renewal and stops it (see Worker), and the attempt then
+        fails with the reason. A finished or unknown job is left as it is
+        (Cancel.FINISHED, Cancel.NOT_FOUND). The answer is true only for the
+        first two. `retry` sends a cancelled job back to wait.
         """
-        return self.scripts.cancel_job(self.keys, validate_stored_id(job_id), reason, now_ms()) == 1
+        text = f"cancelled: {reason}" if reason else "cancelled"
+        code = self.scripts.cancel_job(self.keys, validate_stored_id(job_id), text, now_ms())
+        return _CANCEL_CODES.get(code, Cancel.NOT_FOUND)
 
     def pause(self) -> None:
         """Stop workers from taking jobs of this queue; running jobs finish."""
@@ -213,6 +220,21 @@ class Queue:
         for batch in batched(self.client.scan_iter(match=pattern, count=1000), 500):
             deleted += self.client.delete(*batch)
         return deleted
+
+
+class Cancel(enum.Enum):
+    """What Queue.cancel did; true when the job is cancelled or being stopped."""
+
+    CANCELLED = "cancelled"  # it had not started, and is in failed now
+    STOPPING = "stopping"  # it is running: its worker stops it within a lock renewal
+    FINISHED = "finished"  # it had already completed or failed: nothing changed
+    NOT_FOUND = "not found"  # no such job: nothing changed
+
+    def __bool__(self) -> bool:
+        return self in (Cancel.CANCELLED, Cancel.STOPPING)
+
+
+_CANCEL_CODES = {1: Cancel.CANCELLED, 2: Cancel.STOPPING, 3: Cancel.FINISHED}
 
 
 @dataclass(frozen=True)

@@ -85,7 +85,10 @@ class Scripts(ScriptClient):
         return [job_id for (job_id, _token), code in zip(held, self.lock_codes(keys, held, lock_ms)) if code == -1]
 
     def lock_codes(self, keys: QueueKeys, held: Sequence[tuple[str, str]], lock_ms: int) -> list[int]:
-        """extendLocks' code per (job id, token): 1 renewed, 0 already finished by that token, -1 not owned."""
+        """extendLocks' code per (job id, token).
+
+        1 renewed, 2 renewed and cancelled (stop it), 0 already finished by that token, -1 not owned.
+        """
         args: list[Any] = [keys.base, lock_ms]
         for job_id, token in held:
             args += [job_id, token]
@@ -192,9 +195,10 @@ class Scripts(ScriptClient):
                              [keys.base, now, 1, job_id])) == 1
 
     def cancel_job(self, keys: QueueKeys, job_id: str, reason: str, now: int) -> int:
-        """Move a job that has not started to failed, with `reason`.
+        """Cancel a job with `reason` (see lua/cancelJob-5.lua).
 
-        1 cancelled, 0 not waiting or delayed (nothing changed), -1 its key is no job hash.
+        1 cancelled, 2 running and flagged for its worker to stop, 3 already
+        finished, 0 no such job, -1 its key is no job hash.
         """
         return int(self._run("cancelJob-5", keys.for_script("cancelJob-5"), [keys.base, job_id, reason, now]))
 

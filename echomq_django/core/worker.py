@@ -1,14 +1,14 @@
-"""The consumer side: fetch jobs, run them on threads, keep their locks, finish them."""
+"""The consumer side: fetch jobs, run them (on threads or child processes), keep their locks, finish them."""
 
 from __future__ import annotations
 
 import logging
 import os
+import pickle
 import queue as threadqueue
 import socket
 import threading
 import time
-import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,16 +18,15 @@ from redis.exceptions import ResponseError
 
 from . import defaults
 from .connection import UNREACHABLE, socket_timeout
-from .errors import JobNotFoundError, LockLostError, PayloadError, QueueStateError, is_final
-from .job import Job, JobOptions, encode_json
+from .errors import JobCancelled, JobNotFoundError, LockLostError, QueueStateError
+from .job import Job, JobOptions
 from .keys import QueueKeys
 from .locks import RETRY_PAUSE_S, LockRenewer
+from .pool import POOLS, Handler, ProcessSlot, ThreadSlot, class_path
 from .queue import now_ms
 from .scripts import Confirm, Finish, Scripts
 
 logger = logging.getLogger("echomq.worker")
-
-Handler = Callable[[Job], Any]
 # moveToFinished's status codes for a failed attempt, in words.
 _FAILURE_OUTCOMES = {2: "no attempts left", 3: "retrying now", 4: "retrying after its backoff"}
 
@@ -79,11 +78,15 @@ class Retention:
 
 
 class Worker:
-    """Runs the jobs of one queue with `concurrency` threads until stopped.
+    """Runs the jobs of one queue, `concurrency` at a time, until stopped.
 
     One loop does the worker's Redis work in batches: each round trip writes
     the results of every job that ended since the last one and takes new jobs
-    for the free threads, in one pipeline. Job threads only run handlers. When
+    for the free slots, in one pipeline. Each slot runs one job at a time
+    (see pool.py): with `pool="threads"` on a thread of this process, with
+    `pool="processes"` in a child process of its own, started once and reused
+    (retired after `max_jobs_per_child` jobs, or once it grew past
+    `max_memory_per_child_kb`). A slot only runs handlers. When
     nothing is ready, a waiting thread blocks on the queue's marker (no
     polling) and wakes the loop when a producer signals work or a delayed job
     is due. A renewal thread (LockRenewer) extends all held locks in one call
@@ -92,6 +95,14 @@ class Worker:
     and whose job was recovered gets LockLostError and overwrites nothing.
     With `confirm`, each round trip ends with a WAIT for that many replicas,
     so a failover cannot undo a finish (and run the job a second time).
+
+    Time limits are a job's own (its options) or else the worker's
+    `time_limit_ms` and `soft_time_limit_ms`. Past the soft limit the job
+    gets SoftTimeLimitExceeded; past the hard one its attempt fails ("time
+    limit of N s exceeded") and is retried per its attempts and backoff: a
+    child is killed, a thread is left to run out unobserved. A job cancelled
+    while it runs (Queue.cancel) is seen at the next renewal: its child is
+    killed, or its thread gets JobCancelled at its next check (Job.check).
 
     Shutdown has two stages: the first `stop()` stops fetching and lets
     running jobs finish; a second `stop()` makes `run()` return at once, and
@@ -107,9 +118,17 @@ class Worker:
         keep_failed: Retention = Retention(),
         worker_id: str | None = None, scripts: Scripts | None = None, confirm: Confirm | None = None,
         metrics_minutes: int = defaults.METRICS_MINUTES, max_log_lines: int = defaults.MAX_LOG_LINES,
+        pool: str = "threads", time_limit_ms: int = 0, soft_time_limit_ms: int = 0,
+        max_jobs_per_child: int = 0, max_memory_per_child_kb: int = 0,
+        child_init: Callable[[], None] | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+        if pool not in POOLS:
+            raise ValueError(f"pool must be one of {', '.join(POOLS)}, not {pool!r}")
+        JobOptions(time_limit_ms=time_limit_ms, soft_time_limit_ms=soft_time_limit_ms)  # the same bounds
+        if max_jobs_per_child < 0 or max_memory_per_child_kb < 0:
+            raise ValueError("max_jobs_per_child and max_memory_per_child_kb must be 0 (no limit) or more")
         if max_log_lines < 1:
             raise ValueError(f"a job must keep at least 1 log line, not {max_log_lines}")
         renew_interval_ms = renew_interval_ms or lock_duration_ms // 2
@@ -131,10 +150,25 @@ class Worker:
         self.keep_completed = keep_completed
         self.keep_failed = keep_failed
         self.metrics_minutes = metrics_minutes
+        self.pool, self.time_limit_ms, self.soft_time_limit_ms = pool, time_limit_ms, soft_time_limit_ms
         self._reporter = _Reporter(self.scripts, self.keys, max_log_lines)
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.processed = 0
-        self._locks = LockRenewer(self.scripts, self.keys, lock_duration_ms, renew_interval_ms, self.worker_id)
+        if pool == "processes":
+            try:
+                pickle.dumps(handler)
+            except (pickle.PicklingError, TypeError, AttributeError) as error:
+                raise ValueError(f"the processes pool needs a handler it can send to a child process "
+                                 f"(a module-level function): {error}") from None
+        self._slots: list[ThreadSlot | ProcessSlot] = [
+            ProcessSlot(handler, self._reporter, child_init=child_init, max_jobs=max_jobs_per_child,
+                        max_memory_kb=max_memory_per_child_kb, name=f"echomq-child-{i}")
+            if pool == "processes" else ThreadSlot(handler) for i in range(concurrency)]
+        # The jobs fetched and not yet written back, with the slot running each (None until one takes it).
+        self._in_hand: dict[tuple[str, str], tuple[Job, ThreadSlot | ProcessSlot | None]] = {}
+        self._in_hand_lock = threading.Lock()
+        self._locks = LockRenewer(self.scripts, self.keys, lock_duration_ms, renew_interval_ms, self.worker_id,
+                                  on_cancel=self._cancelled)
         self._running = 0  # jobs fetched and not yet written back; only the loop changes it
         self._jobs: threadqueue.SimpleQueue[Job | None] = threadqueue.SimpleQueue()
         # What wakes the loop: an _Outcome from a job thread, or None (marker, stop).
@@ -166,9 +200,13 @@ class Worker:
         self._events.put(None)
 
     def run(self, *, burst: bool = False, max_jobs: int | None = None) -> int:
-        """Process jobs until stopped (or, in burst mode, until none is ready); returns the count."""
-        threads = [threading.Thread(target=self._job_thread, name=f"echomq-job-{i}", daemon=True)
-                   for i in range(self.concurrency)]
+        """Process jobs until stopped (or, in burst mode, until none is ready); returns the count.
+
+        With the processes pool, the children start first: RuntimeError when one cannot.
+        """
+        self._start_children()
+        threads = [threading.Thread(target=self._job_thread, args=(slot,), name=f"echomq-job-{i}", daemon=True)
+                   for i, slot in enumerate(self._slots)]
         threads.append(threading.Thread(target=self._locks.run, name="echomq-renew", daemon=True))
         threads.append(threading.Thread(target=self._wait_for_marker, name="echomq-marker", daemon=True))
         for thread in threads:
@@ -206,7 +244,21 @@ class Worker:
             self._marker_wanted.set()
             for _ in range(self.concurrency):
                 self._jobs.put(None)
+            for slot in self._slots:  # a second stop kills the children of jobs left running
+                slot.close(kill=self._aborted.is_set())
         return self.processed
+
+    def _start_children(self) -> None:
+        children = [slot for slot in self._slots if isinstance(slot, ProcessSlot)]
+        for slot in children:
+            slot.launch()
+        try:
+            for slot in children:
+                slot.wait_ready()
+        except BaseException:
+            for slot in children:
+                slot.close(kill=True)
+            raise
 
     # -- the loop's Redis work ---------------------------------------------
 
@@ -280,6 +332,8 @@ class Worker:
                 ended.append(self._unrunnable(job_id, token, error))
                 continue
             job.attach(self._reporter)
+            with self._in_hand_lock:
+                self._in_hand[(job.id, token)] = (job, None)
             self._jobs.put(job)
         return len(jobs), next_due
 
@@ -388,36 +442,38 @@ class Worker:
             self._done.wait(1.0)
             return False
 
-    # -- job threads -----------------------------------------------------
+    # -- slots -------------------------------------------------------------
 
-    def _job_thread(self) -> None:
+    def _job_thread(self, slot: ThreadSlot | ProcessSlot) -> None:
         while (job := self._jobs.get()) is not None:
             finish = None
+            key = (job.id, job.token or "")
+            with self._in_hand_lock:
+                self._in_hand[key] = (job, slot)
             try:
-                finish = self._run_job(job)
+                finish = slot.run(job, *self._limits(job))
             except Exception:  # the thread must live on for the next job; the lock lapses
                 logger.exception("worker %s: could not finish job %s; the sweeper will recover it",
                                  self.worker_id, job.id)
             finally:  # even for SystemExit from a handler: the loop must free the slot
+                with self._in_hand_lock:
+                    self._in_hand.pop(key, None)
                 self._events.put(_Outcome(job, finish, time.monotonic()))
 
-    def _run_job(self, job: Job) -> Finish:
-        """Run the handler; returns the end of the attempt, to be written by the loop."""
-        token = job.token or ""
-        try:
-            result = self.handler(job)
-            value = encode_json(result, f"return value of job {job.id}")
-        except BaseException as error:  # the job's own failure (SystemExit too): recorded on the job, not raised
-            return Finish(
-                job.id, token, completed=False, value=f"{type(error).__name__}: {error}",
-                stacktrace="" if isinstance(error, PayloadError) else "".join(traceback.format_exception(error)),
-                backoff_ms=job.opts.backoff.delay_before(job.attempts_made + 1),
-                final=is_final(error),
-                error_class=class_path(error),
-            )
-        return Finish(job.id, token, completed=True, value=value)
+    def _limits(self, job: Job) -> tuple[int, int]:
+        """(soft, hard) time limit of a job in ms, 0 for none: its own, else the worker's."""
+        hard = job.opts.time_limit_ms or self.time_limit_ms
+        soft = job.opts.soft_time_limit_ms or self.soft_time_limit_ms
+        return (0 if hard and soft >= hard else soft), hard
 
-
-def class_path(error: BaseException) -> str:
-    """The dotted path of an exception's class, as the job hash records it (`errc`)."""
-    return f"{type(error).__module__}.{type(error).__qualname__}"
+    def _cancelled(self, job_id: str, token: str) -> None:
+        """A renewal found this held job cancelled: stop it (its attempt then fails for good)."""
+        with self._in_hand_lock:
+            job, slot = self._in_hand.get((job_id, token), (None, None))
+        if job is None or isinstance(job._interrupt, JobCancelled):
+            return  # it ended meanwhile, or is being stopped already
+        logger.info("worker %s: job %s of queue %s was cancelled; stopping it", self.worker_id, job_id,
+                    self.keys.queue)
+        job.interrupt(JobCancelled(f"job {job_id} was cancelled"))
+        if slot is not None:
+            slot.stop(job)

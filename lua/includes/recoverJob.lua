@@ -5,7 +5,8 @@
 -- The sweep's recovery of one marked, lockless job: `atm` and `stc` go up by
 -- one, set from the values read here, `tok` goes, and the job goes to failed
 -- when it reached its attempt ceiling (opts.attempts, else defaultAttempts) or
--- stalled more than maxStalled times. Returns what became of it:
+-- stalled more than maxStalled times, or was cancelled while it ran (`cxl`,
+-- see cancelJob: a cancelled job is never recovered). Returns what became of it:
 --   "ready"        to be pushed to wait/paused by the caller (one LPUSH for all)
 --   "prioritized"  already added to the prioritized set (it has a priority)
 --   "failed"       moved to failed (also when its hash is missing or malformed)
@@ -13,7 +14,7 @@
 local function recoverJob(prefix, failedKey, metaKey, prioritizedKey, id, now, maxStalled, defaultAttempts)
   local jobKey = prefix .. id
   -- pcall: a job key of another type must not stop the sweep after earlier writes.
-  local fields = redis.pcall("HMGET", jobKey, "atm", "stc", "opts", "pri")
+  local fields = redis.pcall("HMGET", jobKey, "atm", "stc", "opts", "pri", "cxl")
   if fields["err"] then
     failKeyOfWrongType(prefix, failedKey, id, now)
     return "failed"
@@ -33,7 +34,10 @@ local function recoverJob(prefix, failedKey, metaKey, prioritizedKey, id, now, m
   attemptsMade, stalls = attemptsMade + 1, stalls + 1
   redis.call("HSET", jobKey, "atm", attemptsMade, "stc", stalls)
   redis.call("HDEL", jobKey, "tok")
-  if attemptsMade >= maxAttempts then
+  if fields[5] then
+    moveToFailed(prefix, failedKey, id, fields[5], now)
+    return "failed"
+  elseif attemptsMade >= maxAttempts then
     moveToFailed(prefix, failedKey, id, "job stalled and reached its attempt ceiling (" ..
       attemptsMade .. " of " .. maxAttempts .. " attempts made)", now)
     return "failed"
