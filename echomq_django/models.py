@@ -107,7 +107,7 @@ class Job(models.Model):
         managed = False
         verbose_name = "job"
         default_permissions = ("view", "delete")
-        permissions = [("promote_job", "Can promote delayed jobs"), ("cancel_job", "Can cancel waiting jobs")]
+        permissions = [("promote_job", "Can promote delayed jobs"), ("cancel_job", "Can cancel jobs")]
 
 
 class Schedule(models.Model):

@@ -320,7 +320,7 @@ def test_each_action_needs_post_csrf_and_its_own_permission(echomq_settings, que
     assert client_of(allowed).post(url, data).status_code == 302
     assert queue.get_state(job_id) == after
     if action == "cancel":
-        assert queue.get_job(job_id).failed_reason == "cancelled in the admin by allowed"
+        assert queue.get_job(job_id).failed_reason == "cancelled: in the admin by allowed"
     if action == "delete":
         assert queue.get_job(job_id) is None
 
@@ -341,7 +341,7 @@ def test_buttons_show_only_where_the_state_and_the_permission_allow(root, echomq
     start(queue, now=now_ms())
     jobs["wait"] = queue.add("work")
     expected = {"failed": {"retry", "delete"}, "delayed": {"promote", "cancel", "delete"},
-                "wait": {"cancel", "delete"}, "active": set()}
+                "wait": {"cancel", "delete"}, "active": {"cancel"}}
     for state, job_id in jobs.items():
         assert queue.get_state(job_id) == state
         page = text(root, job_url(job_id))
@@ -388,10 +388,22 @@ def test_delete_refuses_an_active_job_and_a_job_a_worker_holds(root, queue):
     assert "is held by a live worker" in response.content.decode() and queue.get_state(held) == "failed"
 
 
+def test_cancel_of_a_running_job_flags_it_and_its_page_says_so(root, queue):
+    running = queue.add("work", opts=JobOptions(attempts=3))
+    assert start(queue, now=now_ms()) == [running]
+    response = root.post(job_url(running, "cancel"), follow=True)
+    assert "is running, and is being cancelled: its worker stops it at its next lock renewal" \
+        in response.content.decode()
+    assert queue.get_state(running) == "active", "its worker ends it"
+    assert queue.get_job(running).cancel_reason == "cancelled: in the admin by root"
+    page = text(root, job_url(running))
+    assert "cancel requested" in page and "cancelled: in the admin by root: its worker stops it" in page
+
+
 @pytest.mark.parametrize("action, make, says", [
     ("retry", lambda queue: queue.add("work"), "is in wait, and only a failed job can be retried"),
     ("promote", lambda queue: queue.add("work"), "is in wait, and only a delayed job can be promoted"),
-    ("cancel", failed, "is in failed, and only a job that has not started can be cancelled"),
+    ("cancel", failed, "is in failed, and only a job that has not finished can be cancelled"),
 ])
 def test_an_action_on_a_job_in_another_state_changes_nothing(root, queue, action, make, says):
     job_id = make(queue)

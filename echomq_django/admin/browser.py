@@ -24,6 +24,7 @@ from ..conf import get_settings
 from ..core import (
     BROWSABLE,
     STATES,
+    Cancel,
     InvalidNameError,
     Queue,
     browse,
@@ -58,9 +59,9 @@ class Action:
 
 RETRY = Action("retry", "Retry", "echomq.retry_failedjob", ("failed",), "a failed job", "retried")
 PROMOTE = Action("promote", "Promote now", "echomq.promote_job", ("delayed",), "a delayed job", "promoted")
-# Only jobs that have not started: the cancel script leaves a job a worker took alone.
-CANCEL = Action("cancel", "Cancel", "echomq.cancel_job", ("wait", "paused", "prioritized", "delayed"),
-                "a job that has not started", "cancelled")
+# A running job is flagged, and its worker stops it at its next lock renewal.
+CANCEL = Action("cancel", "Cancel", "echomq.cancel_job", ("wait", "paused", "prioritized", "delayed", "active"),
+                "a job that has not finished", "cancelled")
 # A worker holds an active job: deleting it would drop the worker's result on the floor.
 DELETE = Action("delete", "Delete…", "echomq.delete_job", (*(s for s in STATES if s != "active"), None),
                 "a job that is not active", "deleted")
@@ -251,11 +252,18 @@ class JobBrowserAdmin(admin.ModelAdmin):
 
     def cancel_job_view(self, request: HttpRequest, queue_name: str, job_id: str) -> HttpResponse:
         def cancel(queue: Queue, state: str | None) -> Outcome:
-            if queue.cancel(job_id, reason=f"cancelled in the admin by {request.user.get_username()}"):
+            done = queue.cancel(job_id, reason=f"in the admin by {request.user.get_username()}")
+            if done is Cancel.CANCELLED:
                 return "was cancelled: it is failed now, and Retry sends it back", messages.SUCCESS, None
+            if done is Cancel.STOPPING:
+                return ("is running, and is being cancelled: its worker stops it at its next lock renewal "
+                        "(a job on the threads pool stops at its next check), and it fails for good"), \
+                    messages.SUCCESS, None
+            if done is Cancel.FINISHED:
+                return "finished meanwhile and was left alone", messages.WARNING, None
             if queue.get_job(job_id, log_lines=0) is None:  # the script answered -1
                 return f"had no job hash: its id was taken out of {state}", messages.WARNING, None
-            return "started (or left its state) meanwhile and was left alone", messages.WARNING, None
+            return "left its state meanwhile and was left alone", messages.WARNING, None
 
         return self.act(request, queue_name, job_id, CANCEL, cancel)
 

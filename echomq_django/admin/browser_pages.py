@@ -98,7 +98,9 @@ def job_sections(job: Job, state: str | None, due_ms: float | None, live: LiveJo
                      ("attempts allowed", job.opts.attempts), ("stalls", job.stall_count)],
         "worker_ids": job.worker_ids,
         "running": [("worker", job.worker_id or "-"), ("lock TTL", lock_ttl(live.lock_ttl_ms)),
-                    ("time in active", seconds(live.seconds_in_active)), ("next sweep will", str(live.verdict))]
+                    ("time in active", seconds(live.seconds_in_active)), ("next sweep will", str(live.verdict)),
+                    *([("cancel requested", f"{job.cancel_reason}: its worker stops it at its next lock renewal")]
+                      if job.cancel_reason else [])]
         if live else [],
         "progress": None if job.progress is None else pretty_json(job.progress), "percent": percent(job.progress),
         "logs": job.logs, "log_count": job.log_count, "first_log_line": job.log_count - len(job.logs) + 1,
