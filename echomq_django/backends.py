@@ -9,6 +9,11 @@ A task becomes a job named by the task's module path, with data
 found at that path inside an installed app: any other path fails the job,
 nothing else is imported. The result id is the job id. "QUEUES": [] allows
 every queue of ECHOMQ["QUEUES"], and get_result then looks in each of them.
+
+`@task(attempts=, backoff=, time_limit=, soft_time_limit=)` (EchoMQTask) sets
+the job's retries and time limits (seconds), else the queue's. A task is
+cancelled as any job is, `get_queue(task.queue_name).cancel(result.id)`, and
+its result is then FAILED with a JobCancelled error that gives the reason.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from .core import (
     Backoff,
     InvalidNameError,
     Job,
+    JobCancelled,
     JobOptions,
     PayloadError,
     UnrecoverableError,
@@ -46,7 +52,7 @@ from .core import (
     validate_job_id,
     validate_name,
 )
-from .jobs import unserved_queue
+from .jobs import own_time_limits_ms, unserved_queue
 from .queues import get_queue
 from .tasks_compat import (
     BaseTaskBackend,
@@ -77,10 +83,23 @@ class TaskArgumentsError(PayloadError, TypeError):
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class EchoMQTask(Task):
-    """A Task with echomq's retry options: `@task(attempts=5, backoff=Backoff("exponential", 1000))`."""
+    """A Task with echomq's job options: `@task(attempts=5, backoff=Backoff("exponential", 1000), time_limit=60)`."""
 
     attempts: int | None = None  # None: the queue's ATTEMPTS
     backoff: Backoff | None = None  # None: the queue's BACKOFF
+    time_limit: float | None = None  # seconds an attempt may run; None: the queue's TIME_LIMIT
+    soft_time_limit: float | None = None  # seconds until SoftTimeLimitExceeded; None: the queue's SOFT_TIME_LIMIT
+
+
+# The tasks with a hard time limit made so far, by (path, backend, queue), for the check of
+# queues that run on threads (checks.check_time_limits). A task is validated by its backend
+# whenever it is made (@task, Task.using), which is where it is recorded.
+_time_limited: dict[tuple[str, str, str], Task] = {}
+
+
+def time_limited_tasks() -> list[Task]:
+    """Each task on an echomq backend seen with a hard time limit, once per path, backend and queue."""
+    return [_time_limited[key] for key in sorted(_time_limited)]
 
 
 def new_job_id() -> str:
@@ -116,6 +135,12 @@ class EchoMQBackend(BaseTaskBackend):
         if backoff is not None and not isinstance(backoff, Backoff):
             raise InvalidTask("backoff must be an echomq_django.core.Backoff, e.g. Backoff('exponential', 1000).")
         try:
+            own_time_limits_ms(task)
+        except PayloadError as error:
+            raise InvalidTask(f"{error}.") from None
+        if getattr(task, "time_limit", None) is not None:
+            _time_limited[(task.module_path, task.backend, str(task.queue_name))] = task
+        try:
             validate_name(task.queue_name, "queue name")
         except InvalidNameError as error:
             raise InvalidTask(str(error)) from None
@@ -136,7 +161,7 @@ class EchoMQBackend(BaseTaskBackend):
         opts = queue.default_opts.overridden(attempts=getattr(task, "attempts", None),
                                              backoff=getattr(task, "backoff", None),
                                              delay_ms=delay_until(task.run_after, timestamp_ms),
-                                             priority=task.priority)
+                                             priority=task.priority, **own_time_limits_ms(task))
         job_id = new_job_id()
         result = TaskResult(
             task=task, id=job_id, status=TaskResultStatus.READY, enqueued_at=task_datetime(timestamp_ms),
@@ -262,9 +287,23 @@ def task_result_of(job: Job, task: Task, status: TaskResultStatus) -> TaskResult
                 for path, trace in zip(job.error_classes, traces)],
         worker_ids=list(job.worker_ids),
     )
+    if status == TaskResultStatus.FAILED and job.cancel_reason is not None:
+        cancelled = cancel_error(job)
+        last = result.errors[-1] if result.errors else None
+        if last is None or last.exception_class_path != cancelled.exception_class_path:
+            result.errors.append(cancelled)  # cancelled before it ran, or its attempt ended otherwise
+        elif job.cancel_reason not in last.traceback:
+            result.errors[-1] = cancelled  # the attempt the worker stopped (a killed child has no traceback)
     if status == TaskResultStatus.SUCCESSFUL:
         object.__setattr__(result, "_return_value", job.returnvalue)
     return result
+
+
+def cancel_error(job: Job) -> TaskError:
+    """The error of a cancelled task's result: a JobCancelled that gives the reason (Queue.cancel)."""
+    error = JobCancelled(job.cancel_reason)
+    return TaskError(exception_class_path=class_path(error),
+                     traceback="".join(traceback.format_exception_only(error)))
 
 
 def delay_until(run_after: datetime | None, from_ms: int) -> int:

@@ -1,4 +1,4 @@
-"""System checks (`manage.py check`): the ECHOMQ setting, and the queues @job functions send to.
+"""System checks (`manage.py check`): the ECHOMQ setting, the queues @job functions send to, and time limits.
 
 The Tasks backend checks its own TASKS entry (EchoMQBackend.check, run by Django's Tasks checks).
 """
@@ -29,11 +29,11 @@ def echomq_settings_readable() -> bool:
 @checks.register("echomq_jobs")
 def check_job_queues(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Refuse each @job whose queue is not in ECHOMQ["QUEUES"]: its jobs would never run."""
-    from .jobs import registered_jobs, unserved_queue
+    from .jobs import discover_jobs, registered_jobs, unserved_queue
 
     if not echomq_settings_readable():
         return []  # check_settings reports why
-    autodiscover_modules("jobs")  # as echomq_worker does, so every @job is registered
+    discover_jobs()  # as echomq_worker does, so every @job is registered
     return [
         checks.Error(f"@job {name}: {problem}, and its enqueue raises ImproperlyConfigured.", id="echomq.E013",
                      hint=f"Add {function.queue!r} to ECHOMQ['QUEUES'], or give the @job a configured queue.")
@@ -42,13 +42,44 @@ def check_job_queues(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
     ]
 
 
+@checks.register("echomq_jobs")
+def check_time_limits(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Warn (echomq.W017) of each @job, and each @task on an echomq backend, whose hard time limit would apply
+    on a queue that runs on threads: a thread cannot be killed.
+
+    The queues' own TIME_LIMIT is checked with the setting (check_settings). The
+    @task functions seen are those of every installed app's `tasks` module
+    (imported here) and of any module imported by then, e.g. by a jobs.py.
+    """
+    from .backends import time_limited_tasks
+    from .conf import get_settings, threads_time_limit_warning
+    from .jobs import discover_jobs, registered_jobs
+
+    if not echomq_settings_readable():
+        return []
+    discover_jobs()
+    autodiscover_modules("tasks")  # where Django's @task functions usually live
+    limited = [(f"@job {name} has a time_limit of {function.time_limit:g} s", function.queue)
+               for name, function in sorted(registered_jobs().items()) if function.time_limit is not None]
+    limited += [(f"task {task.module_path} has a time_limit of {task.time_limit:g} s", task.queue_name)
+                for task in time_limited_tasks()]
+    queues = get_settings().queues
+    return [
+        checks.Warning(problem.message, hint=problem.hint, id=problem.id)
+        for what, queue in limited
+        if queue in queues and queues[queue].pool == "threads"  # an unconfigured queue is E013's or E014's
+        for problem in [threads_time_limit_warning(what, queue)]
+    ]
+
+
 # A tag of its own, like echomq_jobs: reading a schedule imports its task's module.
 @checks.register("echomq_schedules")
 def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Report every problem of ECHOMQ["SCHEDULES"]: a bad cron, an unknown task, arguments that are not JSON..."""
+    from .jobs import discover_jobs
     from .schedules import schedules_problems
 
-    autodiscover_modules("jobs")
+    discover_jobs()
     return [
         (checks.Warning if problem.warning else checks.Error)(problem.message, hint=problem.hint, id=problem.id)
         for problem in schedules_problems()

@@ -13,6 +13,10 @@
         "QUEUES": {"default": {"LOCK_DURATION": 30, "SWEEP_INTERVAL": 30, ...}},
     }
 
+A queue's jobs run on threads (POOL "threads", the default) or in child
+processes (POOL "processes"); TIME_LIMIT and SOFT_TIME_LIMIT bound each
+attempt, and MAX_JOBS_PER_CHILD / MAX_MEMORY_PER_CHILD (MB) recycle children.
+
 Durations are in seconds (fractions allowed). Every problem is described once,
 here, as a `Problem`; the system checks report them all, and reading broken
 settings raises ImproperlyConfigured with the first.
@@ -33,6 +37,7 @@ from django.dispatch import receiver
 from .core import (
     ALPHABET,
     MAX_DELAY_MS,
+    POOLS,
     Backoff,
     Confirm,
     InvalidNameError,
@@ -73,6 +78,16 @@ QUEUE_DEFAULTS: dict[str, Any] = {
     "KEEP_COMPLETED": {"COUNT": defaults.KEEP_COMPLETED_COUNT, "AGE": None},  # None = no limit; AGE in seconds
     "KEEP_FAILED": {"COUNT": None, "AGE": None},
     "MAX_LOG_LINES": defaults.MAX_LOG_LINES,  # log lines each job keeps; the oldest go first
+    # What runs the jobs: "threads" of the worker's process, or "processes" (children started
+    # once and reused, each running one job at a time), CONCURRENCY of them.
+    "POOL": "threads",
+    # Seconds an attempt may run (None: no limit); a job's own time_limit overrides it. On the
+    # processes pool the child is killed at the limit; a thread cannot be killed (echomq.W017).
+    "TIME_LIMIT": None,
+    # Seconds after which SoftTimeLimitExceeded is raised in the job (None: never); less than TIME_LIMIT.
+    "SOFT_TIME_LIMIT": None,
+    "MAX_JOBS_PER_CHILD": 0,  # a child is replaced after this many jobs (0: never); processes pool only
+    "MAX_MEMORY_PER_CHILD": 0,  # MB: a child whose memory grows past this is replaced (0: never); processes only
 }
 
 
@@ -112,6 +127,11 @@ class QueueConfig:
     keep_completed: Retention
     keep_failed: Retention
     max_log_lines: int = defaults.MAX_LOG_LINES
+    pool: str = "threads"  # or "processes"
+    time_limit_ms: int = 0  # 0: none
+    soft_time_limit_ms: int = 0  # 0: none
+    max_jobs_per_child: int = 0  # 0: never recycled
+    max_memory_per_child_mb: int = 0  # 0: never recycled
 
 
 @dataclass(frozen=True)
@@ -138,10 +158,27 @@ def _seconds_to_ms(value: Any, where: str, problems: list[Problem], *, allow_non
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_SECONDS:
+        hint = "Use a number such as 30 or 0.5" + (", or None." if allow_none else ".")
         problems.append(Problem("echomq.E005", f"{where} must be a positive number of seconds up to "
-                                f"{MAX_SECONDS:,} (ten years), not {value!r}.", "Use a number such as 30 or 0.5."))
+                                f"{MAX_SECONDS:,} (ten years), not {value!r}.", hint))
         return None
     return max(1, round(value * 1000))
+
+
+def _limit_ms(value: Any, where: str, problems: list[Problem]) -> int | None:
+    """A time limit in ms, 0 for None (no limit); None when it is wrong."""
+    if value is None:
+        return 0
+    return _seconds_to_ms(value, where, problems, allow_none=True)
+
+
+def _pool(value: Any, where: str, problems: list[Problem]) -> str:
+    if not isinstance(value, str) or value not in POOLS:
+        problems.append(Problem("echomq.E006", f"{where} must be one of {', '.join(map(repr, POOLS))}, "
+                                f"not {value!r}.",
+                                '"threads" (the default) runs jobs on threads of the worker; "processes" in '
+                                "child processes, which use every core and can be killed at a time limit."))
+    return value
 
 
 def _count(value: Any, where: str, problems: list[Problem], *, minimum: int, allow_none: bool = False) -> int | None:
@@ -236,8 +273,39 @@ def _queue_config(name: str, raw: Any) -> tuple[QueueConfig, list[Problem]]:
                                                                   fallback=QUEUE_DEFAULTS["KEEP_COMPLETED"])),
         keep_failed=option("KEEP_FAILED", functools.partial(_retention, fallback=QUEUE_DEFAULTS["KEEP_FAILED"])),
         max_log_lines=option("MAX_LOG_LINES", _max_log_lines),
+        pool=option("POOL", _pool),
+        max_jobs_per_child=option("MAX_JOBS_PER_CHILD", functools.partial(_count, minimum=0)),
+        max_memory_per_child_mb=option("MAX_MEMORY_PER_CHILD", functools.partial(_count, minimum=0)),
+        **_time_limits(option, where, problems),
     )
+    if config.pool == "threads" and config.time_limit_ms:
+        problems.append(threads_time_limit_warning(
+            f"{where}['TIME_LIMIT'] is {config.time_limit_ms / 1000:g} s", name))
     return config, problems
+
+
+def _time_limits(option: Callable[[str, Parse], Any], where: str, problems: list[Problem]) -> dict[str, int]:
+    """TIME_LIMIT and SOFT_TIME_LIMIT in ms (0: none); a soft limit not under the hard one is an error."""
+    hard, soft = option("TIME_LIMIT", _limit_ms), option("SOFT_TIME_LIMIT", _limit_ms)
+    if hard and soft >= hard:
+        problems.append(Problem(
+            "echomq.E022", f"{where}: the SOFT_TIME_LIMIT of {soft / 1000:g} s is not shorter than the TIME_LIMIT "
+            f"of {hard / 1000:g} s, so the job would never get its warning before it is stopped.",
+            "Make SOFT_TIME_LIMIT shorter than TIME_LIMIT (the time the job has to clean up is the difference), "
+            "or leave one of them None."))
+        hard = soft = 0  # a wrong pair falls back to the defaults, as a wrong value does
+    return {"time_limit_ms": hard, "soft_time_limit_ms": soft}
+
+
+def threads_time_limit_warning(what: str, queue: str) -> Problem:
+    """echomq.W017: `what` (a hard time limit) applies on `queue`, whose jobs run on threads, which cannot be killed."""
+    return Problem(
+        "echomq.W017", f"{what}, but queue {queue!r} runs its jobs on threads (POOL \"threads\"), and a thread "
+        "cannot be killed.",
+        "At the limit the worker fails the attempt (retried per its attempts) and stops renewing its lock, but the "
+        "thread runs on, unobserved, until the job returns (or checks current_job()). Set the queue's POOL to "
+        "\"processes\" (or run echomq_worker --pool processes) to enforce the limit.",
+        warning=True)
 
 
 def _redis_url(value: Any, where: str, problems: list[Problem]) -> str:

@@ -10,6 +10,10 @@
     send_welcome.enqueue(42)          # from a view, a signal, anywhere
     send_welcome.enqueue_with(args=(42,), delay_ms=60_000)   # in a minute
 
+    @job(queue="reports", time_limit=300, soft_time_limit=280)   # seconds; override the queue's
+    def build_report(report_id):
+        ...
+
 The queue must be in ECHOMQ["QUEUES"]: enqueue refuses any other (no worker
 would serve it), and `manage.py check` names each @job that uses one (echomq.E013).
 The job's data is {"args": [...], "kwargs": {...}} as JSON. A worker runs only
@@ -21,15 +25,17 @@ task's module only from inside an installed app.)
 from __future__ import annotations
 
 import contextvars
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections
+from django.utils.module_loading import autodiscover_modules
 
 from .conf import get_settings
-from .core import Backoff, Job, JobOptions, UnrecoverableError
+from .core import MAX_DELAY_MS, Backoff, Job, JobOptions, PayloadError, UnrecoverableError
 from .queues import get_queue
 
 _current_job: contextvars.ContextVar[Job | None] = contextvars.ContextVar("echomq_current_job", default=None)
@@ -37,8 +43,49 @@ _registry: dict[str, JobFunction] = {}
 
 
 def current_job() -> Job | None:
-    """The job this thread is running, inside a job function; else None."""
-    return _current_job.get()
+    """The job this thread is running, inside a job function; else None.
+
+    It is also where a running job is stopped: it raises what the worker set on
+    the job (Job.check): JobCancelled at every call once the job was cancelled
+    (Queue.cancel), SoftTimeLimitExceeded once past its soft time limit,
+    TimeLimitExceeded past its hard limit. On the threads pool this is the only way a job learns of
+    these (a thread cannot be interrupted), so a long job should call it now and
+    then; a job may catch SoftTimeLimitExceeded to clean up, while a cancelled
+    attempt fails whatever the job does.
+    """
+    job = _current_job.get()
+    if job is not None:
+        job.check()
+    return job
+
+
+def discover_jobs() -> None:
+    """Import every installed app's `jobs` module, so each @job in it is registered (as workers need)."""
+    autodiscover_modules("jobs")
+
+
+def time_limits_ms(time_limit: Any, soft_time_limit: Any) -> dict[str, int | None]:
+    """A job's own time limits, given in seconds, as JobOptions.overridden takes them (None: the queue's).
+
+    PayloadError for a limit that is not a positive number of seconds up to ten
+    years, or a soft limit not shorter than the hard one.
+    """
+    limits: dict[str, int | None] = {}
+    for key, what, seconds in (("time_limit_ms", "time_limit", time_limit),
+                               ("soft_time_limit_ms", "soft_time_limit", soft_time_limit)):
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+                                    or not 0 < seconds <= MAX_DELAY_MS / 1000 or not math.isfinite(seconds)):
+            raise PayloadError(f"{what} must be a positive number of seconds up to ten years, or None, "
+                               f"not {seconds!r}")
+        limits[key] = None if seconds is None else max(1, round(seconds * 1000))
+    JobOptions(time_limit_ms=limits["time_limit_ms"] or 0,
+               soft_time_limit_ms=limits["soft_time_limit_ms"] or 0)  # the soft limit is the shorter
+    return limits
+
+
+def own_time_limits_ms(target: Any) -> dict[str, int | None]:
+    """The time limits (ms, for JobOptions.overridden) a @job function or an EchoMQTask sets for its jobs."""
+    return time_limits_ms(getattr(target, "time_limit", None), getattr(target, "soft_time_limit", None))
 
 
 def unserved_queue(queue: str) -> str | None:
@@ -58,6 +105,8 @@ class JobFunction:
     queue: str = "default"
     attempts: int | None = None  # None: the queue's ATTEMPTS
     backoff: Backoff | None = None  # None: the queue's BACKOFF
+    time_limit: float | None = None  # seconds; None: the queue's TIME_LIMIT
+    soft_time_limit: float | None = None  # seconds; None: the queue's SOFT_TIME_LIMIT
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs)
@@ -77,23 +126,29 @@ class JobFunction:
         queue = get_queue(self.queue)
         return queue.add(self.name, {"args": list(args), "kwargs": kwargs or {}},
                          opts=queue.default_opts.overridden(attempts=self.attempts, backoff=self.backoff,
-                                                            delay_ms=delay_ms),
+                                                            delay_ms=delay_ms, **own_time_limits_ms(self)),
                          job_id=job_id)
 
 
 def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queue: str = "default",
-        attempts: int | None = None, backoff: Backoff | None = None) -> Any:
+        attempts: int | None = None, backoff: Backoff | None = None,
+        time_limit: float | None = None, soft_time_limit: float | None = None) -> Any:
     """Register `func` as a job function (usable bare, `@job`, or with options, `@job(...)`).
 
-    `attempts` and `backoff` default to the queue's settings.
+    `attempts`, `backoff` and the time limits (seconds, fractions allowed)
+    default to the queue's settings (ATTEMPTS, BACKOFF, TIME_LIMIT, SOFT_TIME_LIMIT).
+    At `soft_time_limit` SoftTimeLimitExceeded is raised in the job; at
+    `time_limit` the attempt fails (on the processes pool its child is killed).
     """
 
+    # Wrong values fail at import (PayloadError), not at the first enqueue.
     if attempts is not None:
-        JobOptions(attempts=attempts)  # a wrong count fails at import (PayloadError), not at the first enqueue
+        JobOptions(attempts=attempts)
+    time_limits_ms(time_limit, soft_time_limit)
 
     def register(target: Callable[..., Any]) -> JobFunction:
         job_name = name or f"{target.__module__}.{target.__qualname__}"
-        registered = JobFunction(target, job_name, queue, attempts, backoff)
+        registered = JobFunction(target, job_name, queue, attempts, backoff, time_limit, soft_time_limit)
         if job_name in _registry and _registry[job_name].func is not target:
             raise ValueError(f"two job functions are registered as {job_name!r}; give one a name=")
         _registry[job_name] = registered
@@ -110,7 +165,11 @@ def registered_jobs() -> dict[str, JobFunction]:
 def run_job(job_record: Job) -> Any:
     """The worker's handler: run the @job function (or Django Task) the job names.
 
-    Database connections are closed before and after, as Django does around a request.
+    Database connections are closed before and after, as Django does around a
+    request and Celery around a task: those that are unusable or older than
+    CONN_MAX_AGE (with the default 0, every one), in the worker's threads and in
+    the processes pool's children alike (a child closes what it inherited when
+    it starts: child.setup).
     """
     close_old_connections()
     token = _current_job.set(job_record)

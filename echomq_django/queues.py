@@ -13,6 +13,7 @@ from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
+from . import child
 from .conf import get_settings
 from .core import Confirm, Handler, JobOptions, Queue, Scripts, Sweeper, SweepTarget, Worker, connect
 
@@ -123,7 +124,22 @@ def make_sweeper(names: Iterable[str], *, long_running: bool = True, **overrides
 
 
 def make_worker(name: str, handler: Handler, **overrides: Any) -> Worker:
-    """A worker on `name` with that queue's lock, concurrency and retention settings."""
+    """A worker on `name` with that queue's pool, lock, concurrency, time limit and retention settings.
+
+    `overrides`: Worker keyword arguments that replace the configured values
+    (None keeps them), as worker_options takes them.
+    """
+    client, scripts = _runtime(get_settings(), long_running=True)
+    return Worker(name, handler, client, scripts=scripts, **worker_options(name, **overrides))
+
+
+def worker_options(name: str, **overrides: Any) -> dict[str, Any]:
+    """The Worker keyword arguments of queue `name`'s settings, with `overrides` (None: keep the setting).
+
+    Time limits go in ms and child memory in KB. A worker on the processes pool
+    gets child.setup as what its children run first (Django, the jobs modules);
+    on threads the children's recycling is left out (0), as it does not apply.
+    """
     settings = get_settings()
     config = settings.queue(name)
     options: dict[str, Any] = {
@@ -137,10 +153,19 @@ def make_worker(name: str, handler: Handler, **overrides: Any) -> Worker:
         "confirm": settings.confirm,
         "metrics_minutes": settings.metrics_minutes,
         "max_log_lines": config.max_log_lines,
+        "pool": config.pool,
+        "time_limit_ms": config.time_limit_ms,
+        "soft_time_limit_ms": config.soft_time_limit_ms,
+        "max_jobs_per_child": config.max_jobs_per_child,
+        "max_memory_per_child_kb": config.max_memory_per_child_mb * 1024,
+        "child_init": None,
     }
     options.update({key: value for key, value in overrides.items() if value is not None})
-    client, scripts = _runtime(settings, long_running=True)
-    return Worker(name, handler, client, scripts=scripts, **options)
+    if options["pool"] == "processes":
+        options["child_init"] = options["child_init"] or child.setup
+    else:
+        options.update(max_jobs_per_child=0, max_memory_per_child_kb=0, child_init=None)
+    return options
 
 
 @receiver(setting_changed)

@@ -222,8 +222,9 @@ class _Target:
     def schedule(self, name: str, queue: str | None, args: list[Any], kwargs: dict[str, Any],
                  priority: int | None, attempts: int | None, where: str, problem: Any, *,
                  timing: dict[str, Any], **fields: Any) -> Schedule | None:
-        from .jobs import JobFunction
+        from .jobs import JobFunction, own_time_limits_ms
 
+        own_limits = own_time_limits_ms(self.found)  # a @job's, or a task's (the same attribute names)
         if isinstance(self.found, JobFunction):
             queue = queue or self.found.queue
             own_attempts, backoff = self.found.attempts, self.found.backoff
@@ -254,7 +255,7 @@ class _Target:
         config = get_settings().queue(queue)
         opts = JobOptions(attempts=config.attempts, backoff=config.backoff).overridden(
             attempts=attempts if attempts is not None else own_attempts, backoff=backoff,
-            priority=own_priority if priority is None else priority)
+            priority=own_priority if priority is None else priority, **own_limits)
         if not timing:
             return None
         try:
@@ -282,9 +283,9 @@ def _queue(queue: Any, where: str, problem: Any) -> bool:
 @functools.cache
 def _discover_jobs() -> None:
     """Import every installed app's jobs.py, as echomq_worker does: once, not once per schedule."""
-    from django.utils.module_loading import autodiscover_modules
+    from .jobs import discover_jobs
 
-    autodiscover_modules("jobs")
+    discover_jobs()
 
 
 @receiver(setting_changed)

@@ -20,7 +20,8 @@ def registry(monkeypatch):
 
 @pytest.fixture
 def configured(settings, redis_url, prefix):
-    settings.ECHOMQ = {"REDIS_URL": redis_url, "PREFIX": prefix, "QUEUES": {"default": {}, "demo": {}}}
+    settings.ECHOMQ = {"REDIS_URL": redis_url, "PREFIX": prefix, "QUEUES": {"default": {}, "demo": {},
+                                                                                  "heavy": {"POOL": "processes"}}}
 
 
 def make_report() -> str:

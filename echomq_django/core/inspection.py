@@ -36,7 +36,7 @@ DROP_MARK = "drop mark"  # marked but not active (another client moved it): the 
 NOTHING = "nothing"
 
 # The fields of a job hash the sweep decides on, in the order HMGET asks for them.
-SWEEP_FIELDS = ("atm", "stc", "opts", "pri")
+SWEEP_FIELDS = ("atm", "stc", "opts", "pri", "cxl")
 # The queue keys whose type the sweep checks before it writes anything (named as
 # QueueKeys names them), and the type each must have: the script's `expected`
 # list, which tests/test_inspection.py compares with this one.
@@ -138,7 +138,7 @@ def _recover_verdict(probe: JobProbe, max_stalled_count: int, default_attempts: 
     """The script's recover(id), in its order of checks."""
     if probe.fields is None:
         return SweepVerdict(FAIL, "its key holds another Redis type than a hash")
-    atm, stc, opts, pri = (probe.fields.get(name) for name in SWEEP_FIELDS)
+    atm, stc, opts, pri, cancel = (probe.fields.get(name) for name in SWEEP_FIELDS)
     if atm is None and stc is None and opts is None and not probe.hash_exists:
         return SweepVerdict(FAIL, "its job hash is missing")
     attempts_made, bad_atm = _counter(atm, "atm")
@@ -148,6 +148,8 @@ def _recover_verdict(probe: JobProbe, max_stalled_count: int, default_attempts: 
     if bad or attempts_made is None or stalls is None or ceiling is None:
         return SweepVerdict(FAIL, f"it cannot be retried: {bad}")
     attempts_made, stalls = attempts_made + 1, stalls + 1
+    if cancel is not None:
+        return SweepVerdict(FAIL, cancel)
     if attempts_made >= ceiling:
         return SweepVerdict(FAIL, f"attempt ceiling ({attempts_made} of {ceiling})")
     if stalls > max_stalled_count:

@@ -69,9 +69,13 @@ def run_handler(handler: Handler, job: Job) -> Finish:
 
 
 def ended(job: Job, reason: str, error: type[BaseException] | None = None, *, final: bool = False) -> Finish:
-    """A failed attempt that the pool ended (time limit, cancel, a dead child), retried per the job's options."""
+    """A failed attempt that the pool ended (time limit, cancel, a dead child), retried per the job's options.
+
+    There is no traceback from inside the job: the stack trace entry says what ended it.
+    """
     return Finish(job.id, job.token or "", completed=False, value=reason, final=final,
                   backoff_ms=0 if final else job.opts.backoff.delay_before(job.attempts_made + 1),
+                  stacktrace=f"{error.__qualname__ if error else 'Ended by the worker'}: {reason}\n",
                   error_class=f"{error.__module__}.{error.__qualname__}" if error else "")
 
 

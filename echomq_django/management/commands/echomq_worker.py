@@ -1,18 +1,19 @@
 """`manage.py echomq_worker`: run the registered job functions of one or more queues."""
 
+import functools
 import logging
 import threading
 import time
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.utils.module_loading import autodiscover_modules
 
-from echomq_django.core import InvalidNameError, Job, Worker
-from echomq_django.jobs import registered_jobs, run_job
-from echomq_django.queues import make_worker, queue_names
+from echomq_django import child
+from echomq_django.core import POOLS, InvalidNameError, Job, Worker
+from echomq_django.jobs import discover_jobs, registered_jobs, run_job
+from echomq_django.queues import make_worker, queue_names, worker_options
 
-from ._options import connect_or_fail, on_stop_signals, positive_int
+from ._options import connect_or_fail, non_negative_int, on_stop_signals, positive_int
 from ._output import echomq_logs_shown
 
 logger = logging.getLogger("echomq.worker")
@@ -28,24 +29,49 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--concurrency", type=positive_int, default=None, metavar="N",
-            help="Jobs run at once per queue, on threads (default: the queue's CONCURRENCY, 1 unless configured).",
+            help="Jobs run at once per queue, on threads or child processes "
+                 "(default: the queue's CONCURRENCY, 1 unless configured).",
+        )
+        parser.add_argument(
+            "--pool", choices=POOLS, default=None,
+            help="Run jobs on threads of this process, or in child processes that use every core and are "
+                 "killed at a job's time limit (default: the queue's POOL, threads unless configured).",
+        )
+        parser.add_argument(
+            "--max-jobs-per-child", type=non_negative_int, default=None, metavar="N",
+            help="Processes pool: replace a child after it ran N jobs; 0 never "
+                 "(default: the queue's MAX_JOBS_PER_CHILD).",
+        )
+        parser.add_argument(
+            "--max-memory-per-child", type=non_negative_int, default=None, metavar="MB",
+            help="Processes pool: replace a child, after its job, once its memory passes MB megabytes; 0 never "
+                 "(default: the queue's MAX_MEMORY_PER_CHILD).",
         )
         parser.add_argument("--burst", action="store_true",
                             help="Run what is ready, then exit 0 once nothing is ready or running.")
         parser.add_argument("--max-jobs", type=positive_int, default=None, metavar="N",
                             help="Exit after taking N jobs from each queue.")
 
-    def handle(self, *, queues: list[str] | None, concurrency: int | None, burst: bool,
+    def handle(self, *, queues: list[str] | None, concurrency: int | None, pool: str | None,
+               max_jobs_per_child: int | None, max_memory_per_child: int | None, burst: bool,
                max_jobs: int | None, verbosity: int, **options: Any) -> None:
-        autodiscover_modules("jobs")
+        discover_jobs()
+        overrides = {"concurrency": concurrency, "pool": pool, "max_jobs_per_child": max_jobs_per_child,
+                     "max_memory_per_child_kb": None if max_memory_per_child is None else max_memory_per_child * 1024,
+                     # Children show the job lines (run_and_report's) as this command does (left out on threads).
+                     "child_init": functools.partial(child.setup, verbosity=verbosity)}
         try:
-            workers = [make_worker(name, run_and_report, concurrency=concurrency) for name in queue_names(queues)]
+            names = queue_names(queues)
+            configured = {name: worker_options(name, **overrides) for name in names}
+            refuse_recycling_on_threads(configured, max_jobs_per_child, max_memory_per_child)
+            workers = [make_worker(name, run_and_report, **overrides) for name in names]
         except (InvalidNameError, ValueError) as error:
             raise CommandError(str(error)) from None
         connect_or_fail(lambda message: self.stderr.write(self.style.WARNING(message)))
         if verbosity >= 1:
-            names = ", ".join(sorted(registered_jobs())) or "none (add @job functions to an app's jobs.py)"
-            self.stdout.write(f"worker on {', '.join(w.keys.queue for w in workers)}; job functions: {names}")
+            functions = ", ".join(sorted(registered_jobs())) or "none (add @job functions to an app's jobs.py)"
+            described = ", ".join(f"{name} ({describe(configured[name])})" for name in names)
+            self.stdout.write(f"worker on {described}; job functions: {functions}")
 
         with echomq_logs_shown(self, verbosity):
             processed, crashed = run_all(workers, burst=burst, max_jobs=max_jobs)
@@ -54,6 +80,35 @@ class Command(BaseCommand):
         if verbosity >= 1:
             self.stdout.write("worker finished: " + ", ".join(
                 f"{queue} {count} job attempt(s)" for queue, count in sorted(processed.items())))
+
+
+def refuse_recycling_on_threads(configured: dict[str, dict[str, Any]], max_jobs_per_child: int | None,
+                                max_memory_per_child: int | None) -> None:
+    """ValueError when --max-jobs-per-child or --max-memory-per-child is given for a queue that runs on threads."""
+    given = [flag for flag, value in (("--max-jobs-per-child", max_jobs_per_child),
+                                      ("--max-memory-per-child", max_memory_per_child)) if value is not None]
+    on_threads = [name for name, options in configured.items() if options["pool"] != "processes"]
+    if given and on_threads:
+        raise ValueError(f"{' and '.join(given)} recycle the child processes of the processes pool, but queue(s) "
+                         f"{', '.join(on_threads)} run on threads: add --pool processes, or set their POOL")
+
+
+def describe(options: dict[str, Any]) -> str:
+    """A worker's pool and limits, as its start-up line gives them: "processes x4, time limit 30 s, ..."."""
+    parts = [f"{options['pool']} x{options['concurrency']}"]
+    if options["time_limit_ms"]:
+        parts.append(f"time limit {options['time_limit_ms'] / 1000:g} s"
+                     + (" (a thread is not killed: echomq.W017)" if options["pool"] == "threads" else ""))
+    else:
+        parts.append("no queue time limit")
+    if options["soft_time_limit_ms"]:
+        parts.append(f"soft time limit {options['soft_time_limit_ms'] / 1000:g} s")
+    jobs = options["max_jobs_per_child"]
+    recycle = [f"{jobs} job{'' if jobs == 1 else 's'}" if jobs else "",
+               f"{options['max_memory_per_child_kb'] / 1024:g} MB" if options["max_memory_per_child_kb"] else ""]
+    if any(recycle):
+        parts.append("a child replaced after " + " or ".join(filter(None, recycle)))
+    return ", ".join(parts)
 
 
 def run_all(workers: list[Worker], *, burst: bool, max_jobs: int | None) -> tuple[dict[str, int], list[str]]:
