@@ -72,6 +72,8 @@ ECHOMQ = {
         "default": {},
         # Short timings so the demo shows a stall and its recovery within seconds.
         "demo": {"LOCK_DURATION": 3, "SWEEP_INTERVAL": 2},
+        # Jobs in child processes: a time limit kills the child, a cancel reaches a running job.
+        "heavy": {"POOL": "processes", "CONCURRENCY": 2, "LOCK_DURATION": 3, "SWEEP_INTERVAL": 2},
     },
     # Fired by `manage.py echomq_beat`: each tick is one job, however many beats run.
     "SCHEDULES": {

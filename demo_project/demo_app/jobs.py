@@ -66,6 +66,26 @@ def heartbeat() -> str:
     return f"alive at tick {current_job().id.rsplit('@', 1)[-1]}"
 
 
+HEAVY = "heavy"
+
+
+@job(queue=HEAVY, time_limit=2, attempts=1)
+def stuck() -> str:
+    """Hangs, as a call to a service that never answers would; its time limit of 2 s stops it."""
+    time.sleep(3600)
+    return "never"
+
+
+@job(queue=HEAVY)
+def export(rows: int) -> int:
+    """A long export, cancelled in the admin (or by Queue.cancel) while it runs."""
+    running = current_job()
+    for done in range(1, rows + 1):
+        time.sleep(0.2)
+        running.update_progress({"rows": done})
+    return rows
+
+
 STORY = [
     (greet, ("Ada",)),
     (greet, ("Grace",)),

@@ -21,7 +21,7 @@ from django.core.signals import setting_changed
 from django.urls import reverse
 
 from demo_project.demo_app import tasks
-from demo_project.demo_app.jobs import QUEUE, STORY
+from demo_project.demo_app.jobs import HEAVY, QUEUE, STORY, export, stuck
 from demo_project.demo_app.relay import Relay, SweepNarrator
 from echomq_django.conf import get_settings
 from echomq_django.core import connect
@@ -177,7 +177,26 @@ class Command(BaseCommand):
         task_result.refresh()
         self.stdout.write(f"\nDjango task add(2, 3) through the Tasks framework: {task_result.status}, "
                           f"return value {task_result.return_value if task_result.is_finished else '-'}")
+        self.limit_and_cancel()
         return sweeper
+
+    def limit_and_cancel(self) -> None:
+        """A job stopped by its time limit and one cancelled while it runs, on the processes pool."""
+        queue = get_queue(HEAVY)
+        queue.obliterate()
+        hung, long = stuck.enqueue(), export.enqueue(600)
+        self.stdout.write(
+            f"\nQueue {HEAVY!r} runs its jobs in child processes (POOL \"processes\"). Job {hung} (stuck) hangs "
+            f"past its time limit of 2 s; job {long} (export) runs for minutes, and is cancelled while it runs.")
+        self.start("echomq_worker", "--queue", HEAVY, label="worker 3")
+        self.wait_for(lambda: (queue.get_job(long).progress or {}).get("rows", 0) >= 3, "the export to start")
+        answer = queue.cancel(long, "not needed any more")
+        self.stdout.write(f"cancel of job {long} (export) while it runs: {answer.value}; its worker stops it at its "
+                          "next lock renewal, by killing the child that runs it")
+        self.wait_for(lambda: all(queue.get_state(i) in FINISHED for i in (hung, long)), "the heavy jobs to end")
+        for job_id, name in ((hung, "stuck"), (long, "export")):
+            job = queue.get_job(job_id)
+            self.stdout.write(f"job {job_id} ({name}) of {HEAVY!r}: {queue.get_state(job_id)}, {job.failed_reason}")
 
     def wait_for(self, condition: Any, what: str, timeout_s: float = 60) -> None:
         deadline = time.monotonic() + timeout_s
