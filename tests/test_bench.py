@@ -58,3 +58,22 @@ def test_beat_cost_runs_and_finds_each_tick_fired_once():
     assert [row[0] for row in rows] == ["1", "2"] * 3, proc.stdout  # the ticks, lateness and cost tables
     for row in rows[:2]:  # ... >1 job, fired decisions, jobs (all), printed, missed
         assert row[-5] == "0" and row[-4] == row[-3] == row[-2], proc.stdout
+
+
+@pytest.mark.slow
+def test_pool_cost_runs_and_prints_every_row():
+    """Celery's rows are measured when it is installed (the bench extra), and said to be missing otherwise."""
+    proc = subprocess.run([sys.executable, "bench/pool_cost.py", "--quick", "--redis-url", current_redis_url()],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    cases = [("echomq", "threads", "no-op"), ("echomq", "processes", "no-op"), ("echomq", "processes", "counting")]
+    if "celery prefork: not measured" not in proc.stdout:
+        cases.append(("celery", "prefork", "counting"))
+    rows = [tuple(row[:4]) for row in map(str.split, lines) if len(row) == 9 and row[2] in ("no-op", "counting")]
+    assert rows == [(*case, conc) for conc in ("2", "8") for case in cases], proc.stdout
+    for row, times in {"processes / threads, no-op": 2, "echomq processes / celery prefork, counting": 2,
+                       "CPU-bound: 4 jobs": 1, "threads / processes wall time": 1}.items():
+        assert proc.stdout.count(row) == times, f"{row!r} missing from:\n{proc.stdout}"
+    walls = [row[0] for row in map(str.split, lines) if row[:1] in (["threads"], ["processes"]) and row[1] != "/"]
+    assert walls == ["threads", "processes"], proc.stdout
