@@ -169,8 +169,9 @@ class ProcessSlot:
             if conn in wait([conn, process.sentinel]) and conn.recv() == "ready":
                 return
         process.join()
+        code = process.exitcode  # read before close(), after which the process object refuses it
         self.close(kill=True)
-        raise RuntimeError(f"{self.name}: the child process died while it started ({_how(process.exitcode)}); "
+        raise RuntimeError(f"{self.name}: the child process died while it started ({_how(code)}); "
                            "its error is on the worker's standard error")
 
     def close(self, *, kill: bool = False) -> None:
@@ -325,6 +326,23 @@ def _soft_limit(signum: int, frame: Any) -> None:
         raise SoftTimeLimitExceeded("soft time limit exceeded")
 
 
+def _interruptible(handler: Handler) -> Handler:
+    """The handler, marked as running only while it runs, so the soft limit's signal is raised there.
+
+    The mark is set and cleared inside run_handler's try: a signal that lands
+    as the job returns is either raised in the job (a failed attempt) or
+    ignored, never raised in the child's own code, which it would kill.
+    """
+    def call(job: Job) -> Any:
+        global _running
+        _running = job
+        try:
+            return handler(job)
+        finally:
+            _running = None
+    return call
+
+
 def _die_with(parent_pid: int) -> None:
     """Have the kernel kill this child when the worker dies (Linux), so a job never runs on without it."""
     if sys.platform.startswith("linux"):
@@ -337,9 +355,27 @@ def _die_with(parent_pid: int) -> None:
         os._exit(1)
 
 
+def _peak_rss_kb() -> int:
+    """This child's own peak resident size, in KB.
+
+    Not ru_maxrss alone: on Linux a spawned child keeps, across its exec, the
+    high-water mark of the worker it was forked from, so every child of a
+    worker bigger than the limit would seem past it after its first job.
+    VmHWM is the peak of this process image only.
+    """
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak // 1024 if sys.platform == "darwin" else peak  # bytes on macOS, KB elsewhere
+
+
 def _child_main(conn: Connection, handler_blob: bytes, child_init: Callable[[], None] | None,
                 parent_pid: int) -> None:
-    global _running
     # Signals are the worker's business: Ctrl-C in a terminal reaches the whole
     # process group, and a child must not break its job for it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -347,7 +383,7 @@ def _child_main(conn: Connection, handler_blob: bytes, child_init: Callable[[], 
     _die_with(parent_pid)
     if child_init is not None:
         child_init()
-    handler: Handler = pickle.loads(handler_blob)
+    handler: Handler = _interruptible(pickle.loads(handler_blob))
     reporter = _PipeReporter(conn)
     signal.signal(signal.SIGUSR1, _soft_limit)
     conn.send("ready")
@@ -359,9 +395,5 @@ def _child_main(conn: Connection, handler_blob: bytes, child_init: Callable[[], 
         if job is None:
             return
         job.attach(reporter)
-        _running = job
-        try:
-            finish = run_handler(handler, job)
-        finally:
-            _running = None
-        conn.send(("done", finish, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
+        finish = run_handler(handler, job)
+        conn.send(("done", finish, _peak_rss_kb()))
