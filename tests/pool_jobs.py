@@ -63,7 +63,11 @@ def sleep(job: Job) -> dict:
     _record(job)
     job.update_progress({"pid": os.getpid()})
     if not (data.get("first_only") and job.attempts_made > 0):
-        _sleep(job, data["seconds"], check=data.get("check", False))
+        try:
+            _sleep(job, data["seconds"], check=data.get("check", False))
+        except Exception as error:  # what stopped it (a check's LockLostError, JobCancelled...)
+            _record(job, f":{type(error).__name__}")
+            raise
     _record(job, ":done")
     return {"pid": os.getpid()}
 

@@ -216,7 +216,7 @@ def progress(queue) -> tuple[list[str], str, str]:
             f"job {doomed} of queue q started: {demo.doomed.name}, attempt 1 of 2",
             f"job {doomed} of queue q failed, retrying now: ValueError: bad input (attempt 1)",
             f"job {doomed} of queue q started: {demo.doomed.name}, attempt 2 of 2",
-            f"job {doomed} of queue q failed, no attempts left: ValueError: bad input (attempt 2)"], done, doomed
+            f"job {doomed} of queue q failed, for good: ValueError: bad input (attempt 2)"], done, doomed
 
 
 def test_a_project_without_logging_settings_sees_each_job_start_complete_and_fail(queue, subprocess_env, tmp_path):

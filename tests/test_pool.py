@@ -255,6 +255,27 @@ def test_a_child_killed_mid_job_fails_the_attempt_at_once_and_a_new_child_retrie
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("pool", ["threads", "processes"])
+def test_an_attempt_whose_lock_was_lost_is_stopped_at_the_next_renewal(queue, redis_url, pool):
+    # As if the worker had paused past its lock and the sweeper had handed the job to another worker.
+    job_id = queue.add("sleep", recording(queue, redis_url, seconds=30, check=pool == "threads"),
+                       opts=JobOptions(attempts=3))
+    with running(make_worker(queue, pool)):
+        assert wait_until(lambda: progress_pid(queue, job_id), 10), "the job started"
+        runner = progress_pid(queue, job_id)
+        queue.client.hset(queue.keys.job(job_id), "tok", "another-worker")
+        taken = time.monotonic()
+        if pool == "processes":
+            assert wait_until(lambda: gone(runner), 5), "the child running the lost attempt was killed"
+        else:
+            assert wait_until(lambda: (job_id, runner, "LockLostError") in runs(queue), 5), "its check raised"
+        stopped_after = time.monotonic() - taken
+    assert stopped_after < RENEW_S + 1.5, "within about one renewal"
+    job, job_state = queue.get_job_with_state(job_id)
+    assert (job_state, job.token, job.attempts_made) == ("active", "another-worker", 0), "the new owner's"
+    assert done_of(queue, job_id) == [], "the lost attempt never finished"
+
+
 def test_a_child_that_exits_mid_job_fails_the_attempt_with_its_exit_code(queue, redis_url):
     job_id = queue.add("die", recording(queue, redis_url, code=3), opts=JobOptions(attempts=2))
     with running(make_worker(queue, "processes")):

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from . import defaults
-from .errors import JobCancelled, PayloadError
+from .errors import JobCancelled, LockLostError, PayloadError
 
 # The bounds of the numbers a job may carry. The Lua scripts check attempts
 # against the same bound (MAX_ATTEMPTS in lua/includes/jobFields.lua), so a
@@ -255,13 +255,14 @@ class Job:
         """Raise what the worker asked this job to stop with, if anything.
 
         `current_job()`, `update_progress` and `log` call this, so a job that
-        reports is stopped there: JobCancelled when it was cancelled (every
-        check), SoftTimeLimitExceeded once when it ran past its soft limit,
+        reports is stopped there: JobCancelled when it was cancelled and
+        LockLostError when the sweeper recovered it (at every check),
+        SoftTimeLimitExceeded once when it ran past its soft limit,
         TimeLimitExceeded after its hard limit (the attempt has failed already).
         """
         error = self._interrupt
         if error is not None:
-            if not isinstance(error, JobCancelled):
+            if not isinstance(error, (JobCancelled, LockLostError)):
                 self._interrupt = None
             raise error
 

@@ -25,14 +25,16 @@ class LockRenewer:
     recovered and fetched again while its old attempt still runs, the two
     attempts do not share an entry. `run()` (on a thread of its own) renews
     every held lock in one script call every `renew_interval_ms`, and at once
-    after `renew_soon()`. A renewal also tells of each held job that was
-    cancelled meanwhile: `on_cancel(job id, token)` is called for it, at every
-    renewal until it is released.
+    after `renew_soon()`. A renewal also tells of each held attempt that is
+    to stop: `on_stop(job id, token, lost)` is called for one whose job was
+    cancelled meanwhile (lost False) or whose ownership was lost (lost True: the
+    sweeper recovered the job, which may run elsewhere now), at every renewal
+    until it is released.
     """
 
     def __init__(self, scripts: Scripts, keys: QueueKeys, lock_duration_ms: int, renew_interval_ms: int,
-                 worker_id: str, on_cancel: Callable[[str, str], None] | None = None) -> None:
-        self.scripts, self.keys, self.worker_id, self.on_cancel = scripts, keys, worker_id, on_cancel
+                 worker_id: str, on_stop: Callable[[str, str, bool], None] | None = None) -> None:
+        self.scripts, self.keys, self.worker_id, self.on_stop = scripts, keys, worker_id, on_stop
         self.lock_duration_ms, self.renew_interval_ms = lock_duration_ms, renew_interval_ms
         self._held: set[tuple[str, str]] = set()
         self._held_lock = threading.Lock()
@@ -79,6 +81,6 @@ class LockRenewer:
             if code == -1:
                 logger.warning("worker %s: lost the lock of job %s; its result will be discarded",
                                self.worker_id, job_id)
-            elif code == 2 and self.on_cancel is not None:
-                self.on_cancel(job_id, token)
+            if code in (-1, 2) and self.on_stop is not None:
+                self.on_stop(job_id, token, code == -1)
         return True

@@ -35,7 +35,7 @@ from dataclasses import replace
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from .errors import JobCancelled, PayloadError, SoftTimeLimitExceeded, TimeLimitExceeded, is_final
+from .errors import JobCancelled, LockLostError, PayloadError, SoftTimeLimitExceeded, TimeLimitExceeded, is_final
 from .job import Job, Reporter, encode_json
 from .scripts import Finish
 
@@ -278,6 +278,8 @@ class ProcessSlot:
         how = _how(code)
         if _is_cancelled(job):
             return cancelled(job)
+        if isinstance(job._interrupt, LockLostError):  # the sweeper recovered it: its result is refused anyway
+            return ended(job, "stopped: this attempt lost its lock", LockLostError)
         logger.error("job %s of queue %s: the child process running it died (%s)", job.id, job.queue, how)
         return ended(job, f"the child process running the job died: {how}")
 

@@ -28,7 +28,7 @@ from .scripts import Confirm, Finish, Scripts
 
 logger = logging.getLogger("echomq.worker")
 # moveToFinished's status codes for a failed attempt, in words.
-_FAILURE_OUTCOMES = {2: "no attempts left", 3: "retrying now", 4: "retrying after its backoff"}
+_FAILURE_OUTCOMES = {2: "for good", 3: "retrying now", 4: "retrying after its backoff"}
 
 
 @dataclass
@@ -154,21 +154,19 @@ class Worker:
         self._reporter = _Reporter(self.scripts, self.keys, max_log_lines)
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.processed = 0
-        if pool == "processes":
-            try:
-                pickle.dumps(handler)
-            except (pickle.PicklingError, TypeError, AttributeError) as error:
-                raise ValueError(f"the processes pool needs a handler it can send to a child process "
-                                 f"(a module-level function): {error}") from None
-        self._slots: list[ThreadSlot | ProcessSlot] = [
-            ProcessSlot(handler, self._reporter, child_init=child_init, max_jobs=max_jobs_per_child,
-                        max_memory_kb=max_memory_per_child_kb, name=f"echomq-child-{i}")
-            if pool == "processes" else ThreadSlot(handler) for i in range(concurrency)]
+        try:
+            self._slots: list[ThreadSlot | ProcessSlot] = [
+                ProcessSlot(handler, self._reporter, child_init=child_init, max_jobs=max_jobs_per_child,
+                            max_memory_kb=max_memory_per_child_kb, name=f"echomq-child-{i}")
+                if pool == "processes" else ThreadSlot(handler) for i in range(concurrency)]
+        except (pickle.PicklingError, TypeError, AttributeError) as error:  # ProcessSlot pickles the handler
+            raise ValueError(f"the processes pool needs a handler it can send to a child process "
+                             f"(a module-level function): {error}") from None
         # The jobs fetched and not yet written back, with the slot running each (None until one takes it).
         self._in_hand: dict[tuple[str, str], tuple[Job, ThreadSlot | ProcessSlot | None]] = {}
         self._in_hand_lock = threading.Lock()
         self._locks = LockRenewer(self.scripts, self.keys, lock_duration_ms, renew_interval_ms, self.worker_id,
-                                  on_cancel=self._cancelled)
+                                  on_stop=self._stop_attempt)
         self._running = 0  # jobs fetched and not yet written back; only the loop changes it
         self._jobs: threadqueue.SimpleQueue[Job | None] = threadqueue.SimpleQueue()
         # What wakes the loop: an _Outcome from a job thread, or None (marker, stop).
@@ -466,14 +464,23 @@ class Worker:
         soft = job.opts.soft_time_limit_ms or self.soft_time_limit_ms
         return (0 if hard and soft >= hard else soft), hard
 
-    def _cancelled(self, job_id: str, token: str) -> None:
-        """A renewal found this held job cancelled: stop it (its attempt then fails for good)."""
+    def _stop_attempt(self, job_id: str, token: str, lost: bool) -> None:
+        """A renewal found this held job cancelled, or its lock lost: stop the attempt.
+
+        A cancelled attempt then fails for good. A lost one may be running
+        elsewhere already (the sweeper recovered it): its child is killed, or
+        its thread gets LockLostError at its next check, so that the two runs
+        overlap as briefly as this worker can make them.
+        """
         with self._in_hand_lock:
             job, slot = self._in_hand.get((job_id, token), (None, None))
-        if job is None or isinstance(job._interrupt, JobCancelled):
+        if job is None or isinstance(job._interrupt, (JobCancelled, LockLostError)):
             return  # it ended meanwhile, or is being stopped already
-        logger.info("worker %s: job %s of queue %s was cancelled; stopping it", self.worker_id, job_id,
-                    self.keys.queue)
-        job.interrupt(JobCancelled(f"job {job_id} was cancelled"))
+        if lost:
+            job.interrupt(LockLostError(f"job {job_id} was recovered by the sweeper: this attempt lost its lock"))
+        else:
+            logger.info("worker %s: job %s of queue %s was cancelled; stopping it", self.worker_id, job_id,
+                        self.keys.queue)
+            job.interrupt(JobCancelled(f"job {job_id} was cancelled"))
         if slot is not None:
             slot.stop(job)
