@@ -6,7 +6,6 @@ The Tasks backend checks its own TASKS entry (EchoMQBackend.check, run by Django
 from typing import Any
 
 from django.core import checks
-from django.utils.module_loading import autodiscover_modules
 
 from .conf import settings_problems
 
@@ -48,8 +47,9 @@ def check_time_limits(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
     on a queue that runs on threads: a thread cannot be killed.
 
     The queues' own TIME_LIMIT is checked with the setting (check_settings). The
-    @task functions seen are those of every installed app's `tasks` module
-    (imported here) and of any module imported by then, e.g. by a jobs.py.
+    @task functions seen are those of the modules imported by then (by a
+    jobs.py, a urls.py...): a check does not import modules that Django itself
+    does not, since an app's tasks.py may well fail outside the project it serves.
     """
     from .backends import time_limited_tasks
     from .conf import get_settings, threads_time_limit_warning
@@ -58,7 +58,6 @@ def check_time_limits(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
     if not echomq_settings_readable():
         return []
     discover_jobs()
-    autodiscover_modules("tasks")  # where Django's @task functions usually live
     limited = [(f"@job {name} has a time_limit of {function.time_limit:g} s", function.queue)
                for name, function in sorted(registered_jobs().items()) if function.time_limit is not None]
     limited += [(f"task {task.module_path} has a time_limit of {task.time_limit:g} s", task.queue_name)

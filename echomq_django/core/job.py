@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from . import defaults
-from .errors import JobCancelled, LockLostError, PayloadError
+from .errors import PayloadError, SoftTimeLimitExceeded
 
 # The bounds of the numbers a job may carry. The Lua scripts check attempts
 # against the same bound (MAX_ATTEMPTS in lua/includes/jobFields.lua), so a
@@ -248,21 +248,25 @@ class Job:
         self._reporter = reporter
 
     def interrupt(self, error: BaseException) -> None:
-        """Have the running job raise `error` at its next check (the worker's way to stop a thread)."""
-        self._interrupt = error
+        """Have the running job raise `error` at its next check (the worker's way to stop a thread).
+
+        A pending stop (a cancel, a lost lock, the hard limit) is not replaced by a soft limit's warning.
+        """
+        if self._interrupt is None or isinstance(self._interrupt, SoftTimeLimitExceeded):
+            self._interrupt = error
 
     def check(self) -> None:
         """Raise what the worker asked this job to stop with, if anything.
 
         `current_job()`, `update_progress` and `log` call this, so a job that
-        reports is stopped there: JobCancelled when it was cancelled and
-        LockLostError when the sweeper recovered it (at every check),
-        SoftTimeLimitExceeded once when it ran past its soft limit,
-        TimeLimitExceeded after its hard limit (the attempt has failed already).
+        reports is stopped there: SoftTimeLimitExceeded once when it ran past
+        its soft limit; at every check, JobCancelled when it was cancelled,
+        LockLostError when the sweeper recovered it, TimeLimitExceeded after its
+        hard limit (the attempt has failed already).
         """
         error = self._interrupt
         if error is not None:
-            if not isinstance(error, (JobCancelled, LockLostError)):
+            if isinstance(error, SoftTimeLimitExceeded):
                 self._interrupt = None
             raise error
 

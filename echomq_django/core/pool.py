@@ -33,7 +33,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import replace
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, cast
 
 from .errors import JobCancelled, LockLostError, PayloadError, SoftTimeLimitExceeded, TimeLimitExceeded, is_final
 from .job import Job, Reporter, encode_json
@@ -134,20 +134,37 @@ class ThreadSlot:
         pass
 
 
+class ChildStartError(RuntimeError):
+    """No child process could be started: it died while it set up, or the worker stopped meanwhile."""
+
+    def __init__(self, message: str, *, stopped: bool = False) -> None:
+        super().__init__(message)
+        self.stopped = stopped
+
+
 class ProcessSlot:
-    """One child process, started when first needed and reused, that runs this slot's jobs."""
+    """One child process, started when first needed and reused, that runs this slot's jobs.
+
+    The job thread that calls run() owns the child while a job runs: it alone
+    reaps a child that dies or is killed. stop() (a cancel, a lost lock) and
+    close() (the worker's end) from other threads only kill it then.
+    """
 
     def __init__(self, handler: Handler, reporter: Reporter, *, child_init: Callable[[], None] | None = None,
-                 max_jobs: int = 0, max_memory_kb: int = 0, name: str = "echomq-child") -> None:
+                 max_jobs: int = 0, max_memory_kb: int = 0, name: str = "echomq-child",
+                 aborted: threading.Event | None = None) -> None:
         self._handler = pickle.dumps(handler)  # unpickled in the child after child_init (Django set up)
         self._reporter = reporter
         self._child_init = child_init
         self.max_jobs, self.max_memory_kb, self.name = max_jobs, max_memory_kb, name
+        self._aborted = aborted or threading.Event()  # the worker's second stop: give up a child's start
         self._process: Any = None  # multiprocessing's SpawnProcess
         self._conn: Connection | None = None
         self._jobs = 0  # jobs the current child has run
+        self._retired: list[tuple[Any, Connection, float]] = []  # asked to leave, not yet reaped
         self._current: Job | None = None
-        self._lock = threading.Lock()  # between run() and stop() (the renewal thread's cancel)
+        self._closed = False
+        self._lock = threading.Lock()  # guards _process, _conn, _current and _closed across threads
 
     # -- the child's life --------------------------------------------------
 
@@ -157,67 +174,124 @@ class ProcessSlot:
         parent, child = context.Pipe()
         process = context.Process(target=_child_main, args=(child, self._handler, self._child_init, os.getpid()),
                                   name=self.name, daemon=False)
-        process.start()
+        # The child inherits this mask: a Ctrl-C or a SIGTERM to the whole group in its first
+        # moments, before it ignores them, waits instead of killing it.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         child.close()
-        self._process, self._conn, self._jobs = process, parent, 0
+        with self._lock:
+            self._process, self._conn, self._jobs = process, parent, 0
 
-    def wait_ready(self) -> None:
-        """Wait for the launched child to be set up; RuntimeError (and no child) when it died first."""
+    def wait_ready(self, give_up: threading.Event) -> None:
+        """Wait for the launched child to be set up; ChildStartError (and no child) when it died first.
+
+        Also gives up when `give_up` is set (the worker stops), however long the set-up takes.
+        """
         process, conn = self._process, self._conn
         assert process is not None and conn is not None
-        with contextlib.suppress(EOFError, OSError):
-            if conn in wait([conn, process.sentinel]) and conn.recv() == "ready":
-                return
-        process.join()
-        code = process.exitcode  # read before close(), after which the process object refuses it
-        self.close(kill=True)
-        raise RuntimeError(f"{self.name}: the child process died while it started ({_how(code)}); "
-                           "its error is on the worker's standard error")
+        while not give_up.is_set():
+            ready: list[Any] = []
+            try:
+                ready = wait([conn, process.sentinel], 0.1)
+                if conn in ready and conn.recv() == "ready":
+                    return
+            except (EOFError, OSError):
+                pass  # it died: the sentinel says so
+            if ready:
+                process.join(_CHILD_STOP_S)  # its pipe closes a moment before it exits
+                break
+        with self._lock:
+            self._process = self._conn = None
+        code = _end(process, conn, kill=process.is_alive())  # the code it died with, when it died
+        if give_up.is_set():
+            raise ChildStartError(f"{self.name}: the worker stopped while its child process started", stopped=True)
+        raise ChildStartError(f"{self.name}: the child process died while it started ({_how(code)}); "
+                              "its error is on the worker's standard error")
 
     def close(self, *, kill: bool = False) -> None:
-        """Ask the child to leave (`kill`: kill it at once) and wait for it."""
+        """The worker's end: ask the children to leave (`kill`: kill them) and wait for them.
+
+        A child that runs a job (a second stop) is killed, and reaped by the thread that watches it.
+        """
+        with self._lock:
+            self._closed = True
+            process, conn = self._process, self._conn
+            if self._current is not None:  # a job thread watches this child: it reaps it
+                if process is not None:
+                    _kill(process)
+                process = conn = None
+            else:
+                self._process = self._conn = None
+        if process is not None and conn is not None:
+            _end(process, conn, kill=kill)
+        for old, old_conn, _at in self._retired:
+            _end(old, old_conn, kill=kill, asked=True)
+        self._retired.clear()
+
+    def _retire(self) -> None:
+        """Ask the child to leave, without waiting: it is reaped later (or killed if it lingers)."""
         process, conn = self._process, self._conn
-        self._process = self._conn = None
-        if process is None or conn is None:
-            return
-        if not kill:
+        with self._lock:
+            self._process = self._conn = None
+        if process is not None and conn is not None:
             with contextlib.suppress(OSError, ValueError):
                 conn.send(None)
-            process.join(_CHILD_STOP_S)
-        if process.is_alive():
-            process.kill()
-            process.join()
-        conn.close()
-        process.close()
+            self._retired.append((process, conn, time.monotonic()))
+
+    def _reap_retired(self) -> None:
+        lingering = time.monotonic() - _CHILD_STOP_S
+        for entry in list(self._retired):
+            process, conn, at = entry
+            if not process.is_alive() or at < lingering:
+                _end(process, conn, kill=True)
+                self._retired.remove(entry)
+
+    def _discard(self) -> int | None:
+        """Kill the current child (if any is left) and reap it; its exit code."""
+        with self._lock:
+            process, conn = self._process, self._conn
+            self._process = self._conn = None
+        return _end(process, conn, kill=True) if process is not None and conn is not None else None
 
     # -- jobs --------------------------------------------------------------
 
     def run(self, job: Job, soft_ms: int, hard_ms: int) -> Finish:
-        if self._process is None or not self._process.is_alive():
-            self.close(kill=True)
-            try:
-                self.launch()
-                self.wait_ready()
-            except (RuntimeError, OSError) as error:
-                logger.error("%s", error)
-                return ended(job, f"no child process could be started to run the job: {error}")
-        with self._lock:  # a cancel from here on kills the child (stop)
+        """Run `job` in the child (started first when there is none); ChildStartError when none can start."""
+        with self._lock:  # from here on a cancel kills the child that runs or starts for this job (stop)
+            if self._closed:
+                return ended(job, "the worker stopped before the job started")  # not written: the loop is gone
             if _is_cancelled(job):
                 return cancelled(job)
             self._current = job
         try:
+            self._reap_retired()
+            if self._process is None or not self._process.is_alive():
+                self._discard()
+                try:
+                    self.launch()
+                except OSError as error:  # no fork (memory, process limits)
+                    raise ChildStartError(f"{self.name}: could not start a child process: {error}") from None
+                try:
+                    self.wait_ready(self._aborted)
+                except ChildStartError:
+                    if _is_cancelled(job):  # killed by the cancel while it started
+                        return cancelled(job)
+                    raise
+            if _is_cancelled(job):  # cancelled before its child could be killed for it
+                return cancelled(job)
             return self._run(job, soft_ms, hard_ms)
         finally:
             with self._lock:
                 self._current = None
 
     def stop(self, job: Job) -> None:
-        """Kill the child if it is running `job` (a cancel); run() then ends the attempt."""
+        """Kill the child if it runs or starts for `job` (a cancel, a lost lock); run() then ends the attempt."""
         with self._lock:
-            process = self._process
-            if self._current is job and process is not None:
-                with contextlib.suppress(OSError, ValueError):  # it was closed meanwhile
-                    process.kill()
+            if self._current is job and self._process is not None:
+                _kill(self._process)
 
     def _run(self, job: Job, soft_ms: int, hard_ms: int) -> Finish:
         process, conn = self._process, self._conn
@@ -237,51 +311,81 @@ class ProcessSlot:
                 try:
                     message = conn.recv()
                 except (EOFError, OSError):
-                    return self._died(job, process)
+                    return self._died(job)
                 if message[0] == "done":
-                    self._done(message[2])
-                    finish: Finish = message[1]
-                    return finish
+                    _kind, finish, peak_kb, tainted = message
+                    self._done(peak_kb, tainted)
+                    return cast(Finish, finish)
                 written = (self._reporter.progress if message[0] == "progress" else self._reporter.log)(
                     job, message[1])
                 with contextlib.suppress(OSError, ValueError):
                     conn.send(written)
             elif ready:
-                return self._died(job, process)
+                return self._died(job)
             elif hard_at is not None and time.monotonic() >= hard_at:
                 logger.error("job %s of queue %s ran past its time limit of %s s: its child process is killed",
                              job.id, job.queue, seconds(hard_ms))
-                self.close(kill=True)
+                self._discard()
                 return over_limit(job, hard_ms)
             elif soft_at is not None:
                 soft_at = None
                 with contextlib.suppress(OSError):
                     os.kill(process.pid, signal.SIGUSR1)
 
-    def _done(self, max_rss_kb: int) -> None:
-        """Account for a job the child finished; retire the child when it has done its share."""
-        self._jobs += 1
-        if self.max_jobs and self._jobs >= self.max_jobs:
-            logger.info("%s: retiring the child process after %d job(s)", self.name, self._jobs)
-            self.close()
-        elif self.max_memory_kb and max_rss_kb > self.max_memory_kb:
-            logger.info("%s: retiring the child process, which grew to %d MB", self.name, max_rss_kb // 1024)
-            self.close()
+    def _done(self, peak_kb: int, tainted: bool) -> None:
+        """Account for a job the child finished; replace the child when it has done its share.
 
-    def _died(self, job: Job, process: Any) -> Finish:
-        try:
-            process.join(_CHILD_STOP_S)
-            code = process.exitcode
-        except ValueError:  # closed meanwhile (the worker's second stop)
-            code = None
-        self.close(kill=True)
-        how = _how(code)
+        `tainted`: the soft limit interrupted the job while threads it started
+        (an async job's event loop) may still run it, so the child is killed
+        before the attempt's end is written: none of its code outlives it.
+        """
+        self._jobs += 1
+        if tainted:
+            logger.info("%s: replacing the child process: its job's soft limit left threads running", self.name)
+            self._discard()
+        elif self.max_jobs and self._jobs >= self.max_jobs:
+            logger.info("%s: retiring the child process after %d job(s)", self.name, self._jobs)
+            self._retire()
+        elif self.max_memory_kb and peak_kb > self.max_memory_kb:
+            logger.info("%s: retiring the child process, which grew to %d MB", self.name, peak_kb // 1024)
+            self._retire()
+
+    def _died(self, job: Job) -> Finish:
+        if self._process is not None:
+            self._process.join(_CHILD_STOP_S)  # its pipe closes a moment before it exits: wait for its exit code
+        how = _how(self._discard())
         if _is_cancelled(job):
             return cancelled(job)
         if isinstance(job._interrupt, LockLostError):  # the sweeper recovered it: its result is refused anyway
             return ended(job, "stopped: this attempt lost its lock", LockLostError)
         logger.error("job %s of queue %s: the child process running it died (%s)", job.id, job.queue, how)
         return ended(job, f"the child process running the job died: {how}")
+
+
+def _kill(process: Any) -> None:
+    """SIGKILL a child and whatever it started (its process group, see _child_main)."""
+    with contextlib.suppress(OSError, ValueError):  # gone, or already reaped and closed
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:  # not yet a group of its own
+            process.kill()
+
+
+def _end(process: Any, conn: Connection, *, kill: bool, asked: bool = False) -> int | None:
+    """End a child: ask it to leave (unless `kill`, or already `asked`), kill it past _CHILD_STOP_S; its exit code."""
+    if kill:
+        _kill(process)
+    elif not asked:
+        with contextlib.suppress(OSError, ValueError):
+            conn.send(None)
+    process.join(None if kill else _CHILD_STOP_S)
+    if process.exitcode is None:
+        _kill(process)
+        process.join()
+    code: int | None = process.exitcode
+    conn.close()
+    process.close()
+    return code
 
 
 def _how(code: int | None) -> str:
@@ -296,11 +400,15 @@ def _how(code: int | None) -> str:
 
 # -- in the child ------------------------------------------------------------
 
-class _PipeReporter:
-    """A child's job reports go to the worker, which writes them (the child has no Redis client)."""
+class _Child:
+    """The child's side: runs jobs sent over the pipe, and is the jobs' reporter (the worker writes)."""
 
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
+    def __init__(self, conn: Connection, handler: Handler) -> None:
+        self.conn, self.handler = conn, handler
+        self.running = False  # the handler runs: a soft limit is raised in it
+        self.asking = False  # a report waits for its answer: a soft limit waits too
+        self.soft_pending = False
+        self.soft_raised = False
 
     def progress(self, job: Job, progress_json: str) -> bool:
         return self._ask("progress", progress_json)
@@ -309,40 +417,51 @@ class _PipeReporter:
         return self._ask("log", line)
 
     def _ask(self, kind: str, text: str) -> bool:
-        # A soft limit's signal must not land between the question and its
-        # answer (the answer would be read as the reply to the next one): it
-        # waits, and is raised in the job once the answer is in.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+        # A soft limit must not land between the question and its answer (the
+        # answer would stay in the pipe, read as the next job): it is noted,
+        # and raised once the answer is in.
+        self.asking = True
         try:
             self.conn.send((kind, text))
-            return bool(self.conn.recv())
+            answer = bool(self.conn.recv())
         finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+            self.asking = False
+        if self.soft_pending:
+            self.soft_pending = False
+            self._raise_soft()
+        return answer
 
+    def on_soft_limit(self, signum: int, frame: Any) -> None:
+        if self.asking:
+            self.soft_pending = True
+        elif self.running:
+            self._raise_soft()
 
-_running: Job | None = None  # the child's job, while its handler runs
-
-
-def _soft_limit(signum: int, frame: Any) -> None:
-    if _running is not None:
+    def _raise_soft(self) -> None:
+        self.soft_raised = True
         raise SoftTimeLimitExceeded("soft time limit exceeded")
 
-
-def _interruptible(handler: Handler) -> Handler:
-    """The handler, marked as running only while it runs, so the soft limit's signal is raised there.
-
-    The mark is set and cleared inside run_handler's try: a signal that lands
-    as the job returns is either raised in the job (a failed attempt) or
-    ignored, never raised in the child's own code, which it would kill.
-    """
-    def call(job: Job) -> Any:
-        global _running
-        _running = job
+    def call(self, job: Job) -> Any:
+        """The handler, marked as running only inside run_handler's try (a late signal fails the job, at worst)."""
+        self.running = True
         try:
-            return handler(job)
+            return self.handler(job)
         finally:
-            _running = None
-    return call
+            self.running = False
+
+    def serve(self) -> None:
+        while True:
+            try:
+                job = self.conn.recv()
+            except (EOFError, OSError):
+                return  # the worker is gone
+            if job is None:
+                return
+            job.attach(self)
+            threads, self.soft_raised, self.soft_pending = threading.active_count(), False, False
+            finish = run_handler(self.call, job)
+            tainted = self.soft_raised and threading.active_count() > threads
+            self.conn.send(("done", finish, _peak_rss_kb(), tainted))
 
 
 def _die_with(parent_pid: int) -> None:
@@ -379,23 +498,18 @@ def _peak_rss_kb() -> int:
 def _child_main(conn: Connection, handler_blob: bytes, child_init: Callable[[], None] | None,
                 parent_pid: int) -> None:
     # Signals are the worker's business: Ctrl-C in a terminal reaches the whole
-    # process group, and a child must not break its job for it.
+    # process group, and a child must not break its job for it. They came
+    # blocked (see launch); ignored now, they can be let through.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    # A group of its own, so a kill (time limit, cancel) takes whatever the job started too.
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
     _die_with(parent_pid)
     if child_init is not None:
         child_init()
-    handler: Handler = _interruptible(pickle.loads(handler_blob))
-    reporter = _PipeReporter(conn)
-    signal.signal(signal.SIGUSR1, _soft_limit)
+    child = _Child(conn, pickle.loads(handler_blob))
+    signal.signal(signal.SIGUSR1, child.on_soft_limit)
     conn.send("ready")
-    while True:
-        try:
-            job = conn.recv()
-        except (EOFError, OSError):
-            return  # the worker is gone
-        if job is None:
-            return
-        job.attach(reporter)
-        finish = run_handler(handler, job)
-        conn.send(("done", finish, _peak_rss_kb()))
+    child.serve()

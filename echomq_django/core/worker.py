@@ -22,7 +22,7 @@ from .errors import JobCancelled, JobNotFoundError, LockLostError, QueueStateErr
 from .job import Job, JobOptions
 from .keys import QueueKeys
 from .locks import RETRY_PAUSE_S, LockRenewer
-from .pool import POOLS, Handler, ProcessSlot, ThreadSlot, class_path
+from .pool import POOLS, ChildStartError, Handler, ProcessSlot, ThreadSlot, class_path
 from .queue import now_ms
 from .scripts import Confirm, Finish, Scripts
 
@@ -154,10 +154,14 @@ class Worker:
         self._reporter = _Reporter(self.scripts, self.keys, max_log_lines)
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.processed = 0
+        self._stopping = threading.Event()
+        self._aborted = threading.Event()
+        self._done = threading.Event()
+        self._broken: ChildStartError | None = None  # a child could not be started mid-run: the worker stops
         try:
             self._slots: list[ThreadSlot | ProcessSlot] = [
                 ProcessSlot(handler, self._reporter, child_init=child_init, max_jobs=max_jobs_per_child,
-                            max_memory_kb=max_memory_per_child_kb, name=f"echomq-child-{i}")
+                            max_memory_kb=max_memory_per_child_kb, name=f"echomq-child-{i}", aborted=self._aborted)
                 if pool == "processes" else ThreadSlot(handler) for i in range(concurrency)]
         except (pickle.PicklingError, TypeError, AttributeError) as error:  # ProcessSlot pickles the handler
             raise ValueError(f"the processes pool needs a handler it can send to a child process "
@@ -179,9 +183,6 @@ class Worker:
         self._unanswered_token: str | None = None
         self._unanswered_at = 0.0  # time.monotonic() when that fetch was first sent
         self._unreachable = False  # the last round trip failed to reach Redis
-        self._stopping = threading.Event()
-        self._aborted = threading.Event()
-        self._done = threading.Event()
 
     # -- control ---------------------------------------------------------
 
@@ -200,9 +201,12 @@ class Worker:
     def run(self, *, burst: bool = False, max_jobs: int | None = None) -> int:
         """Process jobs until stopped (or, in burst mode, until none is ready); returns the count.
 
-        With the processes pool, the children start first: RuntimeError when one cannot.
+        With the processes pool, the children start first: RuntimeError when
+        one cannot, then or later (the jobs in hand are left to the sweeper: a
+        worker that cannot start children must not fail job after job).
         """
-        self._start_children()
+        if not self._start_children():
+            return 0  # stopped while they started
         threads = [threading.Thread(target=self._job_thread, args=(slot,), name=f"echomq-job-{i}", daemon=True)
                    for i, slot in enumerate(self._slots)]
         threads.append(threading.Thread(target=self._locks.run, name="echomq-renew", daemon=True))
@@ -240,23 +244,36 @@ class Worker:
             self._done.set()
             self._locks.stop()
             self._marker_wanted.set()
+            # The children first, while the job threads that started some still live (a child is
+            # killed when the thread that started it ends); a second stop kills those of jobs left running.
+            for slot in self._slots:
+                try:
+                    slot.close(kill=self._aborted.is_set())
+                except Exception:  # the other slots must still be closed
+                    logger.exception("worker %s: could not stop a child process", self.worker_id)
             for _ in range(self.concurrency):
                 self._jobs.put(None)
-            for slot in self._slots:  # a second stop kills the children of jobs left running
-                slot.close(kill=self._aborted.is_set())
+        if self._broken is not None:
+            raise RuntimeError(str(self._broken))
         return self.processed
 
-    def _start_children(self) -> None:
+    def _start_children(self) -> bool:
+        """Start the processes pool's children; False when the worker was stopped meanwhile."""
         children = [slot for slot in self._slots if isinstance(slot, ProcessSlot)]
-        for slot in children:
-            slot.launch()
         try:
             for slot in children:
-                slot.wait_ready()
-        except BaseException:
+                slot.launch()
+            for slot in children:
+                slot.wait_ready(self._stopping)
+        except BaseException as error:
             for slot in children:
                 slot.close(kill=True)
+            if isinstance(error, ChildStartError):
+                if error.stopped:
+                    return False
+                raise RuntimeError(str(error)) from None
             raise
+        return True
 
     # -- the loop's Redis work ---------------------------------------------
 
@@ -450,6 +467,13 @@ class Worker:
                 self._in_hand[key] = (job, slot)
             try:
                 finish = slot.run(job, *self._limits(job))
+            except ChildStartError as error:  # no child to run jobs in: stop, leaving this job to the sweeper
+                if not error.stopped:
+                    logger.error("worker %s: %s; stopping, and leaving job %s to the sweeper", self.worker_id,
+                                 error, job.id)
+                    self._broken = self._broken or error
+                    self._stopping.set()
+                    self._aborted.set()
             except Exception:  # the thread must live on for the next job; the lock lapses
                 logger.exception("worker %s: could not finish job %s; the sweeper will recover it",
                                  self.worker_id, job.id)
