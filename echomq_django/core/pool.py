@@ -35,6 +35,7 @@ from dataclasses import replace
 from multiprocessing.connection import Connection, wait
 from typing import Any, cast
 
+from .beat import seconds_text
 from .errors import JobCancelled, LockLostError, PayloadError, SoftTimeLimitExceeded, TimeLimitExceeded, is_final
 from .job import Job, Reporter, encode_json
 from .scripts import Finish
@@ -84,12 +85,8 @@ def cancelled(job: Job) -> Finish:
     return ended(job, "cancelled", JobCancelled, final=True)
 
 
-def seconds(ms: int) -> str:
-    return f"{ms / 1000:g}"
-
-
 def over_limit(job: Job, hard_ms: int) -> Finish:
-    return ended(job, f"time limit of {seconds(hard_ms)} s exceeded", TimeLimitExceeded)
+    return ended(job, f"time limit of {seconds_text(hard_ms)} s exceeded", TimeLimitExceeded)
 
 
 def _is_cancelled(job: Job) -> bool:
@@ -119,11 +116,11 @@ class ThreadSlot:
         threading.Thread(target=target, name=f"echomq-job-{job.id}", daemon=True).start()
         started = time.monotonic()
         if soft_ms and not done.wait(soft_ms / 1000):
-            job.interrupt(SoftTimeLimitExceeded(f"soft time limit of {seconds(soft_ms)} s exceeded"))
+            job.interrupt(SoftTimeLimitExceeded(f"soft time limit of {seconds_text(soft_ms)} s exceeded"))
         if not done.wait(max(hard_ms / 1000 - (time.monotonic() - started), 0) if hard_ms else None):
-            job.interrupt(TimeLimitExceeded(f"time limit of {seconds(hard_ms)} s exceeded"))
+            job.interrupt(TimeLimitExceeded(f"time limit of {seconds_text(hard_ms)} s exceeded"))
             logger.error("job %s of queue %s ran past its time limit of %s s: its attempt failed; the thread "
-                         "running it cannot be killed and runs on unobserved", job.id, job.queue, seconds(hard_ms))
+                         "running it cannot be killed and runs on unobserved", job.id, job.queue, seconds_text(hard_ms))
             return over_limit(job, hard_ms)
         return outcome[0]
 
@@ -324,7 +321,7 @@ class ProcessSlot:
                 return self._died(job)
             elif hard_at is not None and time.monotonic() >= hard_at:
                 logger.error("job %s of queue %s ran past its time limit of %s s: its child process is killed",
-                             job.id, job.queue, seconds(hard_ms))
+                             job.id, job.queue, seconds_text(hard_ms))
                 self._discard()
                 return over_limit(job, hard_ms)
             elif soft_at is not None:

@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from echomq_django import child
-from echomq_django.core import POOLS, InvalidNameError, Job, Worker
+from echomq_django.core import POOLS, InvalidNameError, Job, Worker, seconds_text
 from echomq_django.jobs import discover_jobs, registered_jobs, run_job
 from echomq_django.queues import make_worker, queue_names, worker_options
 
@@ -97,12 +97,12 @@ def describe(options: dict[str, Any]) -> str:
     """A worker's pool and limits, as its start-up line gives them: "processes x4, time limit 30 s, ..."."""
     parts = [f"{options['pool']} x{options['concurrency']}"]
     if options["time_limit_ms"]:
-        parts.append(f"time limit {options['time_limit_ms'] / 1000:g} s"
+        parts.append(f"time limit {seconds_text(options['time_limit_ms'])} s"
                      + (" (a thread is not killed: echomq.W017)" if options["pool"] == "threads" else ""))
     else:
         parts.append("no queue time limit")
     if options["soft_time_limit_ms"]:
-        parts.append(f"soft time limit {options['soft_time_limit_ms'] / 1000:g} s")
+        parts.append(f"soft time limit {seconds_text(options['soft_time_limit_ms'])} s")
     jobs = options["max_jobs_per_child"]
     recycle = [f"{jobs} job{'' if jobs == 1 else 's'}" if jobs else "",
                f"{options['max_memory_per_child_kb'] / 1024:g} MB" if options["max_memory_per_child_kb"] else ""]
