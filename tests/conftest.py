@@ -16,6 +16,7 @@ from tests.redis_servers import ClusterServers
 
 _cluster: ClusterServers | None = None
 _SKIP_OWN_SERVERS = pytest.StashKey[bool]()
+_SKIP_NO_DATABASE = pytest.StashKey[bool]()
 
 
 def pytest_configure(config) -> None:
@@ -25,6 +26,8 @@ def pytest_configure(config) -> None:
         # A test that brings its own Redis servers and tests no database would only run
         # again here; the SQLite run of the same Python and Django has it.
         config.stash[_SKIP_OWN_SERVERS] = True
+    # The same for a test of the runtime alone (Redis, processes, no Django database) on PostgreSQL.
+    config.stash[_SKIP_NO_DATABASE] = not on_sqlite
     if os.environ.get("ECHOMQ_TEST_REDIS_URL") == "cluster":
         _cluster = ClusterServers(masters=3, replicas=0)
         _cluster.start()
@@ -36,6 +39,11 @@ def pytest_collection_modifyitems(config, items) -> None:
         skip = pytest.mark.skip(reason="own servers, no database: the SQLite run of this Python has it")
         for item in items:
             if item.get_closest_marker("own_servers"):
+                item.add_marker(skip)
+    if config.stash.get(_SKIP_NO_DATABASE, False):
+        skip = pytest.mark.skip(reason="no database: the SQLite run of this Python has it")
+        for item in items:
+            if item.get_closest_marker("no_database"):
                 item.add_marker(skip)
 
 

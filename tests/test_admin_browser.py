@@ -400,6 +400,18 @@ def test_cancel_of_a_running_job_flags_it_and_its_page_says_so(root, queue):
     assert "cancel requested" in page and "cancelled: in the admin by root: its worker stops it" in page
 
 
+def test_a_cancel_reason_with_html_is_shown_escaped_and_cancel_takes_only_a_csrf_post(root, queue):
+    running = queue.add("work")
+    assert start(queue, now=now_ms()) == [running]
+    assert queue.cancel(running, "<script>alert(1)</script>")
+    page = text(root, job_url(running))
+    assert "cancel requested" in page
+    assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert root.get(job_url(running, "cancel")).status_code == 405
+    forged = client_of(user_with("forger", "view_job", "cancel_job"), enforce_csrf_checks=True)
+    assert forged.post(job_url(running, "cancel")).status_code == 403
+
+
 @pytest.mark.parametrize("action, make, says", [
     ("retry", lambda queue: queue.add("work"), "is in wait, and only a failed job can be retried"),
     ("promote", lambda queue: queue.add("work"), "is in wait, and only a delayed job can be promoted"),
