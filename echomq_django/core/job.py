@@ -299,6 +299,8 @@ class Job:
         reporter = self._running("log")
         self.check()
         line = str(message)
+        if not line.isascii():  # a lone surrogate (a file name os.listdir decoded) as its escape, not an error
+            line = line.encode("utf-8", "backslashreplace").decode("utf-8")
         if len(line) > MAX_LOG_LINE_CHARS:
             line = line[:MAX_LOG_LINE_CHARS - 1] + "…"
         return reporter.log(self, line)

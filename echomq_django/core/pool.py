@@ -89,8 +89,13 @@ def over_limit(job: Job, hard_ms: int) -> Finish:
     return ended(job, f"time limit of {seconds_text(hard_ms)} s exceeded", TimeLimitExceeded)
 
 
-def _is_cancelled(job: Job) -> bool:
-    return isinstance(job._interrupt, JobCancelled)
+def stopped(job: Job) -> Finish | None:
+    """The end of an attempt the worker stopped (a cancel, a lost lock), or None when it was not stopped."""
+    if isinstance(job._interrupt, JobCancelled):
+        return cancelled(job)
+    if isinstance(job._interrupt, LockLostError):  # the sweeper recovered it: its result is refused anyway
+        return ended(job, "stopped: this attempt lost its lock", LockLostError)
+    return None
 
 
 class ThreadSlot:
@@ -100,8 +105,8 @@ class ThreadSlot:
         self.handler = handler
 
     def run(self, job: Job, soft_ms: int, hard_ms: int) -> Finish:
-        if _is_cancelled(job):  # cancelled between its fetch and now
-            return cancelled(job)
+        if end := stopped(job):  # stopped between its fetch and now
+            return end
         if not soft_ms and not hard_ms:
             return run_handler(self.handler, job)
         outcome: list[Finish] = []
@@ -222,11 +227,11 @@ class ProcessSlot:
                 process = conn = None
             else:
                 self._process = self._conn = None
+            retired, self._retired = self._retired, []
         if process is not None and conn is not None:
             _end(process, conn, kill=kill)
-        for old, old_conn, _at in self._retired:
+        for old, old_conn, _at in retired:
             _end(old, old_conn, kill=kill, asked=True)
-        self._retired.clear()
 
     def _retire(self) -> None:
         """Ask the child to leave, without waiting: it is reaped later (or killed if it lingers)."""
@@ -236,15 +241,16 @@ class ProcessSlot:
         if process is not None and conn is not None:
             with contextlib.suppress(OSError, ValueError):
                 conn.send(None)
-            self._retired.append((process, conn, time.monotonic()))
+            with self._lock:
+                self._retired.append((process, conn, time.monotonic()))
 
     def _reap_retired(self) -> None:
         lingering = time.monotonic() - _CHILD_STOP_S
-        for entry in list(self._retired):
-            process, conn, at = entry
-            if not process.is_alive() or at < lingering:
-                _end(process, conn, kill=True)
-                self._retired.remove(entry)
+        with self._lock:
+            done = [entry for entry in self._retired if not entry[0].is_alive() or entry[2] < lingering]
+            self._retired = [entry for entry in self._retired if entry not in done]
+        for process, conn, _at in done:
+            _end(process, conn, kill=True)
 
     def _discard(self) -> int | None:
         """Kill the current child (if any is left) and reap it; its exit code."""
@@ -260,8 +266,8 @@ class ProcessSlot:
         with self._lock:  # from here on a cancel kills the child that runs or starts for this job (stop)
             if self._closed:
                 return ended(job, "the worker stopped before the job started")  # not written: the loop is gone
-            if _is_cancelled(job):
-                return cancelled(job)
+            if end := stopped(job):
+                return end
             self._current = job
         try:
             self._reap_retired()
@@ -274,12 +280,15 @@ class ProcessSlot:
                 try:
                     self.wait_ready(self._aborted)
                 except ChildStartError:
-                    if _is_cancelled(job):  # killed by the cancel while it started
-                        return cancelled(job)
+                    if end := stopped(job):  # killed for a cancel or a lost lock while it started
+                        return end
                     raise
-            if _is_cancelled(job):  # cancelled before its child could be killed for it
-                return cancelled(job)
+            if end := stopped(job):  # stopped before its child could be killed for it
+                return end
             return self._run(job, soft_ms, hard_ms)
+        except BaseException:  # the child may still run the job (or wait for an answer): it must not
+            self._discard()
+            raise
         finally:
             with self._lock:
                 self._current = None
@@ -309,14 +318,16 @@ class ProcessSlot:
                     message = conn.recv()
                 except (EOFError, OSError):
                     return self._died(job)
+                except Exception as error:  # not what a child of ours sends: it cannot be trusted
+                    logger.error("job %s of queue %s: its child process sent what cannot be read (%s)",
+                                 job.id, job.queue, error)
+                    return self._died(job, wait=False)
                 if message[0] == "done":
                     _kind, finish, peak_kb, tainted = message
                     self._done(peak_kb, tainted)
                     return cast(Finish, finish)
-                written = (self._reporter.progress if message[0] == "progress" else self._reporter.log)(
-                    job, message[1])
                 with contextlib.suppress(OSError, ValueError):
-                    conn.send(written)
+                    conn.send(self._report(job, message[0], message[1]))
             elif ready:
                 return self._died(job)
             elif hard_at is not None and time.monotonic() >= hard_at:
@@ -328,6 +339,14 @@ class ProcessSlot:
                 soft_at = None
                 with contextlib.suppress(OSError):
                     os.kill(process.pid, signal.SIGUSR1)
+
+    def _report(self, job: Job, kind: str, text: str) -> bool:
+        """Write a report of the child's job; False when it was not written (the job goes on)."""
+        try:
+            return (self._reporter.progress if kind == "progress" else self._reporter.log)(job, text)
+        except Exception as error:  # a report is not the job's result: the child must get its answer
+            logger.warning("job %s of queue %s: its %s was not recorded (%s)", job.id, job.queue, kind, error)
+            return False
 
     def _done(self, peak_kb: int, tainted: bool) -> None:
         """Account for a job the child finished; replace the child when it has done its share.
@@ -347,14 +366,12 @@ class ProcessSlot:
             logger.info("%s: retiring the child process, which grew to %d MB", self.name, peak_kb // 1024)
             self._retire()
 
-    def _died(self, job: Job) -> Finish:
-        if self._process is not None:
+    def _died(self, job: Job, *, wait: bool = True) -> Finish:
+        if wait and self._process is not None:
             self._process.join(_CHILD_STOP_S)  # its pipe closes a moment before it exits: wait for its exit code
         how = _how(self._discard())
-        if _is_cancelled(job):
-            return cancelled(job)
-        if isinstance(job._interrupt, LockLostError):  # the sweeper recovered it: its result is refused anyway
-            return ended(job, "stopped: this attempt lost its lock", LockLostError)
+        if end := stopped(job):
+            return end
         logger.error("job %s of queue %s: the child process running it died (%s)", job.id, job.queue, how)
         return ended(job, f"the child process running the job died: {how}")
 
@@ -362,6 +379,8 @@ class ProcessSlot:
 def _kill(process: Any) -> None:
     """SIGKILL a child and whatever it started (its process group, see _child_main)."""
     with contextlib.suppress(OSError, ValueError):  # gone, or already reaped and closed
+        if process.exitcode is not None:  # reaped: its pid may be another process's by now
+            return
         try:
             os.killpg(process.pid, signal.SIGKILL)
         except ProcessLookupError:  # not yet a group of its own
@@ -402,28 +421,35 @@ class _Child:
 
     def __init__(self, conn: Connection, handler: Handler) -> None:
         self.conn, self.handler = conn, handler
+        self.pipe = threading.Lock()  # one exchange at a time: a job's threads share the pipe
+        self.job: Job | None = None  # the job being run: reports of any other are not sent
         self.running = False  # the handler runs: a soft limit is raised in it
-        self.asking = False  # a report waits for its answer: a soft limit waits too
+        self.asking = False  # the main thread waits for a report's answer: a soft limit waits too
         self.soft_pending = False
         self.soft_raised = False
 
     def progress(self, job: Job, progress_json: str) -> bool:
-        return self._ask("progress", progress_json)
+        return self._ask(job, "progress", progress_json)
 
     def log(self, job: Job, line: str) -> bool:
-        return self._ask("log", line)
+        return self._ask(job, "log", line)
 
-    def _ask(self, kind: str, text: str) -> bool:
+    def _ask(self, job: Job, kind: str, text: str) -> bool:
         # A soft limit must not land between the question and its answer (the
         # answer would stay in the pipe, read as the next job): it is noted,
-        # and raised once the answer is in.
-        self.asking = True
-        try:
-            self.conn.send((kind, text))
-            answer = bool(self.conn.recv())
-        finally:
-            self.asking = False
-        if self.soft_pending:
+        # and raised once the answer is in. Signal handlers run on the main
+        # thread only, so only its exchanges need this.
+        main = threading.current_thread() is threading.main_thread()
+        with self.pipe:
+            if job is not self.job:  # from a thread a finished job left behind
+                return False
+            self.asking = main
+            try:
+                self.conn.send((kind, text))
+                answer = bool(self.conn.recv())
+            finally:
+                self.asking = False
+        if main and self.soft_pending:
             self.soft_pending = False
             self._raise_soft()
         return answer
@@ -456,9 +482,17 @@ class _Child:
                 return
             job.attach(self)
             threads, self.soft_raised, self.soft_pending = threading.active_count(), False, False
+            with self.pipe:
+                self.job = job
             finish = run_handler(self.call, job)
             tainted = self.soft_raised and threading.active_count() > threads
-            self.conn.send(("done", finish, _peak_rss_kb(), tainted))
+            with self.pipe:  # after any report in progress; none of this job's is sent from here on
+                self.job = None
+                self.conn.send(("done", finish, _peak_rss_kb(), tainted))
+
+
+def _ignore(signum: int, frame: Any) -> None:
+    """A signal the worker handles for its children (see _child_main)."""
 
 
 def _die_with(parent_pid: int) -> None:
@@ -494,11 +528,12 @@ def _peak_rss_kb() -> int:
 
 def _child_main(conn: Connection, handler_blob: bytes, child_init: Callable[[], None] | None,
                 parent_pid: int) -> None:
-    # Signals are the worker's business: Ctrl-C in a terminal reaches the whole
-    # process group, and a child must not break its job for it. They came
-    # blocked (see launch); ignored now, they can be let through.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Signals are the worker's business: a SIGTERM to the whole cgroup (systemd)
+    # must not break a child's job. They came blocked (see launch); with a
+    # handler that does nothing, they can be let through. (Not SIG_IGN, which
+    # a process the job starts would inherit: exec resets a handler instead.)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _ignore)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     # A group of its own, so a kill (time limit, cancel) takes whatever the job started too.
     with contextlib.suppress(OSError):

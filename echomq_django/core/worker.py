@@ -498,8 +498,12 @@ class Worker:
         """
         with self._in_hand_lock:
             job, slot = self._in_hand.get((job_id, token), (None, None))
-        if job is None or isinstance(job._interrupt, (JobCancelled, LockLostError)):
-            return  # it ended meanwhile, or is being stopped already
+        if job is None:
+            return  # it ended meanwhile
+        if isinstance(job._interrupt, (JobCancelled, LockLostError)):
+            if slot is not None:
+                slot.stop(job)  # once more, in case its child was being replaced the last time
+            return
         if lost:
             job.interrupt(LockLostError(f"job {job_id} was recovered by the sweeper: this attempt lost its lock"))
         else:
