@@ -55,7 +55,7 @@ def adds_per_job(queue: Queue) -> dict[str, int]:
 
 def test_three_beats_and_a_kill_9_add_exactly_one_job_per_tick(subprocess_env, redis_client, prefix):
     queue = Queue("q", redis_client, prefix=prefix)
-    beats = [start_beat(subprocess_env) for _ in range(3)]
+    beats = [start_beat(subprocess_env, "-v", "2") for _ in range(3)]  # -v 2: also the ticks others decided
     try:
         assert wait_until(lambda: len(ticks_of(queue)) >= 4, 30), [beat.poll() for beat in beats]
         os.kill(beats[0].pid, signal.SIGKILL)  # one dies mid-run: the others go on, nothing doubles
@@ -69,9 +69,12 @@ def test_three_beats_and_a_kill_9_add_exactly_one_job_per_tick(subprocess_env, r
     assert set(adds_per_job(queue).values()) == {1}
     record = redis_client.hgetall(queue.keys.schedule("tick"))
     assert int(record["fired"]) == len(ticks)
-    # Each tick was decided by one of the three, and every scheduler that ran long enough decided some.
+    # Each tick was decided by one of the three; the two that lived on sent every tick after the kill
+    # (which of them decides it first is a race: one may win them all).
     assert sum(output.count(" fired job ") for output in outputs) == len(ticks)
-    assert all(" fired job " in output for output in outputs[1:]), outputs
+    for output in outputs[1:]:
+        sent = output.count(" fired job ") + output.count(" was decided before (fired)")
+        assert sent >= 8, output
 
 
 @pytest.mark.own_servers
