@@ -26,8 +26,9 @@ def pytest_configure(config) -> None:
         # A test that brings its own Redis servers and tests no database would only run
         # again here; the SQLite run of the same Python and Django has it.
         config.stash[_SKIP_OWN_SERVERS] = True
-    # The same for a test of the runtime alone (Redis, processes, no Django database) on PostgreSQL.
-    config.stash[_SKIP_NO_DATABASE] = not on_sqlite
+    # The same for a test of the runtime's processes alone (no Django database, and nothing the
+    # topology of Redis changes: tests/test_cluster.py runs the pool once on the cluster).
+    config.stash[_SKIP_NO_DATABASE] = not on_sqlite or os.environ.get("ECHOMQ_TEST_REDIS_URL") == "cluster"
     if os.environ.get("ECHOMQ_TEST_REDIS_URL") == "cluster":
         _cluster = ClusterServers(masters=3, replicas=0)
         _cluster.start()

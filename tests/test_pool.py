@@ -38,7 +38,7 @@ from tests import pool_jobs
 from tests.helpers import kill_lock, sweep, wait_until
 from tests.redis_servers import RedisServer
 
-pytestmark = pytest.mark.no_database  # the runtime alone: the PostgreSQL run skips it
+pytestmark = pytest.mark.no_database  # the runtime's processes alone: the PostgreSQL and cluster runs skip it
 LOCK_MS = 2000  # renewals (and so cancels) every second
 RENEW_S = LOCK_MS / 2 / 1000
 SIGKILL_REASON = "the child process running the job died: killed by SIGKILL (out of memory, or kill -9)"
