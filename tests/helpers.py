@@ -1,9 +1,11 @@
 """Small helpers shared by the tests."""
 
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
-from echomq_django.core import Queue
+from echomq_django.core import Queue, Worker
 from echomq_django.core.queue import now_ms
 from echomq_django.core.scripts import Finish
 
@@ -90,3 +92,42 @@ def finish_attempt(queue: Queue, job_id: str, token: str, now: int, *, completed
 def renew_lock(queue: Queue, job_id: str, token: str, lock_ms: int) -> bool:
     """One extendLocks call for one lock: whether `token` owns the job and renewed its lock."""
     return queue.scripts.lock_codes(queue.keys, [(job_id, token)], lock_ms) == [1]
+
+
+class Running:
+    """A worker's run() on a thread; `error` is what run() raised, if anything."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker: Worker = worker
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="test-worker", daemon=True)
+
+    def start(self) -> "Running":
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            self.worker.run()
+        except BaseException as error:  # reported by the test, not lost on the thread
+            self.error = error
+
+    def stop(self, timeout_s: float = 10) -> None:
+        """Stop as a first SIGTERM does; a second stop if it has not returned in time."""
+        self.worker.stop()
+        self.thread.join(timeout_s)
+        if self.thread.is_alive():
+            self.worker.stop()
+            self.thread.join(timeout_s)
+        assert not self.thread.is_alive(), "the worker did not return"
+
+
+@contextmanager
+def running(worker: Worker, stop_timeout_s: float = 10) -> Iterator[Running]:
+    """The worker running on a thread for the block; stopped after it, and it must not have raised."""
+    run = Running(worker).start()
+    try:
+        yield run
+    finally:
+        run.stop(stop_timeout_s)
+    assert run.error is None, f"worker.run() raised {run.error!r}"

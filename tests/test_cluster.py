@@ -226,7 +226,8 @@ def test_this_run_is_on_a_cluster(redis_client, queue):
 def test_the_processes_pool_runs_reports_and_cancels_on_a_cluster(queue, redis_url):
     """The pool's own tests run on SQLite lines only (no_database); this one checks its Redis side here."""
     from echomq_django.core import Cancel, JobOptions
-    from tests.test_pool import make_worker, progress_pid, recording, running, state
+    from tests.helpers import running
+    from tests.test_pool import make_worker, progress_pid, recording, state
 
     done = [queue.add("noop", recording(queue, redis_url)) for _ in range(3)]
     long = queue.add("sleep", recording(queue, redis_url, seconds=30), opts=JobOptions(attempts=3))

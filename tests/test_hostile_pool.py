@@ -4,22 +4,21 @@ The handlers are in tests/hostile_pool_jobs.py (children import them). Tests
 marked "Found:" reproduced a defect (fixed since): each holds the fix in place.
 """
 
+import functools
 import os
 import random
 import signal
 import subprocess
 import sys
-import threading
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from echomq_django.core import Cancel, InvalidNameError, JobOptions, NewJob, Queue, Retention, Worker, now_ms
 from tests import hostile_pool_jobs as jobs
-from tests.helpers import fetch, kill_lock, sweep, wait_until
+from tests.helpers import Running, fetch, kill_lock, sweep, wait_until
+from tests.helpers import running as helpers_running
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.no_database]
@@ -55,19 +54,8 @@ def make(queue: Queue, handler, **options) -> Worker:
     return Worker(queue.name, handler, queue.client, prefix=queue.keys.prefix, **settings)
 
 
-@contextmanager
-def running(worker: Worker) -> Iterator[Worker]:
-    """The worker on a thread of this process; stopped (a second stop after 15 s) when the block ends."""
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        thread.join(15)
-        if thread.is_alive():
-            worker.stop()
-            thread.join(15)
+# helpers.running, with a second stop only after 15 s (a child asked to leave may take 5).
+running = functools.partial(helpers_running, stop_timeout_s=15)
 
 
 def finished(queue: Queue, ids: list[str]) -> bool:
@@ -193,21 +181,13 @@ def test_a_child_that_cannot_start_does_not_burn_the_attempts_of_the_queue(queue
     monkeypatch.setenv("HOSTILE_URL", redis_url)
     monkeypatch.setenv("HOSTILE_INIT_KEY", init_key)
     first = queue.add("sleeper", data(queue, redis_url, seconds=30), opts=JobOptions(attempts=1, time_limit_ms=200))
-    worker, raised = make(queue, jobs.sleeper, child_init=jobs.breakable_child_init), []
-
-    def run() -> None:
-        try:
-            worker.run()
-        except RuntimeError as error:
-            raised.append(error)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
+    run = Running(make(queue, jobs.sleeper, child_init=jobs.breakable_child_init)).start()
     assert wait_until(lambda: queue.get_state(first) == "failed", 15)  # its child was killed: the next is new
     queue.client.set(init_key, "broken")
     ids = queue.add_bulk([NewJob("noop", data(queue, redis_url), JobOptions(attempts=3)) for _ in range(5)])
-    thread.join(20)
-    assert not thread.is_alive() and raised and "died while it started" in str(raised[0]), raised
+    run.thread.join(20)
+    assert not run.thread.is_alive() and isinstance(run.error, RuntimeError), run.error
+    assert "died while it started" in str(run.error), run.error
     assert [queue.get_job(job_id).attempts_made for job_id in ids] == [0] * 5, "jobs that never ran lost attempts"
     assert sorted(queue.get_state(job_id) for job_id in ids) == ["active"] + ["wait"] * 4
 
@@ -262,22 +242,14 @@ def test_a_second_stop_never_crashes_the_worker(queue, redis_url):
     errors: list[BaseException] = []
     for _trial in range(20):  # a race: about one stop in three loses it with six children
         ids = [queue.add("gated", data(queue, redis_url, go=go, seconds=30)) for _ in range(6)]
-        worker = make(queue, jobs.gated, concurrency=6)
-
-        def run(worker: Worker = worker) -> None:
-            try:
-                worker.run()
-            except BaseException as error:
-                errors.append(error)
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
+        run = Running(make(queue, jobs.gated, concurrency=6)).start()
         assert wait_until(lambda ids=ids: set(ids) <= set(runs(queue)), 15)
-        worker.stop()
-        worker.stop()
-        thread.join(15)
-        assert not thread.is_alive()
-        if errors:
+        run.worker.stop()
+        run.worker.stop()
+        run.thread.join(15)
+        assert not run.thread.is_alive()
+        if run.error is not None:
+            errors.append(run.error)
             break
     assert errors == []
 

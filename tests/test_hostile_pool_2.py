@@ -5,7 +5,6 @@ tests/hostile_pool_jobs.py; helpers from tests/test_hostile_pool.py. The comment
 says the defect it found, fixed since; the others checked something that held.
 """
 
-import threading
 
 import pytest
 import redis
@@ -13,47 +12,24 @@ import redis
 from echomq_django.core import JobOptions, Queue, Worker
 from tests import hostile_pool_jobs as jobs
 from tests import hostile_pool_jobs_2 as jobs2
-from tests.helpers import wait_until
+from tests.helpers import Running, wait_until
 from tests.test_hostile_pool import data, gone, make, pid_of, records, running
 
 pytestmark = [pytest.mark.slow, pytest.mark.no_database]
-
-
-class Run:
-    """Worker.run() on a thread; `errors` holds what it raised."""
-
-    def __init__(self, worker: Worker) -> None:
-        self.worker, self.errors = worker, []
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.worker.run()
-        except BaseException as error:
-            self.errors.append(error)
-
-    def stop(self) -> None:
-        self.worker.stop()
-        self.thread.join(15)
-        if self.thread.is_alive():
-            self.worker.stop()
-            self.thread.join(15)
-        assert not self.thread.is_alive(), "the worker did not return"
 
 
 def init_pids(queue: Queue, init_key: str) -> list[int]:
     return [pid_of(entry) for entry in queue.client.lrange(init_key, 0, -1) if entry.startswith("init:")]
 
 
-def replacement_starting(queue: Queue, redis_url: str, worker_options: dict, monkeypatch) -> tuple[Run, str, int]:
+def replacement_starting(queue: Queue, redis_url: str, worker_options: dict, monkeypatch) -> tuple[Running, str, int]:
     """A worker (slow child set-up, gated by the test) whose first job's child was killed at its hard limit,
     and a second job whose replacement child is now in its set-up: (the run, the second job, that child's pid)."""
     init_key = f"{queue.keys.prefix}:init"
     monkeypatch.setenv("HOSTILE_URL", redis_url)
     monkeypatch.setenv("HOSTILE_INIT_KEY", init_key)
     first = queue.add("sleeper", data(queue, redis_url, seconds=30), opts=JobOptions(attempts=1, time_limit_ms=200))
-    run = Run(make(queue, jobs2.by_name, child_init=jobs.slow_child_init, **worker_options))
+    run = Running(make(queue, jobs2.by_name, child_init=jobs.slow_child_init, **worker_options)).start()
     assert wait_until(lambda: queue.client.llen(init_key) == 1, 15)
     queue.client.rpush(init_key + ":go", "go")  # the first child's set-up ends
     assert wait_until(lambda: queue.get_state(first) == "failed", 15)
@@ -77,11 +53,11 @@ def test_a_lock_lost_while_the_jobs_child_starts_does_not_stop_the_worker(queue,
         third = queue.add("noop", data(queue, redis_url), opts=JobOptions(attempts=1))
         queue.client.rpush(f"{queue.keys.prefix}:init:go", "go")  # for the next child's set-up
         assert wait_until(lambda: queue.get_state(third) == "completed" or not run.thread.is_alive(), 15)
-        assert run.errors == [] and run.thread.is_alive(), f"the worker stopped: {run.errors}"
+        assert run.error is None and run.thread.is_alive(), f"the worker stopped: {run.error!r}"
         assert queue.get_state(third) == "completed"
     finally:
         queue.client.rpush(f"{queue.keys.prefix}:init:go", "go", "go")
-        run.stop()
+        run.stop(15)
 
 
 # pool.py ProcessSlot._run (the report branch): nothing kills the child when an exception leaves _run while the child
@@ -99,7 +75,7 @@ def test_a_report_the_worker_cannot_write_never_leaves_the_child_running_its_job
     first = queue.add("surrogate_log", data(queue, redis_url, go=go, seconds=10), opts=JobOptions(attempts=1))
     worker = Worker(queue.name, jobs2.by_name, client, prefix=queue.keys.prefix, pool="processes", concurrency=1,
                     lock_duration_ms=2000, block_timeout_s=0.2)
-    run = Run(worker)
+    run = Running(worker).start()
     try:
         assert wait_until(lambda: records(queue, "start"), 15)
         second = queue.add("noop", data(queue, redis_url), opts=JobOptions(attempts=1))
@@ -112,7 +88,7 @@ def test_a_report_the_worker_cannot_write_never_leaves_the_child_running_its_job
         assert starts == [first, second], "each ran once, the second after the first"
     finally:
         queue.client.rpush(go, "go")
-        run.stop()
+        run.stop(15)
         client.close()
 
 
@@ -186,10 +162,10 @@ def test_a_cancel_while_the_jobs_child_starts_ends_the_attempt_and_the_worker_go
         third = queue.add("noop", data(queue, redis_url), opts=JobOptions(attempts=1))
         queue.client.rpush(f"{queue.keys.prefix}:init:go", "go")
         assert wait_until(lambda: queue.get_state(third) == "completed", 15)
-        assert run.errors == [] and run.thread.is_alive()
+        assert run.error is None and run.thread.is_alive()
     finally:
         queue.client.rpush(f"{queue.keys.prefix}:init:go", "go", "go")
-        run.stop()
+        run.stop(15)
 
 
 def test_a_second_stop_while_a_child_starts_leaves_no_child(queue, redis_url, monkeypatch):
@@ -198,5 +174,5 @@ def test_a_second_stop_while_a_child_starts_leaves_no_child(queue, redis_url, mo
     run.worker.stop()
     run.worker.stop()
     run.thread.join(10)
-    assert not run.thread.is_alive() and run.errors == []
+    assert not run.thread.is_alive() and run.error is None
     assert wait_until(lambda: gone(starting), 5)

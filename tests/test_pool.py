@@ -17,7 +17,6 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -35,7 +34,7 @@ from echomq_django.core import (
     now_ms,
 )
 from tests import pool_jobs
-from tests.helpers import kill_lock, sweep, wait_until
+from tests.helpers import Running, kill_lock, running, sweep, wait_until
 from tests.redis_servers import RedisServer
 
 pytestmark = pytest.mark.no_database  # the runtime's processes alone: the PostgreSQL and cluster runs skip it
@@ -44,47 +43,13 @@ RENEW_S = LOCK_MS / 2 / 1000
 SIGKILL_REASON = "the child process running the job died: killed by SIGKILL (out of memory, or kill -9)"
 
 
-# -- running a worker on a thread ---------------------------------------------------
+# -- a worker for these tests -------------------------------------------------------
 
 def make_worker(queue: Queue, pool: str, handler=pool_jobs.by_name, client=None, **options) -> Worker:
     options.setdefault("block_timeout_s", 0.2)
     options.setdefault("lock_duration_ms", LOCK_MS)
     options.setdefault("keep_completed", Retention())
     return Worker(queue.name, handler, client or queue.client, prefix=queue.keys.prefix, pool=pool, **options)
-
-
-class Running:
-    """A worker's run() on a thread; `error` is what run() raised, if anything."""
-
-    def __init__(self, worker: Worker) -> None:
-        self.worker, self.error = worker, None
-        self.thread = threading.Thread(target=self._run, name="test-worker", daemon=True)
-
-    def _run(self) -> None:
-        try:
-            self.worker.run()
-        except BaseException as error:  # reported by the test, not lost on the thread
-            self.error = error
-
-    def stop(self, timeout_s: float = 10) -> None:
-        """Stop as a first SIGTERM does; a second stop if it has not returned in time."""
-        self.worker.stop()
-        self.thread.join(timeout_s)
-        if self.thread.is_alive():
-            self.worker.stop()
-            self.thread.join(timeout_s)
-        assert not self.thread.is_alive(), "the worker did not return"
-
-
-@contextmanager
-def running(worker: Worker) -> Iterator[Running]:
-    run = Running(worker)
-    run.thread.start()
-    try:
-        yield run
-    finally:
-        run.stop()
-    assert run.error is None, f"worker.run() raised {run.error!r}"
 
 
 # -- what the jobs recorded ---------------------------------------------------------
@@ -295,8 +260,7 @@ def test_a_worker_that_cannot_replace_a_child_stops_and_leaves_its_job_to_the_sw
                          child_init=functools.partial(pool_jobs.start_once, redis_url, starts_key))
     hung = queue.add("sleep", recording(queue, redis_url, seconds=30), opts=JobOptions(attempts=3, time_limit_ms=1000))
     later = queue.add("noop", recording(queue, redis_url), opts=JobOptions(attempts=1))
-    run = Running(worker)
-    run.thread.start()
+    run = Running(worker).start()
     run.thread.join(15)
     assert not run.thread.is_alive(), "the worker stopped by itself"
     assert isinstance(run.error, RuntimeError) and "the child process died while it started (exited with code 1)" \
@@ -552,8 +516,7 @@ def test_a_child_init_that_raises_makes_run_raise_and_leaves_no_child(queue, red
 def test_a_second_stop_kills_the_child_of_a_running_job_so_only_the_recovered_copy_runs(queue, redis_url):
     job_id = queue.add("sleep", recording(queue, redis_url, seconds=30, first_only=True),
                        opts=JobOptions(attempts=3))
-    run = Running(make_worker(queue, "processes"))
-    run.thread.start()
+    run = Running(make_worker(queue, "processes")).start()
     assert wait_until(lambda: progress_pid(queue, job_id), 10), "the job started"
     pid = progress_pid(queue, job_id)
     run.worker.stop()
