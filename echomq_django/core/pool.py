@@ -205,8 +205,7 @@ class ProcessSlot:
             if ready:
                 process.join(_CHILD_STOP_S)  # its pipe closes a moment before it exits
                 break
-        with self._lock:
-            self._process = self._conn = None
+        self._take()
         code = _end(process, conn, kill=process.is_alive())  # the code it died with, when it died
         if give_up.is_set():
             raise ChildStartError(f"{self.name}: the worker stopped while its child process started", stopped=True)
@@ -233,11 +232,16 @@ class ProcessSlot:
         for old, old_conn, _at in retired:
             _end(old, old_conn, kill=kill, asked=True)
 
+    def _take(self) -> tuple[Any, Connection | None]:
+        """The current child and its pipe, which the slot no longer holds (None, None: there was none)."""
+        with self._lock:
+            process, conn = self._process, self._conn
+            self._process = self._conn = None
+        return process, conn
+
     def _retire(self) -> None:
         """Ask the child to leave, without waiting: it is reaped later (or killed if it lingers)."""
-        process, conn = self._process, self._conn
-        with self._lock:
-            self._process = self._conn = None
+        process, conn = self._take()
         if process is not None and conn is not None:
             with contextlib.suppress(OSError, ValueError):
                 conn.send(None)
@@ -254,9 +258,7 @@ class ProcessSlot:
 
     def _discard(self) -> int | None:
         """Kill the current child (if any is left) and reap it; its exit code."""
-        with self._lock:
-            process, conn = self._process, self._conn
-            self._process = self._conn = None
+        process, conn = self._take()
         return _end(process, conn, kill=True) if process is not None and conn is not None else None
 
     # -- jobs --------------------------------------------------------------

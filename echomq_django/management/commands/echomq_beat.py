@@ -4,10 +4,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
-from django.utils.module_loading import autodiscover_modules
 
 from echomq_django.conf import get_settings
 from echomq_django.core import Beat, Firing, transient
+from echomq_django.jobs import discover_jobs
 from echomq_django.queues import SCHEDULER_CALL_TIMEOUT_S, scheduler_client
 from echomq_django.schedules import load_schedules
 
@@ -30,7 +30,7 @@ class Command(BaseCommand):
                  "(default: %(default)g).")
 
     def handle(self, *, once: bool, interval: float, verbosity: int, **options: Any) -> None:
-        autodiscover_modules("jobs")  # the @job functions schedules name, as the worker imports them
+        discover_jobs()  # the @job functions schedules name, as the worker imports them
         settings = get_settings()
         client, scripts = scheduler_client()
         beat = Beat(client, load_schedules, prefix=settings.prefix, scripts=scripts,
