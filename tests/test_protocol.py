@@ -139,7 +139,7 @@ def test_a_stale_token_cannot_extend_complete_or_fail(queue):
     fetch(queue, token="tok-B")
 
     assert not renew_lock(queue, job_id, "tok-A", 30_000)
-    assert queue.scripts.extend_locks(queue.keys, [(job_id, "tok-A")], 30_000) == [job_id]
+    assert queue.scripts.lock_codes(queue.keys, [(job_id, "tok-A")], 30_000) == [-1], "lost"
     with pytest.raises(LockLostError):
         finish(queue, job_id, "tok-A", value='"late"')
     with pytest.raises(LockLostError):

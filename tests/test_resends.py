@@ -64,8 +64,8 @@ def test_a_renewal_racing_its_own_finish_is_not_a_lost_lock(queue):
     job_id = queue.add("work")
     fetch(queue, token="tok-1")
     finish(queue, job_id, "tok-1")
-    assert queue.scripts.extend_locks(queue.keys, [(job_id, "tok-1")], 30_000) == []
+    assert queue.scripts.lock_codes(queue.keys, [(job_id, "tok-1")], 30_000) == [0], "finished by this token"
     assert not renew_lock(queue, job_id, "tok-1", 30_000), "nothing was renewed"
     assert not queue.client.exists(queue.keys.lock(job_id))
     # Another token's renewal of the same finished job is a real loss.
-    assert queue.scripts.extend_locks(queue.keys, [(job_id, "tok-2")], 30_000) == [job_id]
+    assert queue.scripts.lock_codes(queue.keys, [(job_id, "tok-2")], 30_000) == [-1], "lost"

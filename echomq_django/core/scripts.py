@@ -7,7 +7,7 @@ ScriptClient (transport.py).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,16 +76,8 @@ class Scripts(ScriptClient):
             next_due = None
         return next_due, list(zip(reply[1::2], reply[2::2]))
 
-    def extend_locks(self, keys: QueueKeys, held: Iterable[tuple[str, str]], lock_ms: int) -> list[str]:
-        """Renew many locks, given as (job id, token) pairs, in one call; returns the ids whose ownership was lost.
-
-        A job that its own token already finished is not lost (a renewal that raced the finish).
-        """
-        held = list(held)
-        return [job_id for (job_id, _token), code in zip(held, self.lock_codes(keys, held, lock_ms)) if code == -1]
-
     def lock_codes(self, keys: QueueKeys, held: Sequence[tuple[str, str]], lock_ms: int) -> list[int]:
-        """extendLocks' code per (job id, token).
+        """Renew many locks, given as (job id, token) pairs, in one call; extendLocks' code per pair.
 
         1 renewed, 2 renewed and cancelled (stop it), 0 already finished by that token, -1 not owned.
         """
