@@ -3,6 +3,7 @@
 import contextlib
 import math
 import signal
+import threading
 from collections.abc import Callable, Iterator
 
 from django.core.management.base import CommandError
@@ -62,3 +63,29 @@ def on_stop_signals(stop: Callable[[], None]) -> Iterator[None]:
     finally:
         for signum, handler in zip(signals, before):
             signal.signal(signum, handler)
+
+
+def run_stoppable(work: Callable[[], None], stop: Callable[[], None]) -> None:
+    """Run `work` on a thread of its own to its end, calling `stop` on every SIGINT and SIGTERM meanwhile.
+
+    Python runs signal handlers on the main thread, between two of its steps.
+    A `stop` that sets an Event the main thread itself was waiting on can land
+    while the interrupted wait holds the Event's lock, and then waits for it
+    forever; so the main thread here only joins. What `work` raises is raised
+    here, and what `stop` raises (a second stop's SystemExit) ends the join.
+    """
+    raised: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            work()
+        except BaseException as error:  # raised on the main thread below
+            raised.append(error)
+
+    thread = threading.Thread(target=target, name="echomq-command", daemon=True)
+    with on_stop_signals(stop):
+        thread.start()
+        while thread.is_alive():
+            thread.join(0.2)
+    if raised:
+        raise raised[0]

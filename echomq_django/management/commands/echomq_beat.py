@@ -11,7 +11,7 @@ from echomq_django.jobs import discover_jobs
 from echomq_django.queues import SCHEDULER_CALL_TIMEOUT_S, scheduler_client
 from echomq_django.schedules import load_schedules
 
-from ._options import connect_or_fail, on_stop_signals, positive_seconds
+from ._options import connect_or_fail, positive_seconds, run_stoppable
 from ._output import echomq_logs_shown
 
 
@@ -71,5 +71,4 @@ class Command(BaseCommand):
                 if len(signals) > 1:  # the second: out at once, even from a call waiting for a frozen Redis
                     raise SystemExit(0)
 
-            with on_stop_signals(stop):
-                beat.run(report)
+            run_stoppable(lambda: beat.run(report), stop)

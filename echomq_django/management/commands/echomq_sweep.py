@@ -11,7 +11,7 @@ from echomq_django.mirror import sync_queue
 from echomq_django.queues import get_queue, make_sweeper, queue_names
 from echomq_django.status import seconds_since
 
-from ._options import connect_or_fail, non_negative_int, on_stop_signals, positive_seconds
+from ._options import connect_or_fail, non_negative_int, positive_seconds, run_stoppable
 from ._output import echomq_logs_shown
 
 logger = logging.getLogger("echomq.sweeper")
@@ -82,8 +82,7 @@ class Command(BaseCommand):
                 if verbosity >= 1:
                     self.stdout.write("sweeping " + ", ".join(
                         f"{target.queue} every {target.interval_ms / 1000:g} s" for target in sweeper.targets))
-                with on_stop_signals(sweeper.stop):
-                    sweeper.run(report, force=force)
+                run_stoppable(lambda: sweeper.run(report, force=force), sweeper.stop)
             except QueueStateError as error:
                 raise CommandError(str(error)) from None
             except UNREACHABLE as error:  # only --once gets here: the loop waits out outages
