@@ -7,10 +7,14 @@
   with a priority below 0.
 
   A fetch is idempotent per token: the ids it took are recorded under the
-  token (KEYS[9], for one lock duration), and a call that finds that record
-  is a re-send whose reply was lost. It takes nothing new and answers with
-  the jobs the first call took that this token still owns, so no job is
-  locked by a reply nobody read (it would stall and lose an attempt).
+  token (KEYS[9]), and a call that finds that record is a re-send whose
+  reply was lost. It takes nothing new and answers with the jobs the first
+  call took that this token still owns, so no job is locked by a reply
+  nobody read (it would stall and lose an attempt). The record goes when
+  the token finishes a job (moveToFinished); its expiry, a day, only clears
+  the records of workers that died first. It must outlast any outage the
+  worker re-sends through: the jobs' locks may lapse meanwhile, but the
+  sweep's hold keeps them for their owner, who can only claim them here.
 
   KEYS[1] wait      LIST  (taken from the right: FIFO)
   KEYS[2] active    LIST  (pushed on the left)
@@ -20,8 +24,8 @@
   KEYS[6] paused    LIST
   KEYS[7] failed    ZSET  (where an id without a job hash is sent)
   KEYS[8] prioritized ZSET (score: see pushReady)
-  KEYS[9] fetch:<token> STRING, PX = the lock duration: JSON list of the ids
-          this token took
+  KEYS[9] fetch:<token> STRING, PX = a day: JSON list of the ids this token
+          took
 
   ARGV[1] key prefix of the queue
   ARGV[2] worker token (also the lock value); a new one for every fetch
@@ -156,7 +160,7 @@ while taken < limit do
   end
 end
 if taken > 0 then
-  redis.call("SET", KEYS[9], cjson.encode(takenIds), "PX", lockMs)
+  redis.call("SET", KEYS[9], cjson.encode(takenIds), "PX", 86400000)
   flushMetrics(prefix, now, tonumber(ARGV[7]))
 end
 

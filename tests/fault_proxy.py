@@ -18,6 +18,9 @@ threads, one per direction. Faults switch at run time:
   down_after_bzpopmin_reply()
                     once: go down right after forwarding a non-empty reply to a
                     BZPOPMIN (a worker woken by a producer loses Redis at once)
+  down_instead_of_reply(label)
+                    once: the next reply to a request with that label is lost,
+                    and the proxy goes down (Redis ran it; then an outage)
 
 The counters (replies_dropped, connections_cut, connections_refused) say
 what it did; `summary()` puts them on one line. Lost replies are counted by
@@ -81,6 +84,7 @@ class FaultProxy:
         self._down = False
         self._drop_probability = 0.0
         self._down_after_bzpopmin = False
+        self._down_instead_of: str | None = None  # the label of down_instead_of_reply()
         self._random = random.Random()
         self.replies_dropped = 0
         self.dropped_by_request: Counter[str] = Counter()  # what the lost replies answered
@@ -139,6 +143,10 @@ class FaultProxy:
     def down_after_bzpopmin_reply(self) -> None:
         """Once: go down right after forwarding the next non-empty reply to a BZPOPMIN."""
         self._down_after_bzpopmin = True
+
+    def down_instead_of_reply(self, label: str) -> None:
+        """Once: lose the next reply to a request labelled `label`, and go down."""
+        self._down_instead_of = label
 
     def summary(self) -> str:
         by_request = ", ".join(f"{name} {n}" for name, n in self.dropped_by_request.most_common())
@@ -230,6 +238,12 @@ class FaultProxy:
 
     def _pump_replies(self, link: _Link) -> None:
         while data := self._receive(link, link.server):
+            if self._take_reply_hook(link.last_request):
+                with self._lock:
+                    self.replies_dropped += 1
+                    self.dropped_by_request[link.last_request] += 1
+                self.down()
+                return
             if self._drop_probability and self._random.random() < self._drop_probability:
                 with self._lock:
                     self.replies_dropped += 1
@@ -241,6 +255,14 @@ class FaultProxy:
             if link.awaiting_bzpopmin and not data.startswith(_NULL_REPLIES) and self._take_bzpopmin_hook():
                 self.down()
                 return
+
+    def _take_reply_hook(self, request: str) -> bool:
+        """Whether down_instead_of_reply() is armed for this request's label; disarms it."""
+        with self._lock:
+            armed = self._down_instead_of is not None and self._down_instead_of == request
+            if armed:
+                self._down_instead_of = None
+        return armed
 
     def _take_bzpopmin_hook(self) -> bool:
         """Whether the hook of down_after_bzpopmin_reply() is armed; disarms it."""

@@ -8,7 +8,6 @@ import pickle
 import queue as threadqueue
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,7 +36,6 @@ class _Outcome:
 
     job: Job
     finish: Finish | None
-    at: float  # time.monotonic() when the job ended
 
 
 @dataclass(frozen=True)
@@ -181,7 +179,6 @@ class Worker:
         # The token of a fetch whose reply never came: sent again with the next
         # fetch, so the script answers with the jobs it took (see moveToActive).
         self._unanswered_token: str | None = None
-        self._unanswered_at = 0.0  # time.monotonic() when that fetch was first sent
         self._unreachable = False  # the last round trip failed to reach Redis
 
     # -- control ---------------------------------------------------------
@@ -282,7 +279,10 @@ class Worker:
 
         Returns (jobs taken, next delayed due time). Through a Redis outage the
         results stay in `ended` to be sent again (a finish sent twice is
-        answered "already done"), until their lock would have lapsed anyway.
+        answered "already done"), and an unanswered fetch's token is sent
+        again, however long the outage: a lapsed lock does not make a job the
+        sweeper's (its hold waits for the owner after an outage), and a result
+        dropped then would have the job run again.
         """
         writing = [outcome for outcome in ended if outcome.finish]
         finishes = [outcome.finish for outcome in ended if outcome.finish]
@@ -299,7 +299,6 @@ class Worker:
         if token:
             calls.append(self.scripts.fetch_call(self.keys, token, self.lock_duration_ms, now_ms(), want,
                                                  self.worker_id, self.metrics_minutes))
-        sent = time.monotonic()
         try:
             replies, acked = self.scripts.run_confirmed(calls, self.confirm)
             if self.confirm and writing and acked < self.confirm.replicas:
@@ -307,12 +306,8 @@ class Worker:
                                self.worker_id, acked, self.confirm.replicas, len(writing), self.confirm.timeout_ms)
         except UNREACHABLE as error:
             logger.error("worker %s: Redis unreachable (%s); retrying", self.worker_id, error)
-            if token != self._unanswered_token:
-                self._unanswered_token, self._unanswered_at = token or None, sent
-            elif time.monotonic() - self._unanswered_at > self.lock_duration_ms / 1000:
-                self._unanswered_token = None  # its record and locks have lapsed: nothing to collect
+            self._unanswered_token = token or None
             self._unreachable = True
-            self._give_up_on_lapsed(ended)
             self._aborted.wait(RETRY_PAUSE_S)
             return 0, None
         if self._unreachable:
@@ -358,7 +353,7 @@ class Worker:
         logger.error("worker %s: job %s of queue %s cannot run: %s", self.worker_id, job_id, self.keys.queue, error)
         finish = Finish(job_id, token, completed=False, value=f"cannot run the job: {error}", final=True,
                         error_class=class_path(error))
-        return _Outcome(job, finish, time.monotonic())
+        return _Outcome(job, finish)
 
     def _written(self, outcome: _Outcome, code: Any) -> None:
         """Account for one job whose result was just written (or could not be)."""
@@ -385,15 +380,6 @@ class Worker:
         if not finish.completed:
             logger.info("job %s of queue %s failed, %s: %s", job.id, self.keys.queue,
                         _FAILURE_OUTCOMES.get(status, "failed"), finish.value)
-
-    def _give_up_on_lapsed(self, ended: list[_Outcome]) -> None:
-        """Drop results held longer than a lock lasts: the sweeper owns those jobs now."""
-        lapsed_before = time.monotonic() - self.lock_duration_ms / 1000
-        for outcome in [o for o in ended if o.at < lapsed_before]:
-            logger.error("worker %s: could not write the result of job %s before its lock lapsed; "
-                         "the sweeper will recover it", self.worker_id, outcome.job.id)
-            ended.remove(outcome)
-            self._written(_Outcome(outcome.job, None, outcome.at), None)
 
     def _collect(self, ended: list[_Outcome], wait_s: float | None) -> bool:
         """Move ended jobs from the job threads into `ended`, waiting up to `wait_s` for the first.
@@ -480,7 +466,7 @@ class Worker:
             finally:  # even for SystemExit from a handler: the loop must free the slot
                 with self._in_hand_lock:
                     self._in_hand.pop(key, None)
-                self._events.put(_Outcome(job, finish, time.monotonic()))
+                self._events.put(_Outcome(job, finish))
 
     def _limits(self, job: Job) -> tuple[int, int]:
         """(soft, hard) time limit of a job in ms, 0 for none: its own, else the worker's."""
