@@ -152,7 +152,8 @@ def test_the_start_up_error_hides_the_redis_password(echomq_settings):
     assert "s3cret" not in str(raised.value)
 
 
-def test_the_loop_gives_back_the_signal_handlers_it_took(echomq_settings, queue):
+def test_the_loop_gives_back_the_signal_handlers_it_took(echomq_settings, queue, transactional_db):
+    # transactional_db: the loop runs on a thread of its own, whose writes (the mirror) commit.
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
 
     def stop_once_it_sweeps() -> None:  # the loop has its handlers by then: SIGINT stops the command

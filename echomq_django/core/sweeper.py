@@ -200,7 +200,10 @@ class Sweeper:
     def stop(self) -> None:
         """First call: finish the sweep in progress, then return. Second call: return now."""
         if self._stopping.is_set():
+            logger.warning("sweeper: second stop, leaving now")
             self._aborted.set()
+        else:
+            logger.info("sweeper: stopping after the sweep in progress (stop again to leave now)")
         self._stopping.set()
 
 

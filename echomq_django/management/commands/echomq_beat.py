@@ -63,12 +63,4 @@ class Command(BaseCommand):
                         raise
                     raise CommandError(f"cannot reach Redis: {error}") from None
                 return
-            signals = []
-
-            def stop() -> None:
-                signals.append(True)
-                beat.stop()
-                if len(signals) > 1:  # the second: out at once, even from a call waiting for a frozen Redis
-                    raise SystemExit(0)
-
-            run_stoppable(lambda: beat.run(report), stop)
+            run_stoppable(lambda: beat.run(report), beat.stop, second_stop_grace_s=0)

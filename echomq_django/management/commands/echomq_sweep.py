@@ -82,7 +82,7 @@ class Command(BaseCommand):
                 if verbosity >= 1:
                     self.stdout.write("sweeping " + ", ".join(
                         f"{target.queue} every {target.interval_ms / 1000:g} s" for target in sweeper.targets))
-                run_stoppable(lambda: sweeper.run(report, force=force), sweeper.stop)
+                run_stoppable(lambda: sweeper.run(report, force=force), sweeper.stop, second_stop_grace_s=0)
             except QueueStateError as error:
                 raise CommandError(str(error)) from None
             except UNREACHABLE as error:  # only --once gets here: the loop waits out outages
