@@ -51,7 +51,7 @@ def complete_all(queue: Queue, jobs: int) -> None:
         token = uuid.uuid4().hex
         [reply] = scripts.run_batch([scripts.fetch_call(keys, token, 60_000, now_ms(), PER_CALL, "bench",
                                                         metrics_minutes=0)], raise_on_error=True)
-        ids = [job_id for job_id, _ in scripts.fetched(reply)[1]]
+        ids = [job_id for job_id, _ in scripts.fetched(reply)[2]]
         if not ids:
             raise RuntimeError(f"nothing left to take after {done} of {jobs}")
         [codes] = scripts.run_batch([scripts.finish_call(

@@ -69,16 +69,18 @@ def script_stats(client) -> tuple[int, int, int]:
 class Before:
     """moveToActive and moveToFinished as they were at git revision `rev`, loaded into Redis.
 
-    Run with the calls the current wrappers build, less the metrics argument
-    (moveToActive's last ARGV, moveToFinished's ninth), which those scripts
-    did not take.
+    Run with the calls the current wrappers build, less what those scripts
+    did not take: the metrics argument (moveToFinished's ninth), and
+    moveToActive's metrics and flow control (its last ARGV and KEYS).
     """
 
-    NAMES = ("moveToActive-9", "moveToFinished-10")
+    # The current script name -> its file at that revision.
+    NAMES = {"moveToActive-10": "moveToActive-9", "moveToFinished-10": "moveToFinished-10"}
 
     def __init__(self, client, rev: str) -> None:
         self.client = client
-        self.sha = {name: client.script_load(self._assemble(rev, f"lua/{name}.lua", set())) for name in self.NAMES}
+        self.sha = {name: client.script_load(self._assemble(rev, f"lua/{old}.lua", set()))
+                    for name, old in self.NAMES.items()}
 
     @staticmethod
     def _show(rev: str, path: str) -> str:
@@ -99,9 +101,14 @@ class Before:
     def run_batch(self, calls: list) -> list:
         pipe = self.client.pipeline(transaction=False)
         for name, keys, args in calls:
-            args = list(args[:-1]) if name == "moveToActive-9" else [*args[:8], *args[9:]]
+            if name == "moveToActive-10":  # nor the flow control's keys and arguments, nor its reply's wait
+                keys, args = keys[:9], args[:6]
+            else:
+                args = [*args[:8], *args[9:]]
             pipe.evalsha(self.sha[name], len(keys), *keys, *args)
-        return pipe.execute()
+        replies = pipe.execute()
+        return [[reply[0], 0, *reply[1:]] if name == "moveToActive-10" else reply
+                for (name, _keys, _args), reply in zip(calls, replies)]
 
 
 def timed_window(client, run: Callable[[list], list], calls: list) -> tuple[int | None, list]:
@@ -143,7 +150,7 @@ def one_round(queue: Queue, batch: int, mode: str, jobs: int, before: Before | N
             scripts.fetch_call(keys, token, LOCK_MS, now, batch, "bench", metrics_minutes=minutes)
             for token in tokens])
         taken = [Finish(job_id, token, True, "null")
-                 for token, reply in zip(tokens, replies) for job_id, _ in scripts.fetched(reply)[1]]
+                 for token, reply in zip(tokens, replies) for job_id, _ in scripts.fetched(reply)[2]]
         if len(taken) != WINDOW:
             raise RuntimeError(f"fetched {len(taken)} jobs, not {WINDOW}")
         if usec is not None:
@@ -245,7 +252,7 @@ def populated_minute(client, prefix: str) -> tuple[int, int, dict[str, str]]:
         token = uuid.uuid4().hex
         [reply] = scripts.run_batch([scripts.fetch_call(keys, token, LOCK_MS, now_ms(), 4, "bench",
                                                         metrics_minutes=ON)], raise_on_error=True)
-        ids = [job_id for job_id, _ in scripts.fetched(reply)[1]]
+        ids = [job_id for job_id, _ in scripts.fetched(reply)[2]]
         ends = [Finish(ids[0], token, True, "null"), Finish(ids[1], token, False, "boom"),
                 Finish(ids[2], token, False, "boom", final=True)]
         scripts.run_batch([scripts.finish_call(keys, ends, now_ms(), default_attempts=3, metrics_minutes=ON)],

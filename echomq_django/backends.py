@@ -89,6 +89,16 @@ class EchoMQTask(Task):
     backoff: Backoff | None = None  # None: the queue's BACKOFF
     time_limit: float | None = None  # seconds an attempt may run; None: the queue's TIME_LIMIT
     soft_time_limit: float | None = None  # seconds until SoftTimeLimitExceeded; None: the queue's SOFT_TIME_LIMIT
+    group: str = ""  # the group of its jobs ("": none); see in_group
+
+    def in_group(self, group: str) -> EchoMQTask:
+        """This task with its jobs in `group` (a tenant, a user): `send_mail.in_group(f"t{tenant.id}").enqueue(...)`.
+
+        The queue's groups take turns, so one group's backlog does not hold up
+        another's jobs, and the queue's GROUP_MAX_ACTIVE caps each group's
+        running jobs. Like `using()`, it returns a new task, validated.
+        """
+        return dataclasses.replace(self, group=group)
 
 
 # The tasks with a hard time limit made so far, by (path, backend, queue), for the check of
@@ -140,6 +150,11 @@ class EchoMQBackend(BaseTaskBackend):
             raise InvalidTask(f"{error}.") from None
         if getattr(task, "time_limit", None) is not None:
             _time_limited[(task.module_path, task.backend, str(task.queue_name))] = task
+        if group := getattr(task, "group", ""):
+            try:
+                JobOptions(group=group, priority=task.priority)
+            except PayloadError as error:
+                raise InvalidTask(f"{error}.") from None
         try:
             validate_name(task.queue_name, "queue name")
         except InvalidNameError as error:
@@ -161,7 +176,8 @@ class EchoMQBackend(BaseTaskBackend):
         opts = queue.default_opts.overridden(attempts=getattr(task, "attempts", None),
                                              backoff=getattr(task, "backoff", None),
                                              delay_ms=delay_until(task.run_after, timestamp_ms),
-                                             priority=task.priority, **own_time_limits_ms(task))
+                                             priority=task.priority, **own_time_limits_ms(task),
+                                             group=getattr(task, "group", ""))
         job_id = new_job_id()
         result = TaskResult(
             task=task, id=job_id, status=TaskResultStatus.READY, enqueued_at=task_datetime(timestamp_ms),

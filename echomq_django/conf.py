@@ -37,10 +37,12 @@ from django.dispatch import receiver
 from .core import (
     ALPHABET,
     MAX_DELAY_MS,
+    MAX_RATE_WINDOW_MS,
     POOLS,
     Backoff,
     Confirm,
     InvalidNameError,
+    RateLimit,
     RedisURLError,
     Retention,
     defaults,
@@ -88,6 +90,12 @@ QUEUE_DEFAULTS: dict[str, Any] = {
     "SOFT_TIME_LIMIT": None,
     "MAX_JOBS_PER_CHILD": 0,  # a child is replaced after this many jobs (0: never); processes pool only
     "MAX_MEMORY_PER_CHILD": 0,  # MB: a child whose memory grows past this is replaced (0: never); processes only
+    # {"MAX": N, "DURATION": seconds}: at most N of the queue's jobs start in any window of DURATION,
+    # across all its workers (None: no limit).
+    "RATE_LIMIT": None,
+    "MAX_ACTIVE": None,  # at most this many of the queue's jobs run at once, across all its workers (None: no cap)
+    # At most this many jobs of one group run at once (None: no cap); groups take turns either way.
+    "GROUP_MAX_ACTIVE": None,
 }
 
 
@@ -132,6 +140,9 @@ class QueueConfig:
     soft_time_limit_ms: int = 0  # 0: none
     max_jobs_per_child: int = 0  # 0: never recycled
     max_memory_per_child_mb: int = 0  # 0: never recycled
+    rate_limit: RateLimit | None = None  # None: no limit
+    max_active: int = 0  # 0: no cap
+    group_max_active: int = 0  # 0: no cap
 
 
 @dataclass(frozen=True)
@@ -170,6 +181,27 @@ def _limit_ms(value: Any, where: str, problems: list[Problem]) -> int | None:
     if value is None:
         return 0
     return _seconds_to_ms(value, where, problems, allow_none=True)
+
+
+def _rate_limit(value: Any, where: str, problems: list[Problem]) -> RateLimit | None:
+    if value is None:
+        return None
+    hint = 'Use {"MAX": jobs, "DURATION": seconds}, e.g. {"MAX": 10, "DURATION": 1} for 10 jobs a second.'
+    if not isinstance(value, dict) or set(value) != {"MAX", "DURATION"}:
+        problems.append(Problem("echomq.E006", f"{where} must be a dict with MAX and DURATION, not {value!r}.", hint))
+        return None
+    jobs = _count(value["MAX"], f"{where}['MAX']", problems, minimum=1)
+    duration, window_ms = value["DURATION"], None
+    number = isinstance(duration, (int, float)) and not isinstance(duration, bool)
+    if number and 0 < duration <= MAX_RATE_WINDOW_MS / 1000:
+        window_ms = max(1, round(duration * 1000))
+    else:
+        problems.append(Problem("echomq.E005", f"{where}['DURATION'] must be a positive number of seconds up to a "
+                                f"day ({MAX_RATE_WINDOW_MS // 1000:,}), not {duration!r}.",
+                                "The window keeps a record of every start in it; for a daily quota use 86400."))
+    if jobs is None or window_ms is None:
+        return None
+    return RateLimit(jobs, window_ms)
 
 
 def _pool(value: Any, where: str, problems: list[Problem]) -> str:
@@ -276,6 +308,9 @@ def _queue_config(name: str, raw: Any) -> tuple[QueueConfig, list[Problem]]:
         pool=option("POOL", _pool),
         max_jobs_per_child=option("MAX_JOBS_PER_CHILD", functools.partial(_count, minimum=0)),
         max_memory_per_child_mb=option("MAX_MEMORY_PER_CHILD", functools.partial(_count, minimum=0)),
+        rate_limit=option("RATE_LIMIT", _rate_limit),
+        max_active=option("MAX_ACTIVE", functools.partial(_count, minimum=1, allow_none=True)) or 0,
+        group_max_active=option("GROUP_MAX_ACTIVE", functools.partial(_count, minimum=1, allow_none=True)) or 0,
         **_time_limits(option, where, problems),
     )
     if config.pool == "threads" and config.time_limit_ms:

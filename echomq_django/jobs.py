@@ -107,6 +107,7 @@ class JobFunction:
     backoff: Backoff | None = None  # None: the queue's BACKOFF
     time_limit: float | None = None  # seconds; None: the queue's TIME_LIMIT
     soft_time_limit: float | None = None  # seconds; None: the queue's SOFT_TIME_LIMIT
+    group: str = ""  # every job's group, unless enqueue_with gives one ("": none)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs)
@@ -116,8 +117,11 @@ class JobFunction:
         return self.enqueue_with(args=args, kwargs=kwargs)
 
     def enqueue_with(self, *, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None,
-                     delay_ms: int = 0, job_id: str | None = None) -> str:
-        """`enqueue` with a delay or a job id of the caller's choosing.
+                     delay_ms: int = 0, job_id: str | None = None, group: str | None = None) -> str:
+        """`enqueue` with a delay, a job id of the caller's choosing, or a group (the job function's by default).
+
+        A group (a tenant, a user: the id alphabet) takes turns with the queue's
+        other groups, and the queue's GROUP_MAX_ACTIVE caps its running jobs.
 
         Raises ImproperlyConfigured when the queue is not in ECHOMQ["QUEUES"].
         """
@@ -126,29 +130,34 @@ class JobFunction:
         queue = get_queue(self.queue)
         return queue.add(self.name, {"args": list(args), "kwargs": kwargs or {}},
                          opts=queue.default_opts.overridden(attempts=self.attempts, backoff=self.backoff,
-                                                            delay_ms=delay_ms, **own_time_limits_ms(self)),
+                                                            delay_ms=delay_ms, **own_time_limits_ms(self),
+                                                            group=self.group if group is None else group),
                          job_id=job_id)
 
 
 def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queue: str = "default",
         attempts: int | None = None, backoff: Backoff | None = None,
-        time_limit: float | None = None, soft_time_limit: float | None = None) -> Any:
+        time_limit: float | None = None, soft_time_limit: float | None = None, group: str = "") -> Any:
     """Register `func` as a job function (usable bare, `@job`, or with options, `@job(...)`).
 
     `attempts`, `backoff` and the time limits (seconds, fractions allowed)
     default to the queue's settings (ATTEMPTS, BACKOFF, TIME_LIMIT, SOFT_TIME_LIMIT).
     At `soft_time_limit` SoftTimeLimitExceeded is raised in the job; at
     `time_limit` the attempt fails (on the processes pool its child is killed).
+    `group` puts every job of the function in that group (enqueue_with can
+    give each job its own).
     """
 
     # Wrong values fail at import (PayloadError), not at the first enqueue.
     if attempts is not None:
         JobOptions(attempts=attempts)
+    if group:
+        JobOptions(group=group)
     time_limits_ms(time_limit, soft_time_limit)
 
     def register(target: Callable[..., Any]) -> JobFunction:
         job_name = name or f"{target.__module__}.{target.__qualname__}"
-        registered = JobFunction(target, job_name, queue, attempts, backoff, time_limit, soft_time_limit)
+        registered = JobFunction(target, job_name, queue, attempts, backoff, time_limit, soft_time_limit, group)
         if job_name in _registry and _registry[job_name].func is not target:
             raise ValueError(f"two job functions are registered as {job_name!r}; give one a name=")
         _registry[job_name] = registered

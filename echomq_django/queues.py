@@ -159,6 +159,9 @@ def worker_options(name: str, **overrides: Any) -> dict[str, Any]:
         "max_jobs_per_child": config.max_jobs_per_child,
         "max_memory_per_child_kb": config.max_memory_per_child_mb * 1024,
         "child_init": None,
+        "rate_limit": config.rate_limit,
+        "max_active": config.max_active,
+        "group_max_active": config.group_max_active,
     }
     options.update({key: value for key, value in overrides.items() if value is not None})
     if options["pool"] == "processes":

@@ -253,9 +253,14 @@ class _Target:
         if not _queue(queue, where, problem):
             return None
         config = get_settings().queue(queue)
-        opts = JobOptions(attempts=config.attempts, backoff=config.backoff).overridden(
-            attempts=attempts if attempts is not None else own_attempts, backoff=backoff,
-            priority=own_priority if priority is None else priority, **own_limits)
+        try:  # the job's (or task's) group too: its ticks count against GROUP_MAX_ACTIVE like its other jobs
+            opts = JobOptions(attempts=config.attempts, backoff=config.backoff).overridden(
+                attempts=attempts if attempts is not None else own_attempts, backoff=backoff,
+                priority=own_priority if priority is None else priority, **own_limits,
+                group=getattr(self.found, "group", "") or "")
+        except PayloadError as error:  # a PRIORITY for a job in a group
+            problem("PRIORITY", f"{where}: {error}.")
+            return None
         if not timing:
             return None
         try:

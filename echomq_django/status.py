@@ -8,7 +8,8 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from .core import Minute, Queue, QueueStateError, datetime_from_ms, last_sweep, recent_minutes
+from .conf import QueueConfig, get_settings
+from .core import FlowState, Minute, Queue, QueueStateError, datetime_from_ms, flow_state, last_sweep, recent_minutes
 from .queues import get_queue
 
 # The complete minutes whose rates `echomq_status --json` reports (its key "last_5_minutes" says so too).
@@ -23,12 +24,30 @@ def queue_status(name: str, *, rates: bool = False, now: int | None = None) -> d
     `rates` adds `recent_rates` as of `now` (ms; default: the time now).
     """
     queue = get_queue(name)
+    config = get_settings().queue(name)
     try:
         status = {"queue": name, "paused": queue.is_paused(), "counts": queue.counts(),
-                  "last_sweep": last_sweep(queue.client, queue.keys)}
+                  "last_sweep": last_sweep(queue.client, queue.keys),
+                  "flow": flow_summary(flow_state(queue, config.rate_limit), config)}
     except (QueueStateError, ResponseError) as error:  # a key another client gave another Redis type
         return {"queue": name, "error": str(error)}
     return {**status, **recent_rates(queue, now)} if rates else status
+
+
+def flow_summary(state: FlowState, config: QueueConfig) -> dict[str, Any]:
+    """A queue's limits (settings) beside what they hold back now (Redis), as plain data."""
+    rate = config.rate_limit
+    return {
+        "rate_limit": {"max": rate.max, "duration_s": rate.duration_ms / 1000} if rate else None,
+        "started_in_window": state.started_in_window,
+        "max_active": config.max_active or None,
+        "group_max_active": config.group_max_active or None,
+        "paused_for_s": state.paused_for_ms / 1000,
+        "groups_waiting": state.groups_waiting,
+        "groups_active": state.groups_active,
+        "top_groups": [{"group": group.name, "waiting": group.waiting, "active": group.active}
+                       for group in state.top_groups],
+    }
 
 
 def recent_rates(queue: Queue, now: int | None = None) -> dict[str, Any]:

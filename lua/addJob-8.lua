@@ -23,13 +23,14 @@
   ARGV[2] timestamp, ms (the same for every job of the call)
   ARGV[3] add token: unique to this call (a re-send carries the same one)
   ARGV[4] how long the record of a call that generated ids is kept, ms
-  then six values per job, in order:
+  then seven values per job, in order:
     id chosen by the caller, or "" to generate one (INCR KEYS[4])
     name
     data (JSON text)
     opts (JSON text)
     delay, ms (0 = ready now)
     priority, -100..100 (0 = none; higher runs first)
+    group ("" = none): the job waits in its group's list (includes/groups.lua)
 
   Returns {id1, added1, id2, added2, ...} in the order given: added is 1 when
   the job was created, 0 when a job with the caller's id already existed
@@ -54,7 +55,7 @@ local function flushReady()
 end
 
 local generated = false
-for i = 5, #ARGV, 6 do
+for i = 5, #ARGV, 7 do
   local id = ARGV[i]
   local added = 1
   if id == "" then
@@ -68,11 +69,13 @@ for i = 5, #ARGV, 6 do
     added = 0
   end
   if added == 1 then
-    local delay, priority = tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5])
+    local delay, priority, group = tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5]), groupOf(ARGV[i + 6])
     local jobKey = prefix .. id
     redis.call("HSET", jobKey, "name", ARGV[i + 1], "data", ARGV[i + 2], "opts", ARGV[i + 3],
       "timestamp", timestamp, "atm", 0, "ats", 0, "stc", 0)
-    if priority ~= 0 then
+    if group then
+      redis.call("HSET", jobKey, "grp", group)  -- read again whenever the job becomes ready
+    elseif priority ~= 0 then
       redis.call("HSET", jobKey, "pri", priority)  -- read again whenever the job becomes ready
     end
     if delay > 0 then
@@ -82,7 +85,9 @@ for i = 5, #ARGV, 6 do
       wake = true  -- a worker shortens its sleep to this job's due time
       emitEvent(prefix, "delayed", id, "due", timestamp + delay)
     else
-      if priority ~= 0 then
+      if group then
+        groupPush(prefix, KEYS[3], id, group)
+      elseif priority ~= 0 then
         redis.call("ZADD", KEYS[7], priorityScore(KEYS[3], priority), id)
       else
         ready[#ready + 1] = id

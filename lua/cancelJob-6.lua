@@ -1,7 +1,8 @@
 --[[
   cancelJob: cancel a job, whatever it is doing.
 
-  A job that has not started (in wait, paused, prioritized or delayed) goes
+  A job that has not started (in wait, paused, prioritized, delayed, or its
+  group's list) goes
   to failed at once, with the reason, as a final failure (retryJob can still
   send it back). A running job (it has a `tok`) cannot be stopped from here:
   its hash gets the reason in `cxl`, and the worker that holds it sees the
@@ -16,6 +17,7 @@
   KEYS[3] delayed     ZSET
   KEYS[4] prioritized ZSET
   KEYS[5] failed      ZSET
+  KEYS[6] meta        HASH  (a group's counters: includes/groups.lua)
 
   ARGV[1] key prefix of the queue
   ARGV[2] job id
@@ -32,11 +34,14 @@
 ]]
 -- @include "emitEvent"
 -- @include "jobKey"
+-- @include "groups"
 
 local prefix, id, reason, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local jobHash = jobKey(prefix, id)  -- nil for a queue key's name, which no job has
 local found = redis.call("LREM", KEYS[1], 0, id) + redis.call("LREM", KEYS[2], 0, id)
   + redis.call("ZREM", KEYS[3], id) + redis.call("ZREM", KEYS[4], id)
+local group = jobHash and groupOf(redis.pcall("HGET", jobHash, "grp"))
+if group and groupRemove(prefix, KEYS[6], id, group) then found = found + 1 end
 if found == 0 then
   if not jobHash then return 0 end
   -- pcall: a key of another type under the id is no job of ours.

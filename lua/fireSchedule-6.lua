@@ -49,6 +49,7 @@
            of Redis's clock answers "early", and a record tick that far ahead
            (another host's clock, another client) does not hold a tick back.
            0 = no deadline and no look at Redis's clock
+  ARGV[13] the job's group ("" = none): it waits in its group's list
 
   Returns {outcome, job id, decided}: decided is 1 when this call decided
   the tick, 0 when an earlier call had (a re-send, or another scheduler);
@@ -65,10 +66,12 @@ local EARLY_MS = 2000
 
 local function addJob(id)
   local jobKey = prefix .. id
-  local priority = tonumber(ARGV[8])
+  local priority, group = tonumber(ARGV[8]), groupOf(ARGV[13])
   redis.call("HSET", jobKey, "name", ARGV[5], "data", ARGV[6], "opts", ARGV[7],
     "timestamp", now, "atm", 0, "ats", 0, "stc", 0)
-  if priority ~= 0 then
+  if group then
+    redis.call("HSET", jobKey, "grp", group)
+  elseif priority ~= 0 then
     redis.call("HSET", jobKey, "pri", priority)
   end
   pushReady(prefix, KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], id)

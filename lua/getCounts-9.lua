@@ -10,13 +10,15 @@
   KEYS[6] delayed      ZSET
   KEYS[7] completed    ZSET
   KEYS[8] failed       ZSET
+  KEYS[9] meta         HASH  (`groupWaiting`: the jobs waiting in groups' lists)
 
   ARGV[1..8] how to count each key: LLEN (a list), ZCARD (a sorted set) or SCARD (a set)
 
   The caller (Scripts.get_counts) names the keys and their commands from one
   list of states, core/keys.py's COUNTED, so the two cannot drift apart.
 
-  Returns the eight counts, in KEYS order.
+  Returns the eight counts, in KEYS order, then the jobs waiting in groups'
+  lists (includes/groups.lua), which the caller counts as waiting.
   Errors: "ERR echomq wrong type ..." naming the first key that holds another
   Redis type than the protocol's.
 ]]
@@ -33,4 +35,6 @@ for i, command in ipairs(ARGV) do
   end
   counts[i] = count
 end
+local grouped = redis.pcall("HGET", KEYS[9], "groupWaiting")
+counts[#counts + 1] = math.max(0, tonumber(type(grouped) == "string" and grouped or "") or 0)
 return counts

@@ -18,6 +18,10 @@
   ARGV[1] job id
   ARGV[2] "state" for the state alone, else how many of the newest log
           lines to return (-1: all)
+  ARGV[3] key prefix of the queue: a job with a group may wait in its
+          group's list (includes/groups.lua), named from the prefix
+
+  A job waiting in its group's list is in state "wait".
 
   Returns {state} for "state", else {state, fields, lines kept, lines}:
   state is the name of the state key that holds the id (false: none),
@@ -25,6 +29,7 @@
   hash, false when its key holds another type), lines the newest log lines,
   oldest first.
 ]]
+-- @include "groups"
 
 local id = ARGV[1]
 local state = false
@@ -44,6 +49,10 @@ if not state then
 end
 local names = {"wait", "prioritized", "paused", "active", "delayed", "completed", "failed"}
 state = state and names[state]
+if not state then
+  local group = groupOf(redis.pcall("HGET", KEYS[8], "grp"))
+  if group and redis.call("LPOS", ARGV[3] .. "group:" .. group, id) then state = "wait" end
+end
 if ARGV[2] == "state" then return {state} end
 
 local fields = redis.pcall("HGETALL", KEYS[8])

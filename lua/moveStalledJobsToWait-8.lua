@@ -100,7 +100,9 @@ local marked, recovered, failed, unmarked = 0, 0, 0, 0
 if phase == "start" then
   local wrong = checkKeyTypes({{activeKey, "list"}, {waitKey, "list"}, {pausedKey, "list"},
     {stalledKey, "set"}, {failedKey, "zset"}, {metaKey, "hash"}, {markerKey, "zset"},
-    {prioritizedKey, "zset"}, {locksKey, "zset"}, {prefix .. "events", "stream"}},
+    {prioritizedKey, "zset"}, {locksKey, "zset"}, {prefix .. "events", "stream"},
+    {prefix .. "groups", "zset"}, {prefix .. "group-active", "hash"}, {prefix .. "group-waiting", "zset"},
+    {prefix .. "group-running", "hash"}},
     "the sweep of this queue did nothing")
   if wrong then return wrong end
 end

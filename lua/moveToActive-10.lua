@@ -26,6 +26,8 @@
   KEYS[8] prioritized ZSET (score: see pushReady)
   KEYS[9] fetch:<token> STRING, PX = a day: JSON list of the ids this token
           took
+  KEYS[10] limiter  ZSET  (the rate limit's window: one member per start,
+          `<token>#<id>`, scored by Redis's time of the start)
 
   ARGV[1] key prefix of the queue
   ARGV[2] worker token (also the lock value); a new one for every fetch
@@ -36,11 +38,29 @@
           (one entry per attempt started)
   ARGV[7] minutes of per-minute metrics to keep (0 = keep no metrics); a
           job's first start counts its wait (includes/metrics.lua)
+  ARGV[8] rate limit: jobs that may start in any window of ARGV[9] ms
+          (0 = no limit), across every worker of the queue
+  ARGV[9] rate limit window, ms
+  ARGV[10] most jobs active at once, across every worker (0 = no cap)
+  ARGV[11] most jobs of one group active at once (0 = no cap)
 
-  Returns {nextDue, id1, fields1, id2, fields2, ...}: nextDue is the due time
-  (ms) of the earliest delayed job, or false when none is delayed; each
-  fieldsN is the job hash as a flat field/value list, after the update. A
-  paused queue yields no jobs.
+  Flow control, decided here so it holds across any number of workers: while
+  meta `limitedUntil` (set by a job that raised RateLimited) is ahead of
+  Redis's clock nothing is taken; the rate limit takes no more than the
+  window has room for, and records each start; the cap takes no more than
+  `active` has room for. Retried and recovered jobs pass here like new ones.
+
+  Groups (includes/groups.lua): while any group has a job ready, the groups
+  and the jobs without a group take turns, one job per turn, the group whose
+  turn is oldest first; a group with ARGV[11] jobs running sits out until one
+  ends. Without groups the ring is empty and the order is as above.
+
+  Returns {nextDue, waitMs, id1, fields1, id2, fields2, ...}: nextDue is the
+  due time (ms) of the earliest delayed job, or false when none is delayed;
+  waitMs is 0, or when flow control held jobs back, how long until it lets
+  one start (ms, > 0) or -1 when the cap did (it frees when an active job
+  ends); each fieldsN is the job hash as a flat field/value list, after the
+  update. A paused queue yields no jobs.
 ]]
 -- @include "emitEvent"
 -- @include "pushReady"
@@ -48,13 +68,16 @@
 -- @include "jobFields"
 -- @include "lockIndex"
 -- @include "metrics"
+-- @include "groups"
 
 local prefix, token, lockMs = ARGV[1], ARGV[2], ARGV[3]
 local now, limit, workerId = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
+local rateMax, rateMs, maxActive = tonumber(ARGV[8]) or 0, tonumber(ARGV[9]) or 0, tonumber(ARGV[10]) or 0
+local groupMax = tonumber(ARGV[11]) or 0
 
 promoteDue(prefix, KEYS[4], KEYS[1], KEYS[6], KEYS[3], KEYS[5], KEYS[8], now, 1000)
 
-local result = {false}
+local result = {false, 0}
 local first = redis.call("ZRANGE", KEYS[4], 0, 0, "WITHSCORES")
 if first[2] then result[1] = first[2] end
 
@@ -78,11 +101,38 @@ if redis.call("HEXISTS", KEYS[3], "paused") == 1 then
   return result
 end
 
+-- Flow control: how many jobs may start now.
+local startedAt = redisNowMs()
+local limitedUntil = tonumber(redis.call("HGET", KEYS[3], "limitedUntil") or "")
+-- (a pause is a day at most: a longer one, or inf, is another client's value, not ours)
+if limitedUntil and limitedUntil > startedAt and limitedUntil <= startedAt + 86400000 then
+  result[2] = limitedUntil - startedAt
+  return result
+end
+if rateMax > 0 then
+  redis.call("ZREMRANGEBYSCORE", KEYS[10], "-inf", startedAt - rateMs)
+  local room = rateMax - redis.call("ZCARD", KEYS[10])
+  if room <= 0 then
+    local oldest = redis.call("ZRANGE", KEYS[10], 0, 0, "WITHSCORES")
+    result[2] = math.max(1, tonumber(oldest[2]) + rateMs - startedAt + 1)
+    return result
+  end
+  limit = math.min(limit, room)
+end
+if maxActive > 0 then
+  local room = maxActive - redis.call("LLEN", KEYS[2])
+  if room <= 0 then
+    result[2] = -1
+    return result
+  end
+  limit = math.min(limit, room)
+end
+
 -- The next ready id, moved to `active`; nil when nothing is ready. Nothing
 -- else can add to `prioritized` during this script, so once it is found
 -- empty it is not looked at again.
 local PRIORITY_ZERO = 100 * 4294967296
-local locksKey, lapsesAt = prefix .. "locks", redisNowMs() + tonumber(lockMs)
+local locksKey, lapsesAt = prefix .. "locks", startedAt + tonumber(lockMs)
 local anyPrioritized = redis.call("EXISTS", KEYS[8]) == 1
 local function takeNext()
   local best = anyPrioritized and redis.call("ZRANGE", KEYS[8], 0, 0, "WITHSCORES") or {}
@@ -99,6 +149,36 @@ local function takeNext()
   return best[1]
 end
 
+-- With groups: the next ready id by the ring's turns, moved to `active`, and
+-- its group (nil for a job without one); nil when nothing is ready.
+local ringKey, groupActiveKey = prefix .. "groups", prefix .. "group-active"
+local ringed = redis.call("EXISTS", ringKey) == 1
+if ringed and not redis.call("ZSCORE", ringKey, GROUPS_PLAIN)
+    and (redis.call("LLEN", KEYS[1]) > 0 or redis.call("EXISTS", KEYS[8]) == 1) then
+  groupEnterRing(prefix, KEYS[3], GROUPS_PLAIN)  -- jobs without a group take their turn too
+end
+local function takeByTurn()
+  while true do
+    local group = redis.call("ZRANGE", ringKey, 0, 0)[1]
+    if not group then return takeNext(), nil end  -- the ring emptied during this call
+    local id
+    if group == GROUPS_PLAIN then
+      id = takeNext()
+    elseif groupMax == 0 or (tonumber(redis.pcall("HGET", groupActiveKey, group)) or 0) < groupMax then
+      -- (at its cap the group leaves the ring; groupRelease brings it back)
+      id = redis.call("LMOVE", prefix .. "group:" .. group, KEYS[2], "RIGHT", "LEFT")
+      if id then groupWaitingLess(prefix, KEYS[3], group) end
+    end
+    -- A group that gave a job takes the next turn (its jobs left or not: an empty
+    -- list leaves at its next turn); one that could not give one leaves the ring.
+    if id then
+      redis.call("ZADD", ringKey, "XX", redis.call("HINCRBY", KEYS[3], "groupTurn", 1), group)
+      return id, group ~= GROUPS_PLAIN and group or nil
+    end
+    redis.call("ZREM", ringKey, group)
+  end
+end
+
 -- Set `field` to `value` in a flat HGETALL list (appending it when absent).
 local function setFlat(flat, field, value)
   for i = 1, #flat, 2 do
@@ -113,7 +193,8 @@ end
 
 local taken, takenIds = 0, {}
 while taken < limit do
-  local id = takeNext()
+  local id, group
+  if ringed then id, group = takeByTurn() else id = takeNext() end
   if not id then break end
   local jobKey = prefix .. id
   local flat = redis.pcall("HGETALL", jobKey)
@@ -151,6 +232,7 @@ while taken < limit do
       if readyAt then timeMetric("wait", now - readyAt) end
     end
     redis.call("HSET", jobKey, unpack(update))
+    if group then groupStarted(prefix, id, group) end
     for i = 1, #update, 2 do setFlat(flat, update[i], tostring(update[i + 1])) end
     emitEvent(prefix, "active", id)
     result[#result + 1] = id
@@ -161,12 +243,21 @@ while taken < limit do
 end
 if taken > 0 then
   redis.call("SET", KEYS[9], cjson.encode(takenIds), "PX", 86400000)
+  if rateMax > 0 then
+    -- One member per attempt started: the token is new for every fetch (an id
+    -- is not: a caller may add the same id again once the job is gone).
+    for _, id in ipairs(takenIds) do
+      redis.call("ZADD", KEYS[10], startedAt, token .. "#" .. id)
+    end
+    redis.call("PEXPIRE", KEYS[10], rateMs)
+  end
   flushMetrics(prefix, now, tonumber(ARGV[7]))
 end
 
 -- The marker was consumed by whoever woke us; leave one behind while work
 -- remains so another blocked worker wakes too.
-if taken > 0 and (redis.call("LLEN", KEYS[1]) > 0 or redis.call("ZCARD", KEYS[8]) > 0) then
+if taken > 0 and (redis.call("LLEN", KEYS[1]) > 0 or redis.call("ZCARD", KEYS[8]) > 0
+    or redis.call("EXISTS", ringKey) == 1) then
   redis.call("ZADD", KEYS[5], 0, "0")
 end
 return result

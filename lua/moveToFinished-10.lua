@@ -37,10 +37,12 @@
   then eight values per attempt, in order:
     job id
     worker token
-    outcome: "completed" or "failed"
+    outcome: "completed", "failed", or "limited" (the job raised
+      RateLimited: back to the queue, no attempt used, the queue's fetching
+      paused for the backoff below)
     return value (JSON) when completed, failure reason when failed
     stack trace text of this failure ("" for none)
-    backoff before a retry, ms (0 = retry at once)
+    backoff before a retry, ms (0 = retry at once); for "limited", the pause
     "1" = the failure is final: no retry whatever attempts are left
     dotted path of the exception class of this failure ("" for none),
     appended to the JSON list `errc` beside the stack trace
@@ -51,11 +53,14 @@
      3 failed, retried: back in wait (or paused, or prioritized)
      4 failed, retried: in delayed until its backoff ends
      5 this token already finished the job (a replay after a lost reply)
+     6 rate limited: back in wait (or paused, or prioritized), ahead of the
+       others, `atm` unchanged; meta `limitedUntil` = Redis's now + the pause
     -1 the job hash does not exist
     -2 the token does not own the job: its lock was lost
     -3 the job's key holds another type than a hash: nothing was changed
 ]]
 -- @include "emitEvent"
+-- @include "lockIndex"
 -- @include "pushReady"
 -- @include "jobFields"
 -- @include "applyRetention"
@@ -90,6 +95,7 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
   redis.call("SREM", KEYS[9], id)
   redis.call("DEL", jobKey .. ":lock")
   redis.call("HDEL", jobKey, "tok")
+  groupRelease(prefix, KEYS[7], id, KEYS[8])
   local startedAt = tonumber(fields[5])
   if startedAt then timeMetric("run", now - startedAt) end
 
@@ -99,6 +105,20 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
     countMetric("failed", 1)
     failedTo = true
     return 2
+  end
+
+  if outcome == "limited" and not fields[6] then
+    -- The job raised RateLimited: it goes back ahead of the queue with no
+    -- attempt used, and every worker's fetch waits out `limitedUntil`
+    -- (moveToActive), on Redis's clock like the check. A cancel wins.
+    redis.call("HSET", jobKey, "ftk", token)
+    local untilMs = redisNowMs() + backoffMs
+    if untilMs > (tonumber(redis.call("HGET", KEYS[7], "limitedUntil") or "") or 0) then
+      redis.call("HSET", KEYS[7], "limitedUntil", untilMs)
+    end
+    pushReady(prefix, KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[10], id, true)
+    emitEvent(prefix, "limited", id, "until", untilMs)
+    return 6
   end
 
   attemptsMade = attemptsMade + 1

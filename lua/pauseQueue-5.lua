@@ -2,7 +2,8 @@
   pauseQueue: pause or resume a queue. Pausing moves every ready job from
   `wait` to `paused` (order kept) and makes new ready jobs go there; workers
   take nothing while the flag is set. Resuming moves them back and wakes the
-  workers. Active jobs run on either way.
+  workers. Active jobs run on either way. Jobs of groups stay in their
+  groups' lists: workers take nothing from them either while paused.
 
   KEYS[1] meta     HASH (field `paused`)
   KEYS[2] wait     LIST
@@ -33,7 +34,9 @@ if ARGV[1] == "1" then
 end
 redis.call("HDEL", KEYS[1], "paused")
 local moved = moveAll(KEYS[3], KEYS[2])
-if redis.call("LLEN", KEYS[2]) > 0 or redis.call("ZCARD", KEYS[5]) > 0 then
+-- (jobs of groups wait in their groups' lists, paused or not: meta `groupWaiting` counts them)
+if redis.call("LLEN", KEYS[2]) > 0 or redis.call("ZCARD", KEYS[5]) > 0
+    or (tonumber(redis.call("HGET", KEYS[1], "groupWaiting")) or 0) > 0 then
   redis.call("ZADD", KEYS[4], 0, "0")
 end
 return moved

@@ -11,6 +11,7 @@
   KEYS[6] failed     ZSET
   KEYS[7] stalled    SET
   KEYS[8] prioritized ZSET
+  KEYS[9] meta       HASH  (a group's counters: includes/groups.lua)
 
   ARGV[1] key prefix of the queue
   ARGV[2] job id
@@ -22,6 +23,7 @@
   -4 the job is not in the required set (nothing was changed).
 ]]
 -- @include "emitEvent"
+-- @include "groups"
 
 local prefix, id = ARGV[1], ARGV[2]
 local jobKey = prefix .. id
@@ -31,9 +33,17 @@ end
 if redis.call("EXISTS", jobKey .. ":lock") == 1 then
   return -3
 end
+local group = groupOf(redis.pcall("HGET", jobKey, "grp"))
 local found = redis.call("DEL", jobKey)
 redis.call("DEL", prefix .. id .. ":logs")
-for i = 1, 3 do found = found + redis.call("LREM", KEYS[i], 0, id) end
+local wasActive = redis.call("LREM", KEYS[3], 0, id)
+for i = 1, 2 do found = found + redis.call("LREM", KEYS[i], 0, id) end
+found = found + wasActive
+if group then
+  -- Its group counts it: waiting in the group's list, or running (active, its lock lapsed).
+  if groupRemove(prefix, KEYS[9], id, group) then found = found + 1 end
+end
+if wasActive > 0 then groupRelease(prefix, KEYS[9], id) end
 for _, i in ipairs({4, 5, 6, 8}) do found = found + redis.call("ZREM", KEYS[i], id) end
 found = found + redis.call("SREM", KEYS[7], id)
 redis.call("ZREM", prefix .. "locks", id)  -- the lock index, built from the prefix

@@ -74,7 +74,8 @@ def take_jobs(queue: Queue, token: str, lock_ms: int, now: int, count: int, work
     """One moveToActive call: (next delayed due time, [(id, flat job hash)])."""
     [reply] = queue.scripts.run_batch(
         [queue.scripts.fetch_call(queue.keys, token, lock_ms, now, count, worker_id)], raise_on_error=True)
-    return queue.scripts.fetched(reply)
+    next_due, _wait, jobs = queue.scripts.fetched(reply)
+    return next_due, jobs
 
 
 def finish_attempt(queue: Queue, job_id: str, token: str, now: int, *, completed: bool, value: str,

@@ -10,7 +10,17 @@ from django.test import Client
 from django.urls import reverse
 
 from echomq_django.admin.charts_context import DAY, HOUR, Span, queue_charts, slot_metrics
-from echomq_django.core import COUNTED, JobOptions, Minute, Worker, fail_for_good, now_ms, recent_minutes
+from echomq_django.core import (
+    COUNTED,
+    JobOptions,
+    Minute,
+    NewJob,
+    RateLimit,
+    Worker,
+    fail_for_good,
+    now_ms,
+    recent_minutes,
+)
 from echomq_django.core.metrics import MINUTE_MS
 from echomq_django.queues import make_sweeper
 from tests.fault_proxy import FaultProxy
@@ -417,3 +427,49 @@ def test_a_settings_error_is_shown_escaped(superuser_client, echomq_settings):
     echomq_settings.ECHOMQ = {**echomq_settings.ECHOMQ, "QUEUES": {"<b>bold</b>": {}}}
     page = page_of(superuser_client)
     assert "&lt;b&gt;bold&lt;/b&gt;" in page and "<b>bold</b>" not in page
+
+
+# -- flow control ---------------------------------------------------------------------------------------
+
+def test_a_queue_without_limits_or_groups_has_no_flow_section(superuser_client, queue):
+    queue.add("work")
+    assert "Flow control" not in page_of(superuser_client)
+
+
+def test_the_flow_section_shows_each_limit_beside_its_use_and_the_groups_most_waiting(
+        superuser_client, echomq_settings, queue):
+    echomq_settings.ECHOMQ = {**echomq_settings.ECHOMQ, "QUEUES": {"q": {
+        "RATE_LIMIT": {"MAX": 10, "DURATION": 60}, "MAX_ACTIVE": 4, "GROUP_MAX_ACTIVE": 2}}}
+    for group, jobs in (("tenant-a", 5), ("tenant-b", 2), ("tenant-c", 1)):
+        queue.add_bulk([NewJob("work", opts=JobOptions(group=group)) for _ in range(jobs)])
+    call = queue.scripts.fetch_call(queue.keys, "t", 30_000, now_ms(), 3, "w", rate_limit=RateLimit(10, 60_000),
+                                    max_active=4, group_max_active=2)
+    queue.scripts.run_batch([call])  # three jobs start: one of each group, by turns
+    page = content_block(page_of(superuser_client))
+    flow = page[page.index("<h2>Flow control</h2>"):]
+    assert "3 of 10 started in the last 60.0 s" in flow
+    assert "3 of at most 4" in flow and "at most 2 running" in flow
+    assert "2 groups waiting, 3 running" in flow
+    rows = re.findall(r"<tr><td>([^<]+)</td><td class=\"num\">(\d+)</td><td class=\"num\">(\d+)</td></tr>", flow)
+    assert rows == [("tenant-a", "4", "1"), ("tenant-b", "1", "1")]
+    assert queue.counts()["wait"] == 5
+
+
+def test_a_rate_limited_pause_is_shown_while_it_lasts(superuser_client, queue):
+    queue.client.hset(queue.keys.meta, "limitedUntil", now_ms() + 90_000)
+    page = content_block(page_of(superuser_client))
+    assert "a job raised RateLimited: no job starts for" in page
+
+
+def test_a_group_name_another_client_wrote_is_escaped(superuser_client, queue):
+    queue.client.zadd(queue.keys.group_waiting, {HOSTILE: 3})
+    page = page_of(superuser_client)
+    assert HOSTILE not in page and "&lt;script&gt;" in page
+
+
+def test_counters_another_client_broke_read_as_nothing_not_an_error(superuser_client, queue):
+    queue.client.zadd(queue.keys.group_waiting, {"tenant-x": 3})
+    queue.client.hset(queue.keys.group_active, "tenant-x", "abc")
+    queue.client.hset(queue.keys.meta, "limitedUntil", "1e20")
+    page = content_block(page_of(superuser_client))
+    assert "tenant-x" in page and "RateLimited" not in page

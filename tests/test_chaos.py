@@ -451,3 +451,66 @@ def test_a_fetch_whose_reply_an_outage_longer_than_the_lock_swallowed_is_collect
     assert rig.calls[job_id] == 1
     assert attempts == ["1", "1", "0"], f"the re-sent fetch did not collect the job: (ats, atm, stc) {attempts}"
     assert record == [], "the finish ends the fetch's record"
+
+
+def test_a_burst_worker_collects_a_fetch_whose_reply_was_lost_before_it_leaves():
+    """Burst mode ends when nothing is ready, but not while the reply of a fetch that took a job is owed."""
+    rig = BehindProxy(lock_ms=1000)
+    processed: list[int] = []
+    burst = threading.Thread(target=lambda: processed.append(rig.worker.run(burst=True)), daemon=True)
+    try:
+        job_id = rig.queue.add("work")
+        rig.proxy.down_instead_of_reply("moveToActive")
+        burst.start()
+        assert wait_until(lambda: rig.proxy.replies_dropped == 1, 10), "the fetch's reply was never lost"
+        assert not wait_until(lambda: not burst.is_alive(), 1), "the burst worker left with the job owed to it"
+        rig.proxy.up()
+        burst.join(10)
+        attempts = rig.queue.client.hmget(rig.queue.keys.job(job_id), "ats", "atm", "stc")
+    finally:
+        rig.worker.stop()
+        rig.worker.stop()
+        rig.close()
+    assert processed == [1] and rig.calls[job_id] == 1
+    assert attempts == ["1", "1", "0"]
+
+
+@pytest.mark.parametrize("fault", ["down", "freeze"])
+def test_a_second_sigterm_leaves_at_once_through_an_outage(subprocess_env, prefix, fault):
+    """A worker holding a result and a sweeper mid-call, Redis refusing or not answering: two SIGTERMs, out."""
+    server = RedisServer()
+    server.start()
+    proxy = FaultProxy(server.port).start()
+    env = {**subprocess_env, "ECHOMQ_REDIS_URL": proxy.url}
+    queue = Queue("demo", connect(server.url), prefix=prefix)
+    worker = ManagePy(env, "echomq_worker", "--queue", "demo")
+    sweeper = ManagePy(env, "echomq_sweep", "--queue", "demo", "--interval", "0.5")
+    try:
+        assert wait_until(lambda: worker.said("worker on demo") and sweeper.said("queue demo: marked"), 30), \
+            (worker.out, worker.err, sweeper.out, sweeper.err)
+        job_id = queue.add(greet.name, {"args": ["x"], "kwargs": {}})
+        assert wait_until(lambda: queue.get_state(job_id) == "completed", 10)
+        running = queue.add("demo_project.demo_app.jobs.slow", {"args": [1], "kwargs": {}})
+        assert wait_until(lambda: queue.get_state(running) == "active", 10)
+        getattr(proxy, fault)()  # the job ends into the outage: its result is held
+        time.sleep(1.5)  # the fault lasts; the job (1 s) ends meanwhile
+        for command in (worker, sweeper):
+            command.process.send_signal(signal.SIGTERM)
+        # Two SIGTERMs sent at once can arrive as one: the second goes once the first is taken.
+        assert wait_until(lambda: all(any("stopping" in line for line in command.out + command.err)
+                                      for command in (worker, sweeper)), 10), (worker.err, sweeper.err)
+        for command in (worker, sweeper):
+            command.process.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        exits = [command.process.wait(30) for command in (worker, sweeper)]
+        took = time.monotonic() - signalled
+    finally:
+        proxy.thaw()
+        proxy.up()
+        worker.end()
+        sweeper.end()
+        proxy.stop()
+        server.stop()
+        server.workdir.cleanup()
+    assert exits == [0, 0], (worker.err[-10:], sweeper.err[-10:])
+    assert took < 6, f"the commands left {took:.1f} s after the second SIGTERM (grace: 2 s)"

@@ -100,14 +100,20 @@ def hash_of(script: str, key: str) -> str:
         return "meta"
     if "metrics" in key.lower():
         return "metrics"
+    if "group" in key.lower() or key == "countKey":  # groups.lua's counters, which groupCount calls name
+        return "groups"
     assert re.fullmatch(r"jobKey|jobHash|prefix \.\. id", key), \
         f"{script}: cannot tell which hash {key!r} is; teach tests/test_docs.py"
     return "job"
 
 
 def hash_writes(script: str) -> set[tuple[str, str]]:
-    """(hash, field) for every field the script writes to a hash."""
+    """(hash, field) for every field the script writes to a hash (groupCount, an HINCRBY, included)."""
     code, writes = code_of(script), set()
+    for match in re.finditer(r"groupCount\(", code):
+        key, field, _by = split_args(balanced(code, match.end()))
+        if key != "countKey" and hash_of(script, key) != "groups":
+            writes.add((hash_of(script, key), literal(field, f"{script}: groupCount")))
     for match in CALL.finditer(code):
         args = split_args(balanced(code, match.end()))
         command = STRING.fullmatch(args[0])
@@ -115,7 +121,7 @@ def hash_writes(script: str) -> set[tuple[str, str]]:
             continue
         command_name, where = command.group(1).upper(), f"{script}: {command.group(1)}"
         target = hash_of(script, args[1])
-        if target == "metrics":  # its fields are named in lua/includes/metrics.lua and protocol.md's prose
+        if target in ("metrics", "groups"):  # their fields are named in their includes and protocol.md's prose
             continue
         if command_name in SINGLE_WRITES:
             writes.add((target, literal(args[2], where)))
@@ -182,7 +188,7 @@ EVENTS = {name: emitted(name) for name in script_names()}
 def test_the_readers_find_what_the_scripts_plainly_do():
     # Guards the parsing above: were it to find nothing, every comparison below would be vacuous.
     assert {("job", "atm"), ("job", "stc")} <= WRITES["moveStalledJobsToWait-8"]
-    assert {("job", "tok"), ("job", "wids"), ("job", "startedOn")} <= WRITES["moveToActive-9"]
+    assert {("job", "tok"), ("job", "wids"), ("job", "startedOn")} <= WRITES["moveToActive-10"]
     assert {("job", "stacktrace"), ("job", "errc"), ("meta", "prioritySequence")} <= WRITES["moveToFinished-10"]
     assert ("meta", "paused") in WRITES["pauseQueue-5"]
     assert EVENTS["addJob-8"]["delayed"] == {"due"} and "removed" in EVENTS["cleanJobs-1"]

@@ -188,8 +188,8 @@ def test_read_jobs_says_why_a_job_is_missing(queue):
 def test_the_lists_restated_from_the_sweep_script_match_it():
     source = script_source("moveStalledJobsToWait-8")  # with its includes
     checked = re.search(r"checkKeyTypes\((\{.*?\}\}),", source, re.DOTALL).group(1)
-    in_script = [(key.removesuffix("Key") or events, kind)
-                 for key, events, kind in re.findall(r'\{(?:(\w+)|prefix \.\. "(\w+)"), "(\w+)"', checked)]
+    in_script = [(key.removesuffix("Key") or named.replace("-", "_"), kind)
+                 for key, named, kind in re.findall(r'\{(?:(\w+)|prefix \.\. "([\w-]+)"), "(\w+)"', checked)]
     assert in_script == list(CHECKED_KEY_TYPES)
     hmget = re.search(r'local function recoverJob.*?redis\.pcall\("HMGET", jobKey, ([^)]*)\)', source, re.DOTALL)
     assert tuple(re.findall(r'"(\w+)"', hmget.group(1))) == SWEEP_FIELDS

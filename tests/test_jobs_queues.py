@@ -21,7 +21,8 @@ def registry(monkeypatch):
 @pytest.fixture
 def configured(settings, redis_url, prefix):
     settings.ECHOMQ = {"REDIS_URL": redis_url, "PREFIX": prefix, "QUEUES": {"default": {}, "demo": {},
-                                                                                  "heavy": {"POOL": "processes"}}}
+                                                                                  "heavy": {"POOL": "processes"},
+                                                                                  "api": {}}}
 
 
 def make_report() -> str:

@@ -34,7 +34,7 @@ def test_the_table_names_the_same_keys_as_queue_keys():
     keys = QueueKeys("q", "p")
     named = {keys.wait, keys.paused, keys.active, keys.stalled, keys.failed, keys.completed, keys.delayed,
              keys.prioritized, keys.stalled_check, keys.meta, keys.marker, keys.id_counter, keys.add_record("T"),
-             keys.fetch_record("T"), keys.failed, keys.job("J"), keys.logs("J"), keys.schedule("S")}
+             keys.fetch_record("T"), keys.failed, keys.job("J"), keys.logs("J"), keys.schedule("S"), keys.limiter}
     for name in SCRIPT_KEYS:
         assert set(keys.for_script(name, token="T", state="failed", id="J", name="S")) <= named, name
 
@@ -44,14 +44,15 @@ def test_scripts_build_from_the_prefix_only_the_derived_keys():
     for path in [*scripts_dir().glob("*.lua"), *(scripts_dir() / "includes").glob("*.lua")]:
         for literal, variable, suffix in BUILT_FROM_PREFIX.findall(path.read_text()):
             derived.add(literal if not variable else "<id>" + (suffix or ""))
-    # "fetch:" .. token is the record of a token: "fetch:<token>"; "metrics:" .. minute a minute's metrics.
-    derived = {key + ("<minute>" if key == "metrics:" else "<token>") if key.endswith(":") else key
-               for key in derived}
+    # "fetch:" .. token is the record of a token: "fetch:<token>"; "metrics:" .. minute a minute's metrics;
+    # "group:" .. group a group's list.
+    placeholders = {"metrics:": "<minute>", "group:": "<name>"}
+    derived = {key + placeholders.get(key, "<token>") if key.endswith(":") else key for key in derived}
     assert derived == set(DERIVED_KEYS)
 
 
 def test_an_include_is_spliced_once_even_when_named_twice():
-    source = script_source("moveToActive-9")  # names emitEvent, which jobFields and promoteDue name too
+    source = script_source("moveToActive-10")  # names emitEvent, which jobFields and promoteDue name too
     assert source.count("local function emitEvent(") == 1
     assert "-- @include" not in source
 
@@ -63,3 +64,11 @@ def test_the_scripts_know_the_same_reserved_ids_as_python():
     text = (scripts_dir() / "includes" / "jobKey.lua").read_text()
     listed = text[text.index("local RESERVED_IDS = {"):text.index("}\n", text.index("local RESERVED_IDS = {"))]
     assert set(re.findall(r'\["([a-z-]+)"\] = true', listed)) == RESERVED_IDS
+
+
+def test_every_name_of_a_queue_key_is_refused_as_a_job_id():
+    from echomq_django.core.keys import RESERVED_IDS
+
+    names = {name for keys in SCRIPT_KEYS.values() for name in keys} | set(DERIVED_KEYS)
+    # A name with a placeholder or a ":" cannot be an id (ids hold no ":").
+    assert {name for name in names if "<" not in name and ":" not in name} <= RESERVED_IDS

@@ -90,7 +90,7 @@ def stall(queue, count: int, token: str = "dead-worker", metrics_minutes: int | 
     else:
         call = queue.scripts.fetch_call(queue.keys, token, 30_000, now, count, "dead-worker", metrics_minutes)
         [reply] = queue.scripts.run_batch([call], raise_on_error=True)
-        _due, taken = queue.scripts.fetched(reply)
+        _due, _wait, taken = queue.scripts.fetched(reply)
     ids = [job_id for job_id, _flat in taken]
     assert len(ids) == count
     for job_id in ids:
@@ -359,7 +359,7 @@ def test_a_later_write_in_the_minute_keeps_its_expiry(queue):
     job_id = queue.add("ok")
     call = queue.scripts.fetch_call(queue.keys, "t2", 30_000, minute * MINUTE_MS + 1, 1, "w", 60)
     [reply] = queue.scripts.run_batch([call], raise_on_error=True)
-    assert [i for i, _ in queue.scripts.fetched(reply)[1]] == [job_id]
+    assert [i for i, _ in queue.scripts.fetched(reply)[2]] == [job_id]
     call = queue.scripts.finish_call(queue.keys, [Finish(job_id, "t2", True, "1")], minute * MINUTE_MS + 2,
                                      default_attempts=1, metrics_minutes=60)
     assert queue.scripts.run_batch([call], raise_on_error=True) == [[1]]

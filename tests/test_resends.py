@@ -41,7 +41,7 @@ def test_a_resent_add_record_lapses_and_the_ids_of_caller_given_adds_need_none(q
 def test_a_resent_fetch_returns_the_same_jobs_and_takes_no_more(queue):
     ids = queue.add_bulk([NewJob("work") for _ in range(5)])
     call = queue.scripts.fetch_call(queue.keys, "tok-1", 30_000, now_ms(), 2, "w1")
-    first, again = (queue.scripts.fetched(reply)[1] for reply in send_twice(queue, call))
+    first, again = (queue.scripts.fetched(reply)[2] for reply in send_twice(queue, call))
     assert [job_id for job_id, _ in first] == [job_id for job_id, _ in again] == ids[:2]
     assert queue.counts()["active"] == 2 and queue.counts()["wait"] == 3
     for job_id in ids[:2]:
@@ -55,7 +55,7 @@ def test_a_resent_fetch_leaves_out_jobs_the_token_no_longer_owns_and_a_finish_en
     queue.scripts.run_batch([call])
     queue.client.hdel(queue.keys.job(ids[0]), "tok")  # as if the sweeper had recovered it
     [reply] = queue.scripts.run_batch([call])
-    assert [job_id for job_id, _ in queue.scripts.fetched(reply)[1]] == [ids[1]]
+    assert [job_id for job_id, _ in queue.scripts.fetched(reply)[2]] == [ids[1]]
     finish(queue, ids[1], "tok-1")
     assert not queue.client.exists(queue.keys.fetch_record("tok-1"))
 

@@ -1,15 +1,19 @@
 """A worker in a process of its own, for tests that kill, stop or signal it.
 
     python tests/worker_process.py REDIS_URL PREFIX QUEUE LOCK_MS [CONCURRENCY] [--tag-starts]
+        [--rate MAX/MS] [--max-active N] [--group-max-active N]
 
 Each attempt the handler starts is recorded in the list `<PREFIX>:starts` as
-"<job id>:<pid>" before the job's work begins. With --tag-starts the entry is
-"<job id>:<pid>:<tag>", the tag new for every handler call: an RPUSH that
-redis-py sent again after losing its reply then shows as two equal entries,
-while two starts of one job never are. Job names:
+"<job id>:<pid>" before the job's work begins (tried until Redis answers).
+With --tag-starts the entry is "<job id>:<pid>:<tag>", the tag new for every
+handler call: an RPUSH that redis-py sent again after losing its reply then
+shows as two equal entries, while two starts of one job never are. Job names:
   sleep     sleep data["seconds"] (only on the first attempt when data["first_only"])
   jitter    sleep a random 0..data["ms"] milliseconds
   noop      return at once
+  limited   raise RateLimited(retry_after=data["seconds"]) on its first start, then return
+--rate, --max-active and --group-max-active give the worker the queue's flow
+control (RateLimit, max_active, group_max_active).
 """
 
 import argparse
@@ -19,7 +23,7 @@ import signal
 import time
 import uuid
 
-from echomq_django.core import Job, Retention, Worker, connect
+from echomq_django.core import UNREACHABLE, Job, RateLimit, RateLimited, Retention, Worker, connect
 
 
 def main() -> None:
@@ -30,22 +34,36 @@ def main() -> None:
     parser.add_argument("lock_ms", type=int)
     parser.add_argument("concurrency", type=int, nargs="?", default=1)
     parser.add_argument("--tag-starts", action="store_true")
+    parser.add_argument("--rate", type=lambda text: RateLimit(*map(int, text.split("/"))), default=None)
+    parser.add_argument("--max-active", type=int, default=0)
+    parser.add_argument("--group-max-active", type=int, default=0)
     args = parser.parse_args()
     url, prefix, queue, lock_ms, concurrency = args.url, args.prefix, args.queue, args.lock_ms, args.concurrency
     client = connect(url)
 
     def handler(job: Job) -> dict:
         tag = f":{uuid.uuid4().hex[:12]}" if args.tag_starts else ""
-        client.rpush(f"{prefix}:starts", f"{job.id}:{os.getpid()}{tag}")
+        # Recorded however long Redis is away: a record that raised would fail the attempt, and its retry
+        # would look like a job the queue ran twice (Redis restarted four times within the client's 15 s
+        # of retries did that once). An RPUSH sent again after a lost reply gives two equal entries.
+        while True:
+            try:
+                client.rpush(f"{prefix}:starts", f"{job.id}:{os.getpid()}{tag}")
+                break
+            except UNREACHABLE:
+                time.sleep(0.1)
         if job.name == "sleep" and not (job.data.get("first_only") and job.attempts_made > 0):
             time.sleep(job.data["seconds"])
+        if job.name == "limited" and job.attempts_started == 1:
+            raise RateLimited(retry_after=job.data["seconds"])
         if job.name == "jitter":
             time.sleep(random.random() * job.data["ms"] / 1000)
         return {"pid": os.getpid()}
 
     # Keep every completed job: the tests count them.
     worker = Worker(queue, handler, client, prefix=prefix, concurrency=concurrency,
-                    lock_duration_ms=lock_ms, block_timeout_s=0.2, keep_completed=Retention())
+                    lock_duration_ms=lock_ms, block_timeout_s=0.2, keep_completed=Retention(),
+                    rate_limit=args.rate, max_active=args.max_active, group_max_active=args.group_max_active)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: worker.stop())
     print("ready", flush=True)

@@ -88,12 +88,14 @@ class QueueAdmin(admin.ModelAdmin):
         # Charts need their permission, and metrics kept: without them the page reads none.
         metrics_minutes = settings.metrics_minutes if settings else 0
         charted = user.has_perm("echomq.view_metrics") and metrics_minutes > 0
+        rows = self.queue_rows(names, span if charted else None, min(span.minutes, metrics_minutes))
         context = {
             **self.admin_site.each_context(request),
             "title": "Queues",
             "opts": self.model._meta,
             "settings_error": settings_error,
-            "queues": self.queue_rows(names, span if charted else None, min(span.minutes, metrics_minutes)),
+            "queues": rows,
+            "flow_queues": [row for row in rows if row.get("flow")],
             "can_sweep": user.has_perm("echomq.sweep_queue"),
             "can_pause": user.has_perm("echomq.pause_queue"),
             "can_retry": user.has_perm("echomq.retry_failedjob"),
@@ -132,10 +134,12 @@ class QueueAdmin(admin.ModelAdmin):
             return {"name": name, "error": redis_problem(error), "unreachable": isinstance(error, UNREACHABLE)}
         if "error" in status:
             return {"name": name, "error": status["error"]}
-        counts = status["counts"]
+        counts, flow = status["counts"], status["flow"]
+        limited = any(flow[key] for key in ("rate_limit", "max_active", "group_max_active", "paused_for_s",
+                                            "groups_waiting", "groups_active"))
         return {"name": name, "counts": counts, "paused": status["paused"],
                 "cells": [{"state": state, "count": counts[state]} for state in COUNTED],
-                "last_sweep": describe_sweep(status["last_sweep"])}
+                "last_sweep": describe_sweep(status["last_sweep"]), "flow": flow if limited else None}
 
     def queue_charts(self, name: str, counts: dict[str, int], span: Span, read_minutes: int) -> dict[str, Any]:
         """A queue's charts over `span`, from one pipelined read of its metrics; `charts_error` when unread."""

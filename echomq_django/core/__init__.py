@@ -34,11 +34,13 @@ from .errors import (
     NotConfirmedError,
     PayloadError,
     QueueStateError,
+    RateLimited,
     SoftTimeLimitExceeded,
     TimeLimitExceeded,
     UnrecoverableError,
     fail_for_good,
 )
+from .flow import FlowState, GroupState, flow_state
 from .inspection import (
     LiveJob,
     count_failed_older_than,
@@ -54,20 +56,21 @@ from .keys import ALPHABET, COUNTED, STATES, QueueKeys, validate_job_id, validat
 from .metrics import Minute, oldest_waiting_age_ms, recent_minutes, totals
 from .pool import POOLS, Handler, class_path
 from .queue import Cancel, NewJob, Queue, now_ms
-from .scripts import Confirm, Scripts
+from .scripts import MAX_RATE_WINDOW_MS, Confirm, RateLimit, Scripts
 from .sweeper import Sweeper, SweepReport, SweepTarget, last_sweep
 from .worker import Retention, Worker
 
 __all__ = [
     "ALPHABET", "BROWSABLE", "MAX_SCHEDULE_NAME", "MIN_EVERY_MS", "COUNTED", "DEFAULT_REDIS_URL", "MAX_DELAY_MS",
-    "POOLS", "STATES", "UNREACHABLE", "Backoff", "Beat", "Cancel", "Confirm", "Firing", "Record", "Schedule",
-    "ScheduleError", "check_cron", "read_records", "run_now", "seconds_text", "transient", "zone", "EchoMQError",
-    "Entry", "Handler", "InvalidNameError", "Job", "JobCancelled", "JobLockedError", "JobNotFoundError", "JobOptions",
-    "LiveJob", "LockLostError", "Minute", "NewJob", "NotConfirmedError", "Page", "PayloadError", "Queue", "QueueKeys",
-    "QueueStateError", "RedisURLError", "Retention", "Scripts", "SoftTimeLimitExceeded", "SweepReport", "SweepTarget",
-    "Sweeper", "TimeLimitExceeded", "UnrecoverableError", "Worker", "browse", "class_path", "connect",
-    "count_failed_older_than", "count_failed_since", "datetime_from_ms", "defaults", "encode_json", "fail_for_good",
-    "failed_by_rank", "failed_count", "failed_since", "inspect_jobs", "last_sweep", "now_ms", "oldest_waiting_age_ms",
+    "MAX_RATE_WINDOW_MS", "POOLS", "STATES", "UNREACHABLE", "Backoff", "Beat", "Cancel", "Confirm", "Firing",
+    "Record", "Schedule", "ScheduleError", "check_cron", "read_records", "run_now", "seconds_text", "transient",
+    "zone", "EchoMQError", "Entry", "Handler", "InvalidNameError", "Job", "JobCancelled", "JobLockedError",
+    "JobNotFoundError", "JobOptions", "LiveJob", "LockLostError", "Minute", "NewJob", "NotConfirmedError", "Page",
+    "PayloadError", "Queue", "QueueKeys", "QueueStateError", "RateLimit", "RateLimited", "RedisURLError", "Retention",
+    "Scripts", "SoftTimeLimitExceeded", "SweepReport", "SweepTarget", "Sweeper", "TimeLimitExceeded",
+    "UnrecoverableError", "Worker", "browse", "class_path", "connect", "count_failed_older_than",
+    "count_failed_since", "datetime_from_ms", "defaults", "encode_json", "fail_for_good", "failed_by_rank",
+    "failed_count", "failed_since", "inspect_jobs", "last_sweep", "now_ms", "oldest_waiting_age_ms",
     "parse_redis_url", "read_jobs", "recent_minutes", "redacted_url", "totals", "validate_job_id", "validate_name",
-    "validate_stored_id",
+    "validate_stored_id", "FlowState", "GroupState", "flow_state",
 ]

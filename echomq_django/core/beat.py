@@ -410,7 +410,8 @@ def fire_call(keys: QueueKeys, schedule: Schedule, now: int, tick: int | None, j
     tick_text, tick_job, missed_after, catch_up_flag = timing
     return ("fireSchedule-6", keys.for_script("fireSchedule-6", name=schedule.name),
             [keys.base, now, tick_text, tick_job, schedule.job_name, data, schedule.opts.encoded(),
-             schedule.opts.priority, missed_after, catch_up_flag, int(schedule.skip_if_running), deadline])
+             schedule.opts.priority, missed_after, catch_up_flag, int(schedule.skip_if_running), deadline,
+             schedule.opts.group])
 
 
 def _firing(schedule: Schedule, tick: int | None, now: int, reply: list[Any]) -> Firing:

@@ -1,5 +1,9 @@
 """Exceptions raised by the queue runtime."""
 
+from __future__ import annotations
+
+MAX_RETRY_AFTER_S = 86_400  # a day: a longer pause of a whole queue is a mistake
+
 
 class EchoMQError(Exception):
     """Base class of every error this package raises on purpose."""
@@ -43,6 +47,23 @@ class JobCancelled(EchoMQError):
     `current_job()`, `update_progress` or `log` (Job.check). The attempt fails
     for good with the cancel's reason, whatever the job does with this.
     """
+
+
+class RateLimited(EchoMQError):
+    """Raised by a job that was told to slow down (an HTTP 429, say): try it again after `retry_after` seconds.
+
+    The job goes back to the front of the queue without using an attempt, and
+    the queue's fetching pauses for `retry_after` seconds across all workers.
+    """
+
+    def __init__(self, retry_after: float = 0, message: str = "") -> None:
+        if not 0 <= retry_after <= MAX_RETRY_AFTER_S:  # nan fails it too
+            raise ValueError(f"retry_after is seconds from 0 to {MAX_RETRY_AFTER_S}, not {retry_after!r}")
+        self.retry_after, self.message = retry_after, message
+        super().__init__(message or f"rate limited: retry after {retry_after:g} s")
+
+    def __reduce__(self) -> tuple[type[RateLimited], tuple[float, str]]:  # pickled as it was made
+        return type(self), (self.retry_after, self.message)
 
 
 class SoftTimeLimitExceeded(EchoMQError):

@@ -36,13 +36,16 @@ DROP_MARK = "drop mark"  # marked but not active (another client moved it): the 
 NOTHING = "nothing"
 
 # The fields of a job hash the sweep decides on, in the order HMGET asks for them.
-SWEEP_FIELDS = ("atm", "stc", "opts", "pri", "cxl")
+SWEEP_FIELDS = ("atm", "stc", "opts", "pri", "cxl", "grp")
+# What the scripts take for a group's name in a `grp` field (groupOf); anything else is no group.
+_GROUP = re.compile(r"[A-Za-z0-9_.@+=-]{1,128}")
 # The queue keys whose type the sweep checks before it writes anything (named as
 # QueueKeys names them), and the type each must have: the script's `expected`
 # list, which tests/test_inspection.py compares with this one.
 CHECKED_KEY_TYPES = (("active", "list"), ("wait", "list"), ("paused", "list"), ("stalled", "set"),
                      ("failed", "zset"), ("meta", "hash"), ("marker", "zset"), ("prioritized", "zset"),
-                     ("locks", "zset"), ("events", "stream"))
+                     ("locks", "zset"), ("events", "stream"), ("groups", "zset"), ("group_active", "hash"),
+                     ("group_waiting", "zset"), ("group_running", "hash"))
 # parseCounter: plain decimal integers only, at most 15 characters (what HINCRBY takes).
 _COUNTER = re.compile(r"-?[0-9]+")
 _MAX_COUNTER_LENGTH = 15
@@ -138,7 +141,7 @@ def _recover_verdict(probe: JobProbe, max_stalled_count: int, default_attempts: 
     """The script's recover(id), in its order of checks."""
     if probe.fields is None:
         return SweepVerdict(FAIL, "its key holds another Redis type than a hash")
-    atm, stc, opts, pri, cancel = (probe.fields.get(name) for name in SWEEP_FIELDS)
+    atm, stc, opts, pri, cancel, group = (probe.fields.get(name) for name in SWEEP_FIELDS)
     if atm is None and stc is None and opts is None and not probe.hash_exists:
         return SweepVerdict(FAIL, "its job hash is missing")
     attempts_made, bad_atm = _counter(atm, "atm")
@@ -154,6 +157,8 @@ def _recover_verdict(probe: JobProbe, max_stalled_count: int, default_attempts: 
         return SweepVerdict(FAIL, f"attempt ceiling ({attempts_made} of {ceiling})")
     if stalls > max_stalled_count:
         return SweepVerdict(FAIL, f"stall ceiling ({stalls} stalls, max {max_stalled_count})")
+    if group and _GROUP.fullmatch(group):  # lua/includes/groups.lua's groupOf
+        return SweepVerdict(RECOVER, f"group {group}")
     if _priority(pri) != 0:
         return SweepVerdict(RECOVER, "prioritized")
     return SweepVerdict(RECOVER, "paused" if probe.queue_paused else "wait")

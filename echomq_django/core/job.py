@@ -10,7 +10,8 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from . import defaults
-from .errors import PayloadError, SoftTimeLimitExceeded
+from .errors import InvalidNameError, PayloadError, SoftTimeLimitExceeded
+from .keys import validate_name
 
 # The bounds of the numbers a job may carry. The Lua scripts check attempts
 # against the same bound (MAX_ATTEMPTS in lua/includes/jobFields.lua), so a
@@ -81,6 +82,9 @@ class JobOptions:
     # A job's own time limits (0: the worker's, from its queue's settings); see worker.py.
     time_limit_ms: int = 0
     soft_time_limit_ms: int = 0
+    # The job's group (a tenant, a user): the queue's workers take groups in turn, and
+    # GROUP_MAX_ACTIVE caps each group's running jobs. "" for none.
+    group: str = ""
 
     def __post_init__(self) -> None:
         # Checked here, for every way options are made; an integral float (3.0, from JSON) becomes an int.
@@ -94,17 +98,27 @@ class JobOptions:
                                "it is the job's warning before the hard limit stops it")
         object.__setattr__(self, "time_limit_ms", hard)
         object.__setattr__(self, "soft_time_limit_ms", soft)
+        if self.group:
+            try:
+                validate_name(self.group, "group")
+            except InvalidNameError as error:
+                raise PayloadError(str(error)) from None
+            if self.priority:
+                raise PayloadError("a job in a group cannot have a priority: the queue's workers take groups in "
+                                   "turn, each group's jobs in the order they became ready")
 
     def overridden(self, *, attempts: int | None = None, backoff: Backoff | None = None,
                    delay_ms: int = 0, priority: int = 0,
-                   time_limit_ms: int | None = None, soft_time_limit_ms: int | None = None) -> JobOptions:
+                   time_limit_ms: int | None = None, soft_time_limit_ms: int | None = None,
+                   group: str | None = None) -> JobOptions:
         """These options as defaults, with a job's own attempts, backoff and time limits where it has them."""
         return JobOptions(attempts=self.attempts if attempts is None else attempts,
                           backoff=backoff or self.backoff,
                           delay_ms=delay_ms, priority=priority,
                           time_limit_ms=self.time_limit_ms if time_limit_ms is None else time_limit_ms,
                           soft_time_limit_ms=(self.soft_time_limit_ms if soft_time_limit_ms is None
-                                              else soft_time_limit_ms))
+                                              else soft_time_limit_ms),
+                          group=self.group if group is None else group)
 
     def to_json(self) -> dict[str, Any]:
         """The options as stored; defaults other than `attempts` are left out, to keep jobs small."""
@@ -119,6 +133,8 @@ class JobOptions:
             value["timeLimit"] = self.time_limit_ms
         if self.soft_time_limit_ms:
             value["softTimeLimit"] = self.soft_time_limit_ms
+        if self.group:
+            value["group"] = self.group
         return value
 
     def encoded(self) -> str:
@@ -132,7 +148,8 @@ class JobOptions:
             raise PayloadError(f"opts must be a JSON object, not {type(value).__name__}")
         return cls(attempts=value.get("attempts", defaults.ATTEMPTS), backoff=Backoff.from_json(value.get("backoff")),
                    delay_ms=value.get("delay", 0), priority=value.get("priority", 0),
-                   time_limit_ms=value.get("timeLimit", 0), soft_time_limit_ms=value.get("softTimeLimit", 0))
+                   time_limit_ms=value.get("timeLimit", 0), soft_time_limit_ms=value.get("softTimeLimit", 0),
+                   group=value.get("group", ""))
 
 
 # The readers below never raise: a hash written by another client may hold

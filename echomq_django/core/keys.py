@@ -46,20 +46,20 @@ COUNTED = ("wait", "prioritized", "paused", "active", "stalled", "delayed", "com
 SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "addJob-8": ("wait", "paused", "meta", "id", "delayed", "marker", "prioritized", "add:<token>"),
     "addLog-2": ("<id>", "<id>:logs"),
-    "cancelJob-5": ("wait", "paused", "delayed", "prioritized", "failed"),
+    "cancelJob-6": ("wait", "paused", "delayed", "prioritized", "failed", "meta"),
     "cleanJobs-1": ("<state>",),
     "extendLocks-1": ("stalled",),
     "fireSchedule-6": ("schedule:<name>", "wait", "paused", "meta", "marker", "prioritized"),
-    "getCounts-8": COUNTED,
+    "getCounts-9": (*COUNTED, "meta"),
     "getJob-9": (*STATES, "<id>", "<id>:logs"),
     "moveStalledJobsToWait-8": ("stalled", "wait", "active", "failed", "stalled-check", "meta", "paused", "marker"),
-    "moveToActive-9": ("wait", "active", "meta", "delayed", "marker", "paused", "failed", "prioritized",
-                       "fetch:<token>"),
+    "moveToActive-10": ("wait", "active", "meta", "delayed", "marker", "paused", "failed", "prioritized",
+                        "fetch:<token>", "limiter"),
     "moveToFinished-10": ("active", "completed", "failed", "delayed", "wait", "paused", "meta", "marker", "stalled",
                           "prioritized"),
     "pauseQueue-5": ("meta", "wait", "paused", "marker", "prioritized"),
     "promoteDelayed-6": ("delayed", "wait", "paused", "meta", "marker", "prioritized"),
-    "removeJob-8": ("wait", "paused", "active", "delayed", "completed", "failed", "stalled", "prioritized"),
+    "removeJob-9": ("wait", "paused", "active", "delayed", "completed", "failed", "stalled", "prioritized", "meta"),
     "retryJob-6": ("failed", "wait", "paused", "meta", "marker", "prioritized"),
     "updateProgress-1": ("<id>",),
 }
@@ -75,6 +75,11 @@ DERIVED_KEYS: dict[str, str] = {
     "locks": "the lock index, kept by every script that moves jobs in or out of active",
     "prioritized": "the sweep's: the spec fixes its eight KEYS, and a recovered job may have a priority",
     "fetch:<token>": "moveToFinished's: one call finishes attempts of many fetches, each with its own record",
+    "groups": "the ring of groups taking turns (includes/groups.lua): a job's group is found inside its hash",
+    "group:<name>": "a group's waiting jobs, for the same reason",
+    "group-active": "each group's running jobs, for the same reason",
+    "group-waiting": "each group's waiting jobs, for the same reason",
+    "group-running": "the group of each running job, for the same reason",
 }
 _PLACEHOLDER = re.compile(r"<([a-z]+)>")
 
@@ -82,7 +87,8 @@ _PLACEHOLDER = re.compile(r"<([a-z]+)>")
 # may not be one of these names. Digit-only ids are reserved for generated ids.
 RESERVED_IDS = frozenset(
     {"wait", "paused", "active", "stalled", "failed", "completed", "delayed", "prioritized",
-     "stalled-check", "meta", "marker", "id", "events", "locks", "schedule"}
+     "stalled-check", "meta", "marker", "id", "events", "locks", "schedule", "limiter", "groups", "group-active",
+     "group-waiting", "group-running"}
 )
 
 
@@ -203,6 +209,35 @@ class QueueKeys:
     @property
     def marker(self) -> str:
         return self.base + "marker"
+
+    @property
+    def groups(self) -> str:
+        """The ring of groups taking turns (ZSET, score = turn); see lua/includes/groups.lua."""
+        return self.base + "groups"
+
+    @property
+    def group_running(self) -> str:
+        """The group of each running job of a group (HASH, job id -> group)."""
+        return self.base + "group-running"
+
+    @property
+    def group_waiting(self) -> str:
+        """Each group's waiting jobs (ZSET, score = how many); see lua/includes/groups.lua."""
+        return self.base + "group-waiting"
+
+    @property
+    def group_active(self) -> str:
+        """Each group's running jobs (HASH, group -> how many)."""
+        return self.base + "group-active"
+
+    def group(self, name: str) -> str:
+        """A group's waiting jobs (LIST, taken from the right)."""
+        return self.base + "group:" + name
+
+    @property
+    def limiter(self) -> str:
+        """The rate limit's window (ZSET): one member per attempt started in it, scored by Redis's time."""
+        return self.base + "limiter"
 
     @property
     def id_counter(self) -> str:

@@ -35,7 +35,7 @@ def scripts_dir() -> Path:
 
 @functools.cache
 def script_names() -> tuple[str, ...]:
-    """Every script's file name without `.lua`, e.g. `moveToActive-9`."""
+    """Every script's file name without `.lua`, e.g. `moveToActive-10`."""
     return tuple(sorted(p.stem for p in scripts_dir().glob("*.lua")))
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import multiprocessing
 import os
 import pickle
@@ -36,7 +37,15 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, cast
 
 from .beat import seconds_text
-from .errors import JobCancelled, LockLostError, PayloadError, SoftTimeLimitExceeded, TimeLimitExceeded, is_final
+from .errors import (
+    JobCancelled,
+    LockLostError,
+    PayloadError,
+    RateLimited,
+    SoftTimeLimitExceeded,
+    TimeLimitExceeded,
+    is_final,
+)
 from .job import Job, Reporter, encode_json
 from .scripts import Finish
 
@@ -58,6 +67,9 @@ def run_handler(handler: Handler, job: Job) -> Finish:
     try:
         result = handler(job)
         value = encode_json(result, f"return value of job {job.id}")
+    except RateLimited as limited:  # not a failure: the job waits its turn again
+        return Finish(job.id, token, completed=False, value=str(limited), rate_limited=True,
+                      backoff_ms=math.ceil(limited.retry_after * 1000))
     except BaseException as error:  # the job's own failure (SystemExit too): recorded on the job, not raised
         return Finish(
             job.id, token, completed=False, value=f"{type(error).__name__}: {error}",

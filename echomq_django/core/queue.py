@@ -65,7 +65,7 @@ class Queue:
         job_id = "" if job.job_id is None else validate_job_id(job.job_id)
         opts = job.opts or self.default_opts
         data = encode_json(job.data, f"data of job {job.name!r}", self.max_payload_bytes)
-        return [job_id, job.name, data, opts.encoded(), opts.delay_ms, opts.priority]
+        return [job_id, job.name, data, opts.encoded(), opts.delay_ms, opts.priority, opts.group]
 
     def add(
         self, name: str, data: Any = None, *, opts: JobOptions | None = None,

@@ -23,6 +23,8 @@ __all__ = ["ADD_RECORD_MS", "Call", "Confirm", "Finish", "Scripts", "pairs"]
 # Redis refuses connections. A lost reply re-sent later than that (a network
 # that swallows packets for longer) can still add the jobs twice.
 ADD_RECORD_MS = 30_000
+# The longest window of a rate limit: a day (the window's ZSET holds a member per start in it).
+MAX_RATE_WINDOW_MS = 86_400_000
 
 
 @dataclass(frozen=True)
@@ -34,16 +36,31 @@ class Finish:
     completed: bool
     value: str  # the return value (JSON) when completed, the failure reason when failed
     stacktrace: str = ""
-    backoff_ms: int = 0  # before a retry
+    backoff_ms: int = 0  # before a retry; with rate_limited, the queue's pause
     final: bool = False  # no retry whatever attempts are left
     error_class: str = ""
+    rate_limited: bool = False  # the job raised RateLimited: back to the queue, no attempt used
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """At most `max` jobs of a queue start in any window of `duration_ms`, across all its workers."""
+
+    max: int
+    duration_ms: int
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.max, int) and self.max >= 1 and isinstance(self.duration_ms, int)
+                and 1 <= self.duration_ms <= MAX_RATE_WINDOW_MS):
+            raise ValueError(f"a rate limit is a whole number of jobs >= 1 per 1 ms to "
+                             f"{MAX_RATE_WINDOW_MS // 86_400_000} days, not {self.max!r} per {self.duration_ms!r} ms")
 
 
 class Scripts(ScriptClient):
     """The protocol's scripts registered on one client, one typed method each."""
 
     def add_jobs_call(self, keys: QueueKeys, timestamp: int, jobs: Sequence[Sequence[Any]]) -> Call:
-        """The addJob call for jobs given as [id or "", name, data, opts, delay_ms, priority].
+        """The addJob call for jobs given as [id or "", name, data, opts, delay_ms, priority, group or ""].
 
         Its reply, read by `pairs`, is [(id, added), ...] in order. The call
         carries an add token of its own, so a re-send (after a lost reply)
@@ -57,24 +74,33 @@ class Scripts(ScriptClient):
 
     def fetch_call(
         self, keys: QueueKeys, token: str, lock_ms: int, now: int, count: int, worker_id: str,
-        metrics_minutes: int = defaults.METRICS_MINUTES,
+        metrics_minutes: int = defaults.METRICS_MINUTES, *, rate_limit: RateLimit | None = None,
+        max_active: int = 0, group_max_active: int = 0,
     ) -> Call:
         """The moveToActive call that takes up to `count` ready jobs locked with `token`.
 
         Sent again with the same token (its reply was lost), it answers with
-        the jobs the first call took and takes no others.
+        the jobs the first call took and takes no others. `rate_limit`,
+        `max_active` and `group_max_active` (each group's running jobs; 0: no
+        cap) hold for the queue across all its workers.
         """
-        return ("moveToActive-9", keys.for_script("moveToActive-9", token=token),
-                [keys.base, token, lock_ms, now, count, worker_id, metrics_minutes])
+        rate = (rate_limit.max, rate_limit.duration_ms) if rate_limit else (0, 0)
+        return ("moveToActive-10", keys.for_script("moveToActive-10", token=token),
+                [keys.base, token, lock_ms, now, count, worker_id, metrics_minutes, *rate, max_active,
+                 group_max_active])
 
     @staticmethod
-    def fetched(reply: list[Any]) -> tuple[int | None, list[tuple[str, list[str]]]]:
-        """moveToActive's reply as (next delayed due time or None, [(id, flat job hash), ...])."""
+    def fetched(reply: list[Any]) -> tuple[int | None, int, list[tuple[str, list[str]]]]:
+        """moveToActive's reply as (next delayed due time or None, wait ms, [(id, flat job hash), ...]).
+
+        The wait is 0, or when flow control held jobs back the ms until it
+        lets one start, or -1 when the queue's cap did (until a job ends).
+        """
         try:
             next_due = int(float(reply[0])) if reply[0] else None
         except (ValueError, OverflowError):  # a delayed score another client wrote (inf, nan)
             next_due = None
-        return next_due, list(zip(reply[1::2], reply[2::2]))
+        return next_due, int(reply[1]), list(zip(reply[2::2], reply[3::2]))
 
     def lock_codes(self, keys: QueueKeys, held: Sequence[tuple[str, str]], lock_ms: int) -> list[int]:
         """Renew many locks, given as (job id, token) pairs, in one call; extendLocks' code per pair.
@@ -95,13 +121,14 @@ class Scripts(ScriptClient):
         args: list[Any] = [keys.base, now, default_attempts, keep_traces, *keep_completed, *keep_failed,
                            metrics_minutes]
         for a in attempts:
-            args += [a.job_id, a.token, "completed" if a.completed else "failed", a.value, a.stacktrace,
+            outcome = "completed" if a.completed else "limited" if a.rate_limited else "failed"
+            args += [a.job_id, a.token, outcome, a.value, a.stacktrace,
                      a.backoff_ms, "1" if a.final else "0", a.error_class]
         return ("moveToFinished-10", keys.for_script("moveToFinished-10"), args)
 
     @staticmethod
     def finished(code: int, keys: QueueKeys, job_id: str) -> int:
-        """One of moveToFinished's codes: the status (1..5), or the error it stands for raised."""
+        """One of moveToFinished's codes: the status (1..6), or the error it stands for raised."""
         if code == -1:
             raise JobNotFoundError(f"job {job_id!r} of queue {keys.queue!r} does not exist")
         if code == -2:
@@ -151,8 +178,8 @@ class Scripts(ScriptClient):
         if only_from is not None and only_from not in sets:
             raise ValueError(f"only_from must be one of {', '.join(sets)}, not {only_from!r}")
         code = self._run(
-            "removeJob-8", keys.for_script("removeJob-8"),
-            [keys.base, job_id, SCRIPT_KEYS["removeJob-8"].index(only_from) + 1 if only_from else ""],
+            "removeJob-9", keys.for_script("removeJob-9"),
+            [keys.base, job_id, SCRIPT_KEYS["removeJob-9"].index(only_from) + 1 if only_from else ""],
         )
         if code == -3:
             raise JobLockedError(
@@ -187,12 +214,12 @@ class Scripts(ScriptClient):
                              [keys.base, now, 1, job_id])) == 1
 
     def cancel_job(self, keys: QueueKeys, job_id: str, reason: str, now: int) -> int:
-        """Cancel a job with `reason` (see lua/cancelJob-5.lua).
+        """Cancel a job with `reason` (see lua/cancelJob-6.lua).
 
         1 cancelled, 2 running and flagged for its worker to stop, 3 already
         finished, 0 no such job, -1 its key is no job hash.
         """
-        return int(self._run("cancelJob-5", keys.for_script("cancelJob-5"), [keys.base, job_id, reason, now]))
+        return int(self._run("cancelJob-6", keys.for_script("cancelJob-6"), [keys.base, job_id, reason, now]))
 
     def update_progress(self, keys: QueueKeys, job_id: str, token: str, progress_json: str) -> int:
         """Record a running job's progress for the attempt holding `token`.
@@ -221,20 +248,22 @@ class Scripts(ScriptClient):
         The hash is [] when there is none, None when its key holds another type.
         """
         state, fields, kept, lines = self._run(
-            "getJob-9", keys.for_script("getJob-9", id=job_id), [job_id, log_lines])
+            "getJob-9", keys.for_script("getJob-9", id=job_id), [job_id, log_lines, keys.base])
         return state or None, None if fields is None else list(fields), int(kept), list(lines)
 
     def job_state(self, keys: QueueKeys, job_id: str) -> str | None:
         """Which state holds the job (one of STATES), or None; sorted sets are asked before lists are scanned."""
-        [state] = self._run("getJob-9", keys.for_script("getJob-9", id=job_id), [job_id, "state"])
+        [state] = self._run("getJob-9", keys.for_script("getJob-9", id=job_id), [job_id, "state", keys.base])
         return state or None
 
     def get_counts(self, keys: QueueKeys) -> dict[str, int]:
         """Jobs per state, read atomically; `stalled` counts marked jobs (also in active)."""
         commands = ["SCARD" if state == "stalled" else "LLEN" if state in LIST_STATES else "ZCARD"
                     for state in COUNTED]
-        values = self._run("getCounts-8", keys.for_script("getCounts-8"), commands)
-        return dict(zip(COUNTED, (int(v) for v in values)))
+        *values, grouped = self._run("getCounts-9", keys.for_script("getCounts-9"), commands)
+        counts = dict(zip(COUNTED, (int(v) for v in values)))
+        counts["wait"] += int(grouped)  # jobs waiting in their group's list
+        return counts
 
 
 def pairs(flat: Sequence[Any]) -> list[tuple[str, bool]]:

@@ -23,9 +23,12 @@ from .keys import QueueKeys
 from .locks import RETRY_PAUSE_S, LockRenewer
 from .pool import POOLS, ChildStartError, Handler, ProcessSlot, ThreadSlot, class_path
 from .queue import now_ms
-from .scripts import Confirm, Finish, Scripts
+from .scripts import Confirm, Finish, RateLimit, Scripts
 
 logger = logging.getLogger("echomq.worker")
+# How often a worker that found its queue at MAX_ACTIVE looks again (a job of its own that ends wakes it sooner).
+CAP_POLL_S = 0.25
+
 # moveToFinished's status codes for a failed attempt, in words.
 _FAILURE_OUTCOMES = {2: "for good", 3: "retrying now", 4: "retrying after its backoff"}
 
@@ -118,7 +121,8 @@ class Worker:
         metrics_minutes: int = defaults.METRICS_MINUTES, max_log_lines: int = defaults.MAX_LOG_LINES,
         pool: str = "threads", time_limit_ms: int = 0, soft_time_limit_ms: int = 0,
         max_jobs_per_child: int = 0, max_memory_per_child_kb: int = 0,
-        child_init: Callable[[], None] | None = None,
+        child_init: Callable[[], None] | None = None, rate_limit: RateLimit | None = None, max_active: int = 0,
+        group_max_active: int = 0,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, not {concurrency}")
@@ -127,6 +131,9 @@ class Worker:
         JobOptions(time_limit_ms=time_limit_ms, soft_time_limit_ms=soft_time_limit_ms)  # the same bounds
         if max_jobs_per_child < 0 or max_memory_per_child_kb < 0:
             raise ValueError("max_jobs_per_child and max_memory_per_child_kb must be 0 (no limit) or more")
+        if max_active < 0 or group_max_active < 0:
+            raise ValueError(f"max_active and group_max_active must be 0 (no cap) or more, not {max_active} "
+                             f"and {group_max_active}")
         if max_log_lines < 1:
             raise ValueError(f"a job must keep at least 1 log line, not {max_log_lines}")
         renew_interval_ms = renew_interval_ms or lock_duration_ms // 2
@@ -148,6 +155,7 @@ class Worker:
         self.keep_completed = keep_completed
         self.keep_failed = keep_failed
         self.metrics_minutes = metrics_minutes
+        self.rate_limit, self.max_active, self.group_max_active = rate_limit, max_active, group_max_active
         self.pool, self.time_limit_ms, self.soft_time_limit_ms = pool, time_limit_ms, soft_time_limit_ms
         self._reporter = _Reporter(self.scripts, self.keys, max_log_lines)
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -180,6 +188,8 @@ class Worker:
         # fetch, so the script answers with the jobs it took (see moveToActive).
         self._unanswered_token: str | None = None
         self._unreachable = False  # the last round trip failed to reach Redis
+        # The last fetch's flow control: 0, ms until its rate limit or pause lets a job start, -1 capped.
+        self._held_back_ms = 0
 
     # -- control ---------------------------------------------------------
 
@@ -228,12 +238,20 @@ class Worker:
                 fetched += got
                 if got or wrote or self._collect(ended, wait_s=None):
                     continue  # slots may have freed, more may be ready: go round again
-                if want and burst and not self._running:
-                    break  # nothing is ready and nothing is running
+                if want and self._held_back_ms:
+                    # Flow control held jobs back: wait as long as the script said (a cap: a while), not
+                    # on the marker, which every add sets; a job of this worker that ends wakes it sooner.
+                    held_s = self._held_back_ms / 1000 if self._held_back_ms > 0 else CAP_POLL_S
+                    self._collect(ended, wait_s=held_s)
+                    continue
+                if want and burst and not self._running and not self._unanswered_token:
+                    break  # nothing is ready and nothing is running (nor a fetch whose reply is owed)
                 if want and not burst:
                     self._arm_marker(next_due)
                 self._collect(ended, wait_s=self.block_timeout_s + 1)
-            if ended:  # a second stop: still write what already ended, once, rather than rerun it
+            if ended and not self._unreachable:
+                # A second stop: still write what already ended, once, rather than rerun it; not when the
+                # last round trip failed, as the write would wait out the outage ("a second stop leaves now").
                 self._exchange(ended, 0)
         finally:
             self._stopping.set()
@@ -298,7 +316,9 @@ class Worker:
         token = self._unanswered_token or (f"{self.worker_id}:{uuid.uuid4().hex}" if want else "")
         if token:
             calls.append(self.scripts.fetch_call(self.keys, token, self.lock_duration_ms, now_ms(), want,
-                                                 self.worker_id, self.metrics_minutes))
+                                                 self.worker_id, self.metrics_minutes, rate_limit=self.rate_limit,
+                                                 max_active=self.max_active,
+                                                 group_max_active=self.group_max_active))
         try:
             replies, acked = self.scripts.run_confirmed(calls, self.confirm)
             if self.confirm and writing and acked < self.confirm.replicas:
@@ -323,6 +343,7 @@ class Worker:
             if not outcome.finish:
                 self._written(outcome, None)
         ended.clear()
+        self._held_back_ms = 0
         if not token:
             return 0, None
         [reply] = replies
@@ -330,7 +351,7 @@ class Worker:
             logger.error("worker %s: fetching from queue %s failed: %s", self.worker_id, self.keys.queue, reply)
             self._aborted.wait(1.0)
             return 0, None
-        next_due, jobs = self.scripts.fetched(reply)
+        next_due, self._held_back_ms, jobs = self.scripts.fetched(reply)
         if jobs:
             self._idle.clear()
         for job_id, flat in jobs:
@@ -377,7 +398,10 @@ class Worker:
                          self.worker_id, job.id, error)
             return
         self.processed += 1
-        if not finish.completed:
+        if status == 6:
+            logger.info("job %s of queue %s was rate limited: back in the queue, its fetching paused for %g s",
+                        job.id, self.keys.queue, finish.backoff_ms / 1000)
+        elif not finish.completed:
             logger.info("job %s of queue %s failed, %s: %s", job.id, self.keys.queue,
                         _FAILURE_OUTCOMES.get(status, "failed"), finish.value)
 

@@ -1,3 +1,5 @@
+-- @include "groups"
+
 -- Put a ready job id where workers take it from. A job with a priority (hash
 -- field `pri`, -100..100, higher runs first) goes to the `prioritized` ZSET,
 -- scored so that higher priorities come first and equal ones keep FIFO order;
@@ -17,18 +19,26 @@ local function parsePriority(raw)
   return priority
 end
 
-local function pushReady(prefix, waitKey, pausedKey, metaKey, markerKey, prioritizedKey, id)
+-- A job with a group goes to its group's list (includes/groups.lua).
+-- With `front`, the job goes ahead of the others of its priority instead of
+-- behind them (a job that gave way to a rate limit).
+local function pushReady(prefix, waitKey, pausedKey, metaKey, markerKey, prioritizedKey, id, front)
   local paused = redis.call("HEXISTS", metaKey, "paused") == 1
-  -- pcall: a job key of another type counts as priority 0 here; the worker
-  -- that fetches the id sends it to failed.
-  local raw = redis.pcall("HGET", prefix .. id, "pri")
-  local priority = parsePriority(type(raw) == "string" and raw or nil)
-  if priority ~= 0 then
-    redis.call("ZADD", prioritizedKey, priorityScore(metaKey, priority), id)
+  -- pcall: a job key of another type counts as priority 0 and no group here;
+  -- the worker that fetches the id sends it to failed.
+  local raw = redis.pcall("HMGET", prefix .. id, "pri", "grp")
+  if raw["err"] then raw = {} end
+  local priority, group = parsePriority(raw[1]), groupOf(raw[2])
+  local push = front and "RPUSH" or "LPUSH"  -- workers take from the right
+  if group then
+    groupPush(prefix, metaKey, id, group, front)  -- paused or not: moveToActive takes nothing while paused
+  elseif priority ~= 0 then
+    local score = front and (100 - priority) * 4294967296 or priorityScore(metaKey, priority)
+    redis.call("ZADD", prioritizedKey, score, id)
   elseif paused then
-    redis.call("LPUSH", pausedKey, id)
+    redis.call(push, pausedKey, id)
   else
-    redis.call("LPUSH", waitKey, id)
+    redis.call(push, waitKey, id)
   end
   if not paused then
     redis.call("ZADD", markerKey, 0, "0")

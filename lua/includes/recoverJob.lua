@@ -9,12 +9,15 @@
 -- see cancelJob: a cancelled job is never recovered). Returns what became of it:
 --   "ready"        to be pushed to wait/paused by the caller (one LPUSH for all)
 --   "prioritized"  already added to the prioritized set (it has a priority)
+--   "grouped"      already added to its group's list (it has a group)
 --   "failed"       moved to failed (also when its hash is missing or malformed)
 -- The caller takes the id out of `active`, `stalled` and the lock index.
 local function recoverJob(prefix, failedKey, metaKey, prioritizedKey, id, now, maxStalled, defaultAttempts)
   local jobKey = prefix .. id
+  -- Whatever becomes of it, the job leaves `active`: its group's slot is free.
+  groupRelease(prefix, metaKey, id)
   -- pcall: a job key of another type must not stop the sweep after earlier writes.
-  local fields = redis.pcall("HMGET", jobKey, "atm", "stc", "opts", "pri", "cxl")
+  local fields = redis.pcall("HMGET", jobKey, "atm", "stc", "opts", "pri", "cxl", "grp")
   if fields["err"] then
     failKeyOfWrongType(prefix, failedKey, id, now)
     return "failed"
@@ -23,6 +26,7 @@ local function recoverJob(prefix, failedKey, metaKey, prioritizedKey, id, now, m
     moveToFailed(prefix, failedKey, id, "job hash was missing when the sweeper recovered the id", now)
     return "failed"
   end
+  local group = groupOf(fields[6])
   local attemptsMade, badAtm = parseCounter(fields[1], "atm")
   local stalls, badStc = parseCounter(fields[2], "stc")
   local maxAttempts, badOpts = parseMaxAttempts(fields[3], defaultAttempts)
@@ -47,6 +51,10 @@ local function recoverJob(prefix, failedKey, metaKey, prioritizedKey, id, now, m
     return "failed"
   end
   emitEvent(prefix, "recovered", id, "atm", attemptsMade)
+  if group then
+    groupPush(prefix, metaKey, id, group)
+    return "grouped"
+  end
   local priority = parsePriority(fields[4])
   if priority ~= 0 then
     redis.call("ZADD", prioritizedKey, priorityScore(metaKey, priority), id)

@@ -13,7 +13,7 @@ from echomq_django.core import POOLS, InvalidNameError, Job, Worker, seconds_tex
 from echomq_django.jobs import discover_jobs, registered_jobs, run_job
 from echomq_django.queues import make_worker, queue_names, worker_options
 
-from ._options import connect_or_fail, non_negative_int, on_stop_signals, positive_int
+from ._options import SECOND_STOP_GRACE_S, connect_or_fail, non_negative_int, positive_int, run_stoppable
 from ._output import echomq_logs_shown
 
 logger = logging.getLogger("echomq.worker")
@@ -108,6 +108,13 @@ def describe(options: dict[str, Any]) -> str:
                f"{options['max_memory_per_child_kb'] / 1024:g} MB" if options["max_memory_per_child_kb"] else ""]
     if any(recycle):
         parts.append("a child replaced after " + " or ".join(filter(None, recycle)))
+    if rate := options.get("rate_limit"):
+        parts.append(f"at most {rate.max} job{'' if rate.max == 1 else 's'} started per "
+                     f"{seconds_text(rate.duration_ms)} s")
+    if options.get("max_active"):
+        parts.append(f"{options['max_active']} running at once")
+    if options.get("group_max_active"):
+        parts.append(f"{options['group_max_active']} per group")
     return ", ".join(parts)
 
 
@@ -132,12 +139,15 @@ def run_all(workers: list[Worker], *, burst: bool, max_jobs: int | None) -> tupl
 
     threads = [threading.Thread(target=run, args=(worker,), name=f"echomq-worker-{worker.keys.queue}",
                                 daemon=True) for worker in workers]
-    with on_stop_signals(stop_all):
+
+    def run_them() -> None:
         for thread in threads:
             thread.start()
         for thread in threads:
-            while thread.is_alive():
-                thread.join(0.2)
+            thread.join()
+
+    # After a second stop a worker still writes the results it holds, if Redis answers within the grace.
+    run_stoppable(run_them, stop_all, second_stop_grace_s=SECOND_STOP_GRACE_S)
     return processed, crashed
 
 

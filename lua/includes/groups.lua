@@ -1,0 +1,90 @@
+-- Groups (protocol.md, "Groups"): a job with a group (hash field `grp`)
+-- waits in its group's list, `<prefix>group:<name>` (LPUSH, taken from the
+-- right), instead of `wait`. The ring, `<prefix>groups` (ZSET), holds each
+-- group with a job ready to take, scored by its turn (meta `groupTurn`, one
+-- more per turn given): moveToActive takes the group with the lowest score and
+-- gives it the next turn, so groups take turns whatever their sizes. The
+-- member GROUPS_PLAIN stands for the jobs without a group (wait and
+-- prioritized), which take their turn like one more group. `group-active`
+-- (HASH) counts each group's running jobs for GROUP_MAX_ACTIVE; a group at its
+-- cap leaves the ring until one of its jobs leaves `active`; `group-running`
+-- (HASH) names the group of each running job, so that its slot is given back
+-- whatever became of its hash meanwhile. `group-waiting`
+-- (ZSET) counts each group's waiting jobs, and meta `groupWaiting` all of
+-- them, for the counts and the dashboard. The keys are built from the prefix:
+-- a job's group is found inside its hash.
+local GROUPS_PLAIN = "*"  -- not a group name: names use the id alphabet
+
+-- HINCRBY that cannot fail halfway through a script: a field another client
+-- made no integer (or a key of another type) starts again from `by`.
+local function groupCount(countKey, field, by)
+  local value = redis.pcall("HINCRBY", countKey, field, by)
+  if type(value) == "number" then return value end
+  redis.pcall("HSET", countKey, field, by)
+  return by
+end
+
+-- The group in a raw `grp` field, or nil when it has none (or one that could
+-- not be a group's name, written by another client).
+local function groupOf(raw)
+  if type(raw) ~= "string" or raw == "" or #raw > 128 or string.find(raw, "[^%w_%.@%+=%-]") then
+    return nil
+  end
+  return raw
+end
+
+-- Put `group` in the ring at the end of the current round, unless it is there.
+local function groupEnterRing(prefix, metaKey, group)
+  local ring = prefix .. "groups"
+  if not redis.call("ZSCORE", ring, group) then
+    redis.call("ZADD", ring, groupCount(metaKey, "groupTurn", 1), group)
+  end
+end
+
+-- A ready job of `group` joins its group's list (at the front with `front`).
+local function groupPush(prefix, metaKey, id, group, front)
+  redis.call(front and "RPUSH" or "LPUSH", prefix .. "group:" .. group, id)
+  redis.pcall("ZINCRBY", prefix .. "group-waiting", 1, group)
+  groupCount(metaKey, "groupWaiting", 1)
+  groupEnterRing(prefix, metaKey, group)
+end
+
+-- One waiting job fewer in `group` (taken, cancelled or removed).
+local function groupWaitingLess(prefix, metaKey, group)
+  local left = tonumber(redis.pcall("ZINCRBY", prefix .. "group-waiting", -1, group))
+  if left and left <= 0 then
+    redis.call("ZREM", prefix .. "group-waiting", group)
+  end
+  groupCount(metaKey, "groupWaiting", -1)
+end
+
+-- Take a waiting job out of its group's list (a cancel, a removal); whether it was there.
+local function groupRemove(prefix, metaKey, id, group)
+  if redis.call("LREM", prefix .. "group:" .. group, 0, id) == 0 then return false end
+  groupWaitingLess(prefix, metaKey, group)
+  return true
+end
+
+-- Job `id` of `group` starts: it counts against the group's cap until it leaves `active`.
+local function groupStarted(prefix, id, group)
+  groupCount(prefix .. "group-active", group, 1)
+  redis.pcall("HSET", prefix .. "group-running", id, group)
+end
+
+-- Job `id` left `active` (any job: one without a group is not in `group-running`):
+-- one running job fewer in its group, and the group back in the ring if it has
+-- jobs waiting (it may have left the ring at its cap), with the marker set
+-- (when given) so that a waiting worker takes the turn.
+local function groupRelease(prefix, metaKey, id, markerKey)
+  local group = redis.pcall("HGET", prefix .. "group-running", id)
+  if type(group) ~= "string" then return end
+  redis.call("HDEL", prefix .. "group-running", id)
+  local groupActiveKey = prefix .. "group-active"
+  if groupCount(groupActiveKey, group, -1) <= 0 then
+    redis.pcall("HDEL", groupActiveKey, group)
+  end
+  if redis.call("EXISTS", prefix .. "group:" .. group) == 1 then
+    groupEnterRing(prefix, metaKey, group)
+    if markerKey then redis.call("ZADD", markerKey, 0, "0") end
+  end
+end

@@ -1,0 +1,176 @@
+"""Groups in the scripts: jobs of a group (a tenant, a user) take turns with other groups, each group capped.
+
+Every test checks the bookkeeping too (`consistent`): each group's waiting
+count is the length of its list, the queue's total is their sum, and each
+group's running count is what `active` holds of it.
+"""
+
+import pytest
+
+from echomq_django.core import JobOptions, NewJob, PayloadError
+from echomq_django.core.queue import now_ms
+from tests.helpers import finish, kill_lock, sweep, wait_until
+
+
+def add(queue, group, n, **options):
+    return queue.add_bulk([NewJob("work", {"n": i}, JobOptions(group=group, **options)) for i in range(n)])
+
+
+def take(queue, token, count=1, group_cap=0):
+    call = queue.scripts.fetch_call(queue.keys, token, 30_000, now_ms(), count, "w", group_max_active=group_cap)
+    [reply] = queue.scripts.run_batch([call], raise_on_error=True)
+    return [job_id for job_id, _ in queue.scripts.fetched(reply)[2]]
+
+
+def group_of(queue, job_id):
+    return queue.client.hget(queue.keys.job(job_id), "grp")
+
+
+def consistent(queue) -> None:
+    client, base = queue.client, queue.keys.base
+    waiting = dict(client.zrange(queue.keys.group_waiting, 0, -1, withscores=True))
+    lists = {key.removeprefix(base + "group:"): client.llen(key) for key in client.scan_iter(base + "group:*")}
+    assert {group: int(n) for group, n in waiting.items()} == lists, "each group's waiting count is its list"
+    assert int(client.hget(queue.keys.meta, "groupWaiting") or 0) == sum(lists.values())
+    running: dict[str, int] = {}
+    running_ids = {}
+    for job_id in client.lrange(queue.keys.active, 0, -1):
+        if group := group_of(queue, job_id):
+            running[group] = running.get(group, 0) + 1
+            running_ids[job_id] = group
+    assert {g: int(n) for g, n in client.hgetall(queue.keys.group_active).items()} == running
+    assert client.hgetall(queue.keys.group_running) == running_ids
+    ring = set(client.zrange(queue.keys.groups, 0, -1))
+    assert {group for group, n in lists.items() if n} - {"*"} <= ring | set(running), "a group with jobs is in turn"
+
+
+def test_groups_take_turns_and_the_jobs_without_a_group_take_one_too(queue):
+    a = add(queue, "tenant-a", 6)
+    b = add(queue, "tenant-b", 2)
+    plain = queue.add_bulk([NewJob("work") for _ in range(2)])
+    order = [job_id for _ in range(10) for job_id in take(queue, f"t{_}")]
+    assert order == [a[0], b[0], plain[0], a[1], b[1], plain[1], *a[2:]]
+    consistent(queue)
+
+
+def test_a_big_group_does_not_starve_a_small_one(queue):
+    big = add(queue, "big", 2000)
+    small = add(queue, "small", 10)
+    started: list[str] = []
+    while len(started) < 40:
+        started += take(queue, f"t{len(started)}", count=8)
+    assert max(started.index(job_id) for job_id in small) < 20, "the small group's 10 start in the first 20"
+    assert started[:20:2] == big[:10], "the big group keeps its own order"
+    consistent(queue)
+
+
+def test_a_group_at_its_cap_sits_out_until_one_of_its_jobs_ends(queue):
+    a = add(queue, "a", 3)
+    b = add(queue, "b", 3)
+    assert take(queue, "t1", count=10, group_cap=1) == [a[0], b[0]]
+    assert take(queue, "t2", count=10, group_cap=1) == []
+    consistent(queue)
+    finish(queue, a[0], "t1")
+    assert take(queue, "t3", count=10, group_cap=1) == [a[1]]
+    consistent(queue)
+
+
+def test_waiting_jobs_of_groups_are_counted_stated_cancelled_and_removed(queue):
+    a = add(queue, "a", 3)
+    assert queue.counts()["wait"] == 3
+    assert queue.get_state(a[0]) == "wait"
+    assert queue.cancel(a[1], "no")
+    assert queue.get_state(a[1]) == "failed"
+    assert queue.remove(a[2])
+    assert queue.counts()["wait"] == 1
+    consistent(queue)
+    assert take(queue, "t1", count=10) == [a[0]]
+    assert queue.counts()["wait"] == 0
+
+
+def test_a_recovered_or_retried_job_goes_back_to_its_group_and_frees_its_slot(queue):
+    a = add(queue, "a", 2, attempts=3)
+    assert take(queue, "t1", group_cap=1) == [a[0]]
+    kill_lock(queue, a[0])
+    sweep(queue, max_stalled_count=5)
+    sweep(queue, max_stalled_count=5)
+    assert queue.get_state(a[0]) == "wait" and queue.client.lpos(queue.keys.base + "group:a", a[0]) is not None
+    consistent(queue)
+    assert take(queue, "t2", group_cap=1) == [a[1]], "the slot came back; the turn order holds"
+    assert finish(queue, a[1], "t2", completed=False, value="boom") == 3
+    consistent(queue)
+    assert sorted(take(queue, "t3", count=5)) == sorted(a)
+
+
+def test_a_delayed_job_of_a_group_becomes_ready_in_its_group(queue):
+    [job_id] = add(queue, "a", 1, delay_ms=1)
+    assert queue.client.zscore(queue.keys.delayed, job_id)
+    assert wait_until(lambda: take(queue, "t1") == [job_id], 2), "promoted into its group once due"
+    assert queue.client.hget(queue.keys.job(job_id), "grp") == "a"
+    consistent(queue)
+
+
+def test_a_paused_queue_starts_no_job_of_a_group(queue):
+    a = add(queue, "a", 2)
+    queue.pause()
+    assert take(queue, "t1") == []
+    queue.resume()
+    assert take(queue, "t2", count=5) == a
+
+
+@pytest.mark.parametrize("group, words", [
+    ("a:b", "may hold only"), ("x" * 129, "characters long"), ("{a}", "may hold only"), (5, "must be a string")])
+def test_a_group_name_is_checked_like_an_id(queue, group, words):
+    with pytest.raises(PayloadError, match=words):
+        JobOptions(group=group)
+
+
+def test_a_job_in_a_group_cannot_have_a_priority():
+    with pytest.raises(PayloadError, match="cannot have a priority"):
+        JobOptions(group="a", priority=5)
+
+
+def test_a_group_gets_its_slot_back_whatever_became_of_the_hash_of_its_running_job(queue):
+    a = add(queue, "a", 3)
+    assert take(queue, "t1", group_cap=1) == [a[0]]
+    queue.client.delete(queue.keys.job(a[0]))  # another client's doing
+    assert take(queue, "t2", group_cap=1) == [], "a's one slot is taken"
+    kill_lock(queue, a[0])
+    sweep(queue)
+    sweep(queue)
+    assert queue.get_state(a[0]) == "failed", "no hash: failed by the sweep"
+    assert take(queue, "t3", group_cap=1) == [a[1]], "and the slot given back"
+    queue.client.hset(queue.keys.job(a[1]), "grp", "b")  # its group rewritten while it runs
+    finish(queue, a[1], "t3")
+    assert take(queue, "t4", group_cap=1) == [a[2]]
+    consistent(queue)
+
+
+def test_corrupt_counters_of_groups_do_not_stop_a_script_halfway(queue):
+    queue.client.hset(queue.keys.meta, mapping={"groupTurn": "abc", "groupWaiting": "x"})
+    a = add(queue, "a", 2)
+    queue.client.hset(queue.keys.group_active, "a", "?")
+    assert take(queue, "t1", count=2, group_cap=5) == a
+    assert finish(queue, a[0], "t1") == 1
+    assert queue.client.hget(queue.keys.meta, "groupTurn").isdigit()
+
+
+@pytest.mark.parametrize("job_id", ["groups", "group-active", "group-waiting", "group-running", "limiter"])
+def test_the_names_of_the_group_keys_are_no_job_ids(queue, job_id):
+    from echomq_django.core import InvalidNameError
+
+    with pytest.raises(InvalidNameError, match="reserved"):
+        queue.add("work", job_id=job_id)
+
+
+def test_a_schedule_of_a_job_in_a_group_fires_its_job_into_the_group(queue):
+    from echomq_django.core import Schedule, run_now
+
+    schedule = Schedule("nightly", queue.name, "work", {"args": [], "kwargs": {}}, JobOptions(group="tenant-a"),
+                        every_ms=60_000)
+    job_id = "nightly-now"
+    run_now(queue.scripts, schedule, job_id, prefix=queue.keys.prefix)
+    assert group_of(queue, job_id) == "tenant-a"
+    assert queue.client.lrange(queue.keys.group("tenant-a"), 0, -1) == [job_id]
+    assert take(queue, "t1") == [job_id]
+    consistent(queue)
