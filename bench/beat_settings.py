@@ -21,8 +21,8 @@ QUEUE = "demo"  # the queue of demo_project.demo_app.jobs.greet
 ECHOMQ = {
     "REDIS_URL": env.str("ECHOMQ_REDIS_URL", default="redis://127.0.0.1:6379/0"),
     "PREFIX": env.str("ECHOMQ_PREFIX", default="emq"),
-    # The demo app's other jobs are on "heavy": configured, so its @jobs pass the checks.
-    "QUEUES": {QUEUE: {}, "heavy": {"POOL": "processes"}},
+    # The demo app's other jobs are on "heavy" and "api": configured, so its @jobs pass the checks.
+    "QUEUES": {QUEUE: {}, "heavy": {"POOL": "processes"}, "api": {}},
     "SCHEDULES": {
         f"s{n:04d}": {"TASK": "demo_project.demo_app.jobs.greet", "EVERY": EVERY[n % len(EVERY)],
                       "ARGS": [f"s{n:04d}"]}

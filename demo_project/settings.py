@@ -74,6 +74,8 @@ ECHOMQ = {
         "demo": {"LOCK_DURATION": 3, "SWEEP_INTERVAL": 2},
         # Jobs in child processes: a time limit kills the child, a cancel reaches a running job.
         "heavy": {"POOL": "processes", "CONCURRENCY": 2, "LOCK_DURATION": 3, "SWEEP_INTERVAL": 2},
+        # Flow control across all workers: at most 5 calls started a second, one running per tenant (group).
+        "api": {"RATE_LIMIT": {"MAX": 5, "DURATION": 1}, "GROUP_MAX_ACTIVE": 1},
     },
     # Fired by `manage.py echomq_beat`: each tick is one job, however many beats run.
     "SCHEDULES": {

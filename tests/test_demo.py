@@ -103,6 +103,10 @@ def test_the_demo_tells_the_whole_story(demo_env, tmp_path):
     assert re.search(r"^cancel of job \d+ \(export\) while it runs: stopping;", out, re.M)
     assert re.search(r"^job \d+ \(stuck\) of 'heavy': failed, time limit of 2 s exceeded$", out, re.M)
     assert re.search(r"^job \d+ \(export\) of 'heavy': failed, cancelled: not needed any more$", out, re.M)
+    [limits] = re.findall(r"^queue 'api': 15 calls started over ([\d.]+) s by two workers; tenant-b's calls were "
+                          r"starts (\d+), (\d+), (\d+) of 16 .*completed with 1 attempt made, 2 started$", out, re.M)
+    assert float(limits[0]) >= 2.0, "5 a second: 15 starts (and a retry) take more than two windows"
+    assert int(limits[3]) <= 12, "tenant-b's calls took turns with tenant-a's 12, not waited for them"
     fired = re.findall(r"^\[beat [12]\] schedule heartbeat: tick \S+ fired job (heartbeat@\d+) on queue demo",
                        out, re.M)
     assert fired and len(fired) == len(set(fired)), "two beats, and each tick fired once"

@@ -5,7 +5,7 @@ import time
 
 from django.contrib.auth import get_user_model
 
-from echomq_django.core import Backoff
+from echomq_django.core import Backoff, RateLimited
 from echomq_django.jobs import current_job, job
 
 QUEUE = "demo"
@@ -84,6 +84,17 @@ def export(rows: int) -> int:
         time.sleep(0.2)
         running.update_progress({"rows": done})
     return rows
+
+
+API = "api"
+
+
+@job(queue=API)
+def call_api(tenant: str, n: int) -> str:
+    """A call to a rate-limited API for a tenant; tenant-b's first call is told to slow down (an HTTP 429)."""
+    if tenant == "tenant-b" and n == 0 and current_job().attempts_started == 1:
+        raise RateLimited(retry_after=1)
+    return f"{tenant} call {n}"
 
 
 STORY = [

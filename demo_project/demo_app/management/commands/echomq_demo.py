@@ -21,7 +21,7 @@ from django.core.signals import setting_changed
 from django.urls import reverse
 
 from demo_project.demo_app import tasks
-from demo_project.demo_app.jobs import HEAVY, QUEUE, STORY, export, stuck
+from demo_project.demo_app.jobs import API, HEAVY, QUEUE, STORY, call_api, export, stuck
 from demo_project.demo_app.relay import Relay, SweepNarrator
 from echomq_django.conf import get_settings
 from echomq_django.core import connect
@@ -178,6 +178,7 @@ class Command(BaseCommand):
         self.stdout.write(f"\nDjango task add(2, 3) through the Tasks framework: {task_result.status}, "
                           f"return value {task_result.return_value if task_result.is_finished else '-'}")
         self.limit_and_cancel()
+        self.rate_limits_and_groups()
         return sweeper
 
     def limit_and_cancel(self) -> None:
@@ -197,6 +198,30 @@ class Command(BaseCommand):
         for job_id, name in ((hung, "stuck"), (long, "export")):
             job = queue.get_job(job_id)
             self.stdout.write(f"job {job_id} ({name}) of {HEAVY!r}: {queue.get_state(job_id)}, {job.failed_reason}")
+
+    def rate_limits_and_groups(self) -> None:
+        """A rate limit and groups that hold across workers, and a job told to slow down (RateLimited)."""
+        queue = get_queue(API)
+        queue.obliterate()
+        first = [call_api.enqueue_with(args=("tenant-a", n), group="tenant-a") for n in range(12)]
+        second = [call_api.enqueue_with(args=("tenant-b", n), group="tenant-b") for n in range(3)]
+        self.stdout.write(
+            f"\nQueue {API!r} starts at most 5 jobs a second and one per tenant at a time, across all its workers "
+            f"(RATE_LIMIT, GROUP_MAX_ACTIVE). tenant-a queued its 12 calls first, tenant-b its 3 after; tenant-b's "
+            f"first call (job {second[0]}) gets a 429 and raises RateLimited(retry_after=1).")
+        for number in (4, 5):
+            self.start("echomq_worker", "--queue", API, label=f"worker {number}")
+        self.wait_for(lambda: all(queue.get_state(i) == "completed" for i in first + second), "the API calls")
+        order = [job_id for _, job_id in sorted(
+            (int(entry_id.split("-")[0]), fields["jobId"])
+            for entry_id, fields in queue.client.xrange(queue.keys.events) if fields["event"] == "active")]
+        started = [queue.get_job(job_id).started_on or 0 for job_id in first + second]
+        limited = queue.get_job(second[0])
+        self.stdout.write(
+            f"queue {API!r}: 15 calls started over {(max(started) - min(started)) / 1000:.1f} s by two workers; "
+            f"tenant-b's calls were starts {', '.join(str(order.index(i) + 1) for i in second)} of {len(order)} "
+            f"(a retry after the pause counts as a start); job {second[0]} paused the whole queue for 1 s and "
+            f"completed with {limited.attempts_made} attempt made, {limited.attempts_started} started")
 
     def wait_for(self, condition: Any, what: str, timeout_s: float = 60) -> None:
         deadline = time.monotonic() + timeout_s
