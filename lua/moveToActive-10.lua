@@ -172,7 +172,7 @@ local function takeByTurn()
     -- A group that gave a job takes the next turn (its jobs left or not: an empty
     -- list leaves at its next turn); one that could not give one leaves the ring.
     if id then
-      redis.call("ZADD", ringKey, "XX", redis.call("HINCRBY", KEYS[3], "groupTurn", 1), group)
+      redis.call("ZADD", ringKey, "XX", groupCount(KEYS[3], "groupTurn", 1), group)
       return id, group ~= GROUPS_PLAIN and group or nil
     end
     redis.call("ZREM", ringKey, group)

@@ -112,8 +112,10 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
     -- attempt used, and every worker's fetch waits out `limitedUntil`
     -- (moveToActive), on Redis's clock like the check. A cancel wins.
     redis.call("HSET", jobKey, "ftk", token)
-    local untilMs = redisNowMs() + backoffMs
-    if untilMs > (tonumber(redis.call("HGET", KEYS[7], "limitedUntil") or "") or 0) then
+    local redisNow = redisNowMs()
+    local untilMs, current = redisNow + backoffMs, tonumber(redis.call("HGET", KEYS[7], "limitedUntil") or "")
+    -- (a pause further than a day ahead, or inf, is not ours: moveToActive ignores it, and so does this)
+    if not current or untilMs > current or current > redisNow + 86400000 then
       redis.call("HSET", KEYS[7], "limitedUntil", untilMs)
     end
     pushReady(prefix, KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[10], id, true)
