@@ -15,7 +15,7 @@ from tests.helpers import wait_until
 from tests.redis_servers import RedisServer
 from tests.test_faults import Fleet, events, starts
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.no_database]  # worker processes and Redis, no database
 
 CLOCKS_MS = 3  # how far the event's time and the window's may lie apart (see the docstring)
 
@@ -24,16 +24,24 @@ def starts_ms(queue) -> list[int]:
     return sorted(ms for ms, _ in events(queue, "active"))
 
 
-def most_running(queue) -> int:
-    """The most jobs that ran at once, from the events: +1 at each start, -1 at each end."""
-    changes = sorted([(ms, 1) for ms, _ in events(queue, "active")]
-                     + [(ms, -1) for name in ("completed", "failed", "retried", "recovered")
-                        for ms, _ in events(queue, name)], key=lambda change: (change[0], change[1]))
-    running = most = 0
-    for _ms, change in changes:
-        running += change
-        most = max(most, running)
+ENDS = ("completed", "failed", "retried", "recovered", "limited")
+
+
+def most_running_by(queue, key) -> dict:
+    """The most jobs that ran at once, per key(job id), from the events stream in its own order."""
+    running: dict = {}
+    most: dict = {}
+    for _id, fields in queue.client.xrange(queue.keys.events):
+        change = 1 if fields["event"] == "active" else -1 if fields["event"] in ENDS else 0
+        if change:
+            which = key(fields["jobId"])
+            running[which] = running.get(which, 0) + change
+            most[which] = max(most.get(which, 0), running[which])
     return most
+
+
+def most_running(queue) -> int:
+    return most_running_by(queue, lambda job_id: None).get(None, 0)
 
 
 def test_a_rate_limit_of_10_a_second_holds_across_3_workers_of_8_threads(queue, redis_url):
@@ -136,18 +144,7 @@ def test_a_rate_limited_worker_waits_without_polling_redis():
 
 
 def most_running_per_group(queue) -> dict[str, int]:
-    """The most jobs of each group that ran at once, from the events."""
-    group = {job_id: queue.client.hget(queue.keys.job(job_id), "grp")
-             for _, job_id in events(queue, "active")}
-    changes = sorted([(ms, 1, job_id) for ms, job_id in events(queue, "active")]
-                     + [(ms, -1, job_id) for name in ("completed", "failed", "retried", "recovered")
-                        for ms, job_id in events(queue, name)], key=lambda change: (change[0], change[1]))
-    running: dict[str, int] = {}
-    most: dict[str, int] = {}
-    for _ms, change, job_id in changes:
-        running[group[job_id]] = running.get(group[job_id], 0) + change
-        most[group[job_id]] = max(most.get(group[job_id], 0), running[group[job_id]])
-    return most
+    return most_running_by(queue, lambda job_id: queue.client.hget(queue.keys.job(job_id), "grp"))
 
 
 def test_a_big_group_does_not_starve_a_small_one_across_workers(queue, redis_url):
