@@ -413,6 +413,8 @@ def test_a_result_held_through_an_outage_longer_than_the_lock_is_written_not_run
     sweeping = threading.Thread(target=rig.sweeper.run, args=(lambda report: None,), daemon=True)
     try:
         sweeping.start()
+        # Sweeps before the outage: without a clock of sweeps to see a gap in, no hold opens.
+        assert wait_until(lambda: rig.queue.client.hexists(rig.queue.keys.meta, "sweptAt"), 10)
         with running(rig.worker):
             job_id = rig.queue.add("work", opts=JobOptions(attempts=3))
             assert wait_until(lambda: down_at, 10), "the job never ran"
