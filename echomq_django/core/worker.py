@@ -105,6 +105,13 @@ class Worker:
     while it runs (Queue.cancel) is seen at the next renewal: its child is
     killed, or its thread gets JobCancelled at its next check (Job.check).
 
+    Flow control travels with each fetch and is decided in moveToActive, so
+    it holds across every worker of the queue (which must share it):
+    `rate_limit` (a RateLimit: jobs started per window), `max_active` (jobs
+    running at once) and `group_max_active` (per group). Held back, the loop
+    sleeps as long as the script says, without calling Redis; a job that
+    raises RateLimited pauses the whole queue for its `retry_after`.
+
     Shutdown has two stages: the first `stop()` stops fetching and lets
     running jobs finish; a second `stop()` makes `run()` return at once, and
     the jobs still running are left to their lapsing locks and the sweeper.
