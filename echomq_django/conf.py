@@ -165,13 +165,16 @@ class EchoMQSettings:
         return config
 
 
-def _seconds_to_ms(value: Any, where: str, problems: list[Problem], *, allow_none: bool = False) -> int | None:
+def _seconds_to_ms(value: Any, where: str, problems: list[Problem], *, allow_none: bool = False,
+                   most_s: float = MAX_SECONDS, most: str = f"{MAX_SECONDS:,} (ten years)",
+                   hint: str = "") -> int | None:
+    """Seconds (fractions allowed, at most `most_s`, said as `most`) in ms; None, and a problem, when wrong."""
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_SECONDS:
-        hint = "Use a number such as 30 or 0.5" + (", or None." if allow_none else ".")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= most_s:
+        hint = hint or "Use a number such as 30 or 0.5" + (", or None." if allow_none else ".")
         problems.append(Problem("echomq.E005", f"{where} must be a positive number of seconds up to "
-                                f"{MAX_SECONDS:,} (ten years), not {value!r}.", hint))
+                                f"{most}, not {value!r}.", hint))
         return None
     return max(1, round(value * 1000))
 
@@ -191,14 +194,9 @@ def _rate_limit(value: Any, where: str, problems: list[Problem]) -> RateLimit | 
         problems.append(Problem("echomq.E006", f"{where} must be a dict with MAX and DURATION, not {value!r}.", hint))
         return None
     jobs = _count(value["MAX"], f"{where}['MAX']", problems, minimum=1)
-    duration, window_ms = value["DURATION"], None
-    number = isinstance(duration, (int, float)) and not isinstance(duration, bool)
-    if number and 0 < duration <= MAX_RATE_WINDOW_MS / 1000:
-        window_ms = max(1, round(duration * 1000))
-    else:
-        problems.append(Problem("echomq.E005", f"{where}['DURATION'] must be a positive number of seconds up to a "
-                                f"day ({MAX_RATE_WINDOW_MS // 1000:,}), not {duration!r}.",
-                                "The window keeps a record of every start in it; for a daily quota use 86400."))
+    window_ms = _seconds_to_ms(value["DURATION"], f"{where}['DURATION']", problems,
+                               most_s=MAX_RATE_WINDOW_MS / 1000, most=f"a day ({MAX_RATE_WINDOW_MS // 1000:,})",
+                               hint="The window keeps a record of every start in it; for a daily quota use 86400.")
     if jobs is None or window_ms is None:
         return None
     return RateLimit(jobs, window_ms)

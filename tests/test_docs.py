@@ -112,8 +112,8 @@ def hash_writes(script: str) -> set[tuple[str, str]]:
     code, writes = code_of(script), set()
     for match in re.finditer(r"groupCount\(", code):
         key, field, _by = split_args(balanced(code, match.end()))
-        if key != "countKey" and hash_of(script, key) != "groups":
-            writes.add((hash_of(script, key), literal(field, f"{script}: groupCount")))
+        if (target := hash_of(script, key)) != "groups":  # includes the definition's own countKey
+            writes.add((target, literal(field, f"{script}: groupCount")))
     for match in CALL.finditer(code):
         args = split_args(balanced(code, match.end()))
         command = STRING.fullmatch(args[0])

@@ -170,3 +170,10 @@ def test_rate_limited_survives_pickling_as_a_process_pool_would_send_it():
 
     again = pickle.loads(pickle.dumps(RateLimited(30, "slow down")))
     assert (again.retry_after, str(again)) == (30, "slow down")
+
+
+def test_a_rate_limited_job_with_a_priority_goes_back_ahead_of_its_priority(queue):
+    first, second = queue.add_bulk([NewJob("call-api", opts=JobOptions(priority=5)) for _ in range(2)])
+    assert take(queue, "t1", count=1)[1] == [first]
+    assert end(queue, first, "t1", limited_ms=10) == 6
+    assert queue.client.zrange(queue.keys.prioritized, 0, -1) == [first, second]

@@ -52,8 +52,8 @@ class RateLimit:
     def __post_init__(self) -> None:
         if not (isinstance(self.max, int) and self.max >= 1 and isinstance(self.duration_ms, int)
                 and 1 <= self.duration_ms <= MAX_RATE_WINDOW_MS):
-            raise ValueError(f"a rate limit is a whole number of jobs >= 1 per 1 ms to "
-                             f"{MAX_RATE_WINDOW_MS // 86_400_000} days, not {self.max!r} per {self.duration_ms!r} ms")
+            raise ValueError(f"a rate limit is a whole number of jobs >= 1 per 1 to {MAX_RATE_WINDOW_MS:,} ms "
+                             f"(a day), not {self.max!r} per {self.duration_ms!r} ms")
 
 
 class Scripts(ScriptClient):

@@ -5,9 +5,10 @@
 -- scored so that higher priorities come first and equal ones keep FIFO order;
 -- any other job goes to `wait`, or to `paused` while the queue is paused. The
 -- marker wakes a worker unless the queue is paused.
-local function priorityScore(metaKey, priority)
+-- With `front`, sequence 0: ahead of every job of that priority.
+local function priorityScore(metaKey, priority, front)
   -- (100 - priority) * 2^32 + sequence: exact in a double for 2^32 jobs per queue.
-  local sequence = redis.call("HINCRBY", metaKey, "prioritySequence", 1) % 4294967296
+  local sequence = front and 0 or redis.call("HINCRBY", metaKey, "prioritySequence", 1) % 4294967296
   return (100 - priority) * 4294967296 + sequence
 end
 
@@ -33,8 +34,7 @@ local function pushReady(prefix, waitKey, pausedKey, metaKey, markerKey, priorit
   if group then
     groupPush(prefix, metaKey, id, group, front)  -- paused or not: moveToActive takes nothing while paused
   elseif priority ~= 0 then
-    local score = front and (100 - priority) * 4294967296 or priorityScore(metaKey, priority)
-    redis.call("ZADD", prioritizedKey, score, id)
+    redis.call("ZADD", prioritizedKey, priorityScore(metaKey, priority, front), id)
   elseif paused then
     redis.call(push, pausedKey, id)
   else
