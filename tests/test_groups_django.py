@@ -40,16 +40,19 @@ def test_a_job_function_has_a_group_and_enqueue_with_gives_each_job_its_own(defa
     assert default_queue.counts()["wait"] == 3
 
 
-@pytest.mark.parametrize("group", ["a:b", "", "x" * 200])
+@pytest.mark.parametrize("group", ["a:b", "x" * 200])
 def test_a_bad_group_fails_at_the_decorator_or_the_enqueue(default_queue, registry, group):
-    if group:
-        with pytest.raises(PayloadError):
-            jobs.job(name="mail.bad", queue="default", group=group)(mail)
+    with pytest.raises(PayloadError):
+        jobs.job(name="mail.bad", queue="default", group=group)(mail)
     send = jobs.job(name="mail.ok", queue="default")(mail)
-    if group:
-        with pytest.raises(PayloadError):
-            send.enqueue_with(args=("a@example.com",), group=group)
-        assert default_queue.counts()["wait"] == 0, "bad input adds nothing"
+    with pytest.raises(PayloadError):
+        send.enqueue_with(args=("a@example.com",), group=group)
+    assert default_queue.counts()["wait"] == 0, "bad input adds nothing"
+
+
+def test_an_empty_group_is_no_group(default_queue, registry):
+    send = jobs.job(name="mail.grouped", queue="default", group="smtp")(mail)
+    assert group_of(default_queue, send.enqueue_with(args=("a@example.com",), group="")) is None
 
 
 def test_a_task_in_a_group_takes_its_turn_and_its_result_reads_as_any_other(default_queue):
