@@ -125,7 +125,12 @@ def latest_job_id(schedule_row_or_name) -> str:
 
 
 def fire_a_tick(schedule_row: Schedule) -> tuple[int, str]:
-    """Fire the schedule's latest tick through the real scheduler, 1 ms after it (so it is on time)."""
+    """Fire the schedule's latest tick through the real scheduler, 1 ms after it (so it is on time).
+
+    The row is dated back a day first: a row fires no tick from before it was saved.
+    """
+    Schedule.objects.filter(pk=schedule_row.pk).update(updated_at=timezone.now() - timedelta(days=1))
+    schedule_row.refresh_from_db()
     schedule = schedule_row.entry().schedule
     queue = get_queue(schedule.queue)
     beat = Beat(queue.client, lambda: [schedule], prefix=queue.keys.prefix, scripts=queue.scripts)

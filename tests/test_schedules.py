@@ -2,13 +2,14 @@
 
 import logging
 import threading
+import time
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
 import pytest
 from redis.exceptions import ReadOnlyError
 
-from echomq_django.core import Beat, JobOptions, Schedule, ScheduleError, read_records, run_now
+from echomq_django.core import Beat, JobOptions, Queue, Schedule, ScheduleError, read_records, run_now
 from echomq_django.core.beat import MISSED_AFTER_MS
 from tests.helpers import fetch, finish
 
@@ -216,6 +217,18 @@ def test_ticks_before_since_are_not_caught_up(queue):
     assert [f.outcome for f in beat_for(queue, later).fire_due(first + 6 * HOUR + 5)] == ["fired"]
 
 
+def test_a_schedule_moved_to_another_queue_does_not_fire_its_last_tick_again_there(queue):
+    # The tick's record is kept per queue: on the new queue only `since` tells it was decided.
+    tick = 1_800_000_000_000 // 60_000 * 60_000
+    assert [f.outcome for f in beat_for(queue, every(60)).fire_due(tick + 10)] == ["fired"]
+    other = Queue("other", queue.client, prefix=queue.keys.prefix, scripts=queue.scripts)
+    moved = Schedule("tick", "other", "job.tick", {"args": [], "kwargs": {}}, every_ms=60_000, since_ms=tick + 5_000)
+    assert [f.outcome for f in beat_for(queue, moved).fire_due(tick + 6_000)] == ["new"]  # on time, but before the move
+    assert jobs_in(other) == []
+    assert [f.outcome for f in beat_for(queue, moved).fire_due(tick + 60_010)] == ["fired"]
+    assert jobs_in(other) == [f"tick@{tick + 60_000}"]
+
+
 def test_skip_if_running_skips_while_the_previous_job_has_not_finished(queue):
     schedule = every(60, skip_if_running=True)
     now = 1_800_000_000_000 // 60_000 * 60_000
@@ -315,6 +328,31 @@ def test_the_loop_fires_on_time_and_stops(queue):
     ticks = [f.tick_ms for f in fired]
     assert all(b - a == 200 for a, b in zip(ticks[1:], ticks[2:]))  # after the first, every tick in turn
     assert max(f.late_ms for f in fired[1:]) < 150
+
+
+def test_a_slow_reading_of_the_schedules_holds_no_tick_back(queue):
+    # A locked SQLite makes a reading wait out its 5 s timeout: the ticks go on meanwhile.
+    schedule, readings = every(0.2), []
+
+    def load():
+        readings.append(1)
+        if len(readings) == 3:
+            time.sleep(2)
+        return [schedule]
+
+    beat = Beat(queue.client, load, prefix=queue.keys.prefix, scripts=queue.scripts, reload_interval_ms=200)
+    beat.reload()
+    seen: list = []
+    thread = threading.Thread(target=beat.run, args=(seen.append,))
+    thread.start()
+    try:
+        from tests.helpers import wait_until
+        assert wait_until(lambda: len([f for f in seen if f.outcome == "fired"]) >= 20, 15)
+    finally:
+        beat.stop()
+        thread.join(5)
+    ticks = [f.tick_ms for f in seen if f.outcome == "fired"]
+    assert len(readings) >= 4 and all(b - a == 200 for a, b in zip(ticks[1:], ticks[2:]))
 
 
 @pytest.mark.own_servers

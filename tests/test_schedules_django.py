@@ -203,7 +203,8 @@ def test_a_running_scheduler_takes_up_rows_added_and_disabled_in_the_database(wi
 
     with_schedules({})
     demo = Queue("demo", redis_client, prefix=prefix)
-    beat = Beat(redis_client, load_schedules, prefix=prefix, reload_interval_ms=200)
+    beat = Beat(redis_client, load_schedules, prefix=prefix, reload_interval_ms=200,
+                close_reader=connections.close_all)  # the reading thread's connection
 
     def run() -> None:
         try:

@@ -144,7 +144,14 @@ class Schedule:
         return f"{self.name}@{tick_ms}"
 
     def missed_after_ms(self, tick_ms: int) -> int:
-        """How late the tick may fire when it is not caught up."""
+        """How late the tick may fire when it is not caught up: never, for a tick from before `since_ms`.
+
+        A tick from before a change may already have been fired under the
+        schedule's old version: on another queue (whose record this queue
+        does not see), or before it was disabled.
+        """
+        if tick_ms < self.since_ms:
+            return 0
         return min(MISSED_AFTER_MS, (self.tick_after(tick_ms) - tick_ms) // 2)
 
     def describe(self) -> str:
@@ -227,7 +234,7 @@ class Beat:
         self, client: Any, load: Callable[[], Iterable[Schedule]], *, prefix: str = defaults.PREFIX,
         scripts: Scripts | None = None, reload_interval_ms: int = 5000,
         max_payload_bytes: int = defaults.MAX_PAYLOAD_BYTES, clock: Callable[[], int] = now_ms,
-        call_timeout_ms: int = 2000,
+        call_timeout_ms: int = 2000, close_reader: Callable[[], None] | None = None,
     ) -> None:
         if reload_interval_ms < 1:
             raise ValueError(f"the reload interval must be at least 1 ms, not {reload_interval_ms}")
@@ -245,6 +252,11 @@ class Beat:
         self._reload_at = 0
         self._stopping = threading.Event()
         self._aborted = threading.Event()
+        self._wake = threading.Event()  # set by stop() and by a reading that has ended
+        # run() reads the schedules on a thread of its own, so a slow or locked database (a
+        # SQLite write lock waits out its 5 s timeout) never holds a tick back; `close_reader`
+        # runs on that thread as it ends (Django: connections.close_all, that thread's own).
+        self.close_reader = close_reader
 
     def reload(self) -> None:
         """Read the schedules again; a new or changed one is looked at now, its newest tick first.
@@ -252,7 +264,10 @@ class Beat:
         The next reading falls due a reload interval from now, whether this one succeeds or not.
         """
         self._reload_at = self.now() + self.reload_interval_ms
-        schedules = {schedule.name: schedule for schedule in self.load()}
+        self._apply(list(self.load()))
+
+    def _apply(self, loaded: list[Schedule]) -> None:
+        schedules = {schedule.name: schedule for schedule in loaded}
         for name, schedule in schedules.items():
             if self.schedules.get(name) != schedule:
                 self._due_at[name] = 0
@@ -349,15 +364,26 @@ class Beat:
     def run(self, on_firing: Callable[[Firing], None] | None = None) -> None:
         """Fire due ticks until stopped, reading the schedules every reload interval and riding out outages."""
         report = on_firing or (lambda firing: logger.info("%s", firing.summary()))
+        reader = _Reader(self.load, self._wake, self.close_reader)
+        try:
+            self._run(report, reader)
+        finally:
+            reader.stop()
+
+    def _run(self, report: Callable[[Firing], None], reader: _Reader) -> None:
         outage_since: float | None = None
         while not self._stopping.is_set():
+            self._wake.clear()
             try:
                 for firing in self.fire_due():
                     report(firing)
-                if self.now() >= self._reload_at:  # right after a round: the most time until the next tick
-                    self.measure_clock()
-                    self._reload_safely()
+                if (loaded := reader.take()) is not None:
+                    self._apply(loaded)
                     continue  # a new or changed schedule is due now
+                if self.now() >= self._reload_at and not reader.busy:  # right after a round
+                    self.measure_clock()
+                    self._reload_at = self.now() + self.reload_interval_ms
+                    reader.ask()  # the ticks go on while the reading runs; its result is taken when it ends
             except Exception as error:
                 if not transient(error):
                     raise
@@ -370,17 +396,7 @@ class Beat:
             if outage_since is not None:
                 logger.warning("Redis is back after %.0f s; firing again", time.monotonic() - outage_since)
                 outage_since = None
-            self._stopping.wait(max(0.0, (self.next_wake_ms() - self.now()) / 1000))
-
-    def _reload_safely(self) -> None:
-        try:
-            self.reload()
-        except Exception as error:
-            if transient(error):
-                raise
-            # The schedules stay as they were (a database that is down, a bug in
-            # a loader): firing what is known beats firing nothing.
-            logger.exception("could not read the schedules; keeping the %d known", len(self.schedules))
+            self._wake.wait(max(0.0, (self.next_wake_ms() - self.now()) / 1000))
 
     def stop(self) -> None:
         """First call: finish the round of calls in progress, then return. Second call: return now."""
@@ -390,6 +406,59 @@ class Beat:
         else:
             logger.info("scheduler: stopping after the round of calls in progress (stop again to leave now)")
         self._stopping.set()
+        self._wake.set()
+
+
+class _Reader:
+    """Reads the schedules on a daemon thread, one reading at a time, for Beat.run.
+
+    A reading that fails keeps the schedules known (a database that is down, a
+    bug in a loader): firing what is known beats firing nothing.
+    """
+
+    def __init__(self, load: Callable[[], Iterable[Schedule]], done: threading.Event,
+                 close: Callable[[], None] | None) -> None:
+        self._load, self._done, self._close = load, done, close
+        self._asked = threading.Event()
+        self._lock = threading.Lock()
+        self._result: list[Schedule] | None = None
+        self._stopped = False
+        self.busy = False
+        threading.Thread(target=self._serve, name="echomq-beat-reader", daemon=True).start()
+
+    def ask(self) -> None:
+        self.busy = True
+        self._asked.set()
+
+    def take(self) -> list[Schedule] | None:
+        """The schedules of the latest reading that ended since the last take, else None."""
+        with self._lock:
+            result, self._result = self._result, None
+        return result
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._asked.set()
+
+    def _serve(self) -> None:
+        try:
+            while True:
+                self._asked.wait()
+                self._asked.clear()
+                if self._stopped:
+                    return
+                try:
+                    found: list[Schedule] | None = list(self._load())
+                except Exception:
+                    logger.exception("could not read the schedules; keeping those known")
+                    found = None
+                with self._lock:
+                    self._result = found
+                self.busy = False
+                self._done.set()
+        finally:
+            if self._close is not None:
+                self._close()
 
 
 

@@ -3,7 +3,7 @@
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError
+from django.db import DatabaseError, connections
 
 from echomq_django.conf import get_settings
 from echomq_django.core import Beat, Firing, transient
@@ -35,7 +35,7 @@ class Command(BaseCommand):
         client, scripts = scheduler_client()
         beat = Beat(client, load_schedules, prefix=settings.prefix, scripts=scripts,
                     reload_interval_ms=max(1, round(interval * 1000)), max_payload_bytes=settings.max_payload_bytes,
-                    call_timeout_ms=round(SCHEDULER_CALL_TIMEOUT_S * 1000))
+                    call_timeout_ms=round(SCHEDULER_CALL_TIMEOUT_S * 1000), close_reader=connections.close_all)
         connect_or_fail(lambda message: self.stderr.write(self.style.WARNING(message)))
 
         def report(firing: Firing) -> None:
