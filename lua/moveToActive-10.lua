@@ -32,7 +32,8 @@
   ARGV[1] key prefix of the queue
   ARGV[2] worker token (also the lock value); a new one for every fetch
   ARGV[3] lock duration, ms
-  ARGV[4] now, ms
+  ARGV[4] now, ms, or "" for Redis's clock (a fetch sent behind a blocking
+          wait runs later than it was sent)
   ARGV[5] how many jobs to take at most
   ARGV[6] worker id, recorded in the job as `wid` and appended to `wids`
           (one entry per attempt started)
@@ -71,7 +72,7 @@
 -- @include "groups"
 
 local prefix, token, lockMs = ARGV[1], ARGV[2], ARGV[3]
-local now, limit, workerId = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
+local now, limit, workerId = tonumber(ARGV[4]) or redisNowMs(), tonumber(ARGV[5]), ARGV[6]
 local rateMax, rateMs, maxActive = tonumber(ARGV[8]) or 0, tonumber(ARGV[9]) or 0, tonumber(ARGV[10]) or 0
 local groupMax = tonumber(ARGV[11]) or 0
 

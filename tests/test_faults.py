@@ -176,6 +176,38 @@ def test_a_worker_paused_past_lock_and_two_intervals_loses_the_job_and_its_late_
 
 
 @pytest.mark.own_servers
+def test_an_idle_worker_frozen_in_its_wait_does_not_start_the_job_it_took_once_recovered():
+    # An idle worker's wait for work carries its fetch, which Redis runs when a job comes, frozen worker
+    # or not (SIGSTOP, a paused container). Woken after the job was recovered and run by another, it
+    # must not start it too.
+    server = RedisServer()  # its own: the test counts the clients blocked in a wait
+    server.start()
+    try:
+        client = connect(server.url)
+        queue = Queue("q", client, prefix="frozen")
+        with Fleet(queue, server.url, lock_ms=500, interval_ms=300) as fleet:
+            frozen = fleet.spawn(1, "--block-timeout", "5")
+            assert wait_until(lambda: int(client.info("clients")["blocked_clients"]) == 1, 5)
+            frozen.send_signal(signal.SIGSTOP)
+            job_id = queue.add("noop")
+            assert queue.get_state(job_id) == "active", "the frozen worker's wait took it"
+            assert wait_until(lambda: queue.get_state(job_id) == "wait", 10), "the sweeper recovered it"
+            rescuer = fleet.spawn(1, "--block-timeout", "5")
+            assert wait_until(lambda: queue.get_state(job_id) == "completed", 10)
+            frozen.send_signal(signal.SIGCONT)
+            # Both idle again, each in a wait of its own: the frozen one has read its late reply.
+            assert wait_until(lambda: int(client.info("clients")["blocked_clients"]) == 2, 10)
+            frozen.send_signal(signal.SIGTERM)
+            _out, err = frozen.communicate(timeout=10)
+        assert starts(queue) == [f"{job_id}:{rescuer.pid}"], "started once, by the worker that had it"
+        assert "is no longer its own; not starting it" in err, err[-2000:]
+        assert queue.get_job(job_id).stall_count == 1
+    finally:
+        server.stop()
+        server.workdir.cleanup()
+
+
+@pytest.mark.own_servers
 def test_redis_crash_and_restart_loses_no_acknowledged_job():
     server = RedisServer("--appendonly", "yes", "--appendfsync", "always")
     server.start()

@@ -374,3 +374,41 @@ def test_no_lost_lock_warning_when_renewals_race_normal_finishes(queue, caplog):
     with caplog.at_level(logging.WARNING, logger="echomq.worker"):
         assert worker.run(burst=True) == 300
     assert [r.getMessage() for r in caplog.records if "lost the lock" in r.getMessage()] == []
+
+
+@pytest.mark.own_servers
+def test_a_stop_ends_an_idle_workers_wait_at_once_and_owes_nothing_though_redis_goes_away():
+    # An idle worker's wait carries its fetch. The stop ends the wait, and Redis, dropping the
+    # client, ran no fetch behind it: there is no reply to ask for again, even of a Redis gone now.
+    from echomq_django.core import Queue
+    from tests.redis_servers import RedisServer
+
+    server = RedisServer()
+    server.start()
+    try:
+        client = connect(server.url, client_name="idle-stop")
+        queue = Queue("q", client, prefix="idle")
+        worker = Worker("q", lambda job: None, client, prefix="idle", block_timeout_s=5)
+        thread = start(worker)
+        assert wait_until(lambda: blocked(queue, "idle-stop") == 1, 5)
+        stopped_at = time.monotonic()
+        worker.stop()
+        server.stop()
+        thread.join(5)
+        assert not thread.is_alive(), "the stopped worker waited on, for Redis to answer for a fetch"
+        assert time.monotonic() - stopped_at < 2, "the 5 s wait was not ended"
+    finally:
+        server.stop()
+        server.workdir.cleanup()
+
+
+def test_an_idle_worker_stopped_takes_nothing_added_after(queue, named_client):
+    client, name = named_client("stop")
+    worker = make_worker(queue, lambda job: None, client, block_timeout_s=5)
+    thread = start(worker)
+    assert wait_until(lambda: blocked(queue, name) == 1, 5)
+    worker.stop()
+    job_id = queue.add("late")
+    thread.join(5)
+    assert not thread.is_alive()
+    assert queue.get_state(job_id) == "wait"

@@ -1,7 +1,7 @@
 """A worker in a process of its own, for tests that kill, stop or signal it.
 
     python tests/worker_process.py REDIS_URL PREFIX QUEUE LOCK_MS [CONCURRENCY] [--tag-starts]
-        [--rate MAX/MS] [--max-active N] [--group-max-active N]
+        [--rate MAX/MS] [--max-active N] [--group-max-active N] [--block-timeout S]
 
 Each attempt the handler starts is recorded in the list `<PREFIX>:starts` as
 "<job id>:<pid>" before the job's work begins (tried until Redis answers).
@@ -37,6 +37,7 @@ def main() -> None:
     parser.add_argument("--rate", type=lambda text: RateLimit(*map(int, text.split("/"))), default=None)
     parser.add_argument("--max-active", type=int, default=0)
     parser.add_argument("--group-max-active", type=int, default=0)
+    parser.add_argument("--block-timeout", type=float, default=0.2, help="how long an idle wait lasts, s")
     args = parser.parse_args()
     url, prefix, queue, lock_ms, concurrency = args.url, args.prefix, args.queue, args.lock_ms, args.concurrency
     client = connect(url)
@@ -62,7 +63,7 @@ def main() -> None:
 
     # Keep every completed job: the tests count them.
     worker = Worker(queue, handler, client, prefix=prefix, concurrency=concurrency,
-                    lock_duration_ms=lock_ms, block_timeout_s=0.2, keep_completed=Retention(),
+                    lock_duration_ms=lock_ms, block_timeout_s=args.block_timeout, keep_completed=Retention(),
                     rate_limit=args.rate, max_active=args.max_active, group_max_active=args.group_max_active)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: worker.stop())

@@ -268,7 +268,8 @@ class QueueKeys:
         names = self._script_keys(script)
         if not parts:
             return list(names)
-        return [_PLACEHOLDER.sub(lambda match: parts[match.group(1)], name) for name in names]
+        return [_PLACEHOLDER.sub(lambda match: parts[match.group(1)], name) if "<" in name else name
+                for name in names]
 
     @functools.cache  # noqa: B019  (a handful of queues and scripts per process)
     def _script_keys(self, script: str) -> tuple[str, ...]:

@@ -6,6 +6,7 @@ ScriptClient (transport.py).
 
 from __future__ import annotations
 
+import secrets
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,9 +15,9 @@ from typing import Any
 from . import defaults
 from .errors import JobLockedError, JobNotFoundError, LockLostError, QueueStateError
 from .keys import COUNTED, LIST_STATES, SCRIPT_KEYS, QueueKeys
-from .transport import Call, Confirm, ScriptClient
+from .transport import Call, Confirm, ScriptClient, Wait, WaitCut
 
-__all__ = ["ADD_RECORD_MS", "Call", "Confirm", "Finish", "Scripts", "pairs"]
+__all__ = ["ADD_RECORD_MS", "Call", "Confirm", "Finish", "Scripts", "Wait", "WaitCut", "pairs"]
 
 # How long addJob keeps the reply of a call that generated ids, for a re-send
 # after a lost reply: twice the client's own retries (connection.py) when
@@ -66,14 +67,14 @@ class Scripts(ScriptClient):
         carries an add token of its own, so a re-send (after a lost reply)
         is answered with the first reply instead of adding the jobs again.
         """
-        token = uuid.uuid4().hex
+        token = secrets.token_hex(16)
         args: list[Any] = [keys.base, timestamp, token, ADD_RECORD_MS]
         for job in jobs:
             args += job
         return ("addJob-8", keys.for_script("addJob-8", token=token), args)
 
     def fetch_call(
-        self, keys: QueueKeys, token: str, lock_ms: int, now: int, count: int, worker_id: str,
+        self, keys: QueueKeys, token: str, lock_ms: int, now: int | None, count: int, worker_id: str,
         metrics_minutes: int = defaults.METRICS_MINUTES, *, rate_limit: RateLimit | None = None,
         max_active: int = 0, group_max_active: int = 0,
     ) -> Call:
@@ -82,12 +83,13 @@ class Scripts(ScriptClient):
         Sent again with the same token (its reply was lost), it answers with
         the jobs the first call took and takes no others. `rate_limit`,
         `max_active` and `group_max_active` (each group's running jobs; 0: no
-        cap) hold for the queue across all its workers.
+        cap) hold for the queue across all its workers. `now` None: Redis's
+        clock (a fetch that runs after a wait, see `wait_then_run`).
         """
         rate = (rate_limit.max, rate_limit.duration_ms) if rate_limit else (0, 0)
         return ("moveToActive-10", keys.for_script("moveToActive-10", token=token),
-                [keys.base, token, lock_ms, now, count, worker_id, metrics_minutes, *rate, max_active,
-                 group_max_active])
+                [keys.base, token, lock_ms, "" if now is None else now, count, worker_id, metrics_minutes, *rate,
+                 max_active, group_max_active])
 
     @staticmethod
     def fetched(reply: list[Any]) -> tuple[int | None, int, list[tuple[str, list[str]]]]:

@@ -9,13 +9,17 @@ on a cluster, follow a slot to its new owner.
 
 from __future__ import annotations
 
+import os
+import socket
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import hiredis
 from redis.cluster import RedisCluster
-from redis.exceptions import ClusterDownError, MovedError, NoScriptError, ResponseError, TryAgainError
+from redis.exceptions import ClusterDownError, ConnectionError, MovedError, NoScriptError, ResponseError, TryAgainError
 
 from . import defaults
 from .connection import UNREACHABLE
@@ -41,18 +45,197 @@ class Confirm:
 
 
 
+class _OwnConnection(threading.local):
+    """One thread's own connection to a plain (not cluster) Redis, and the process that made it."""
+
+    connection: Any = None
+    pid = 0
+    client_id: int | None = None  # its id in Redis (CLIENT ID), once asked for
+
+
+class WaitCut(ConnectionError):
+    """A wait (`ScriptClient.wait_then_run`) cut short before Redis ran the calls behind it."""
+
+
+class Wait:
+    """A worker's blocking waits (`ScriptClient.wait_then_run`), which another thread may cut short for good.
+
+    A cut closes the writing half of the connection: Redis, reading the end of
+    the commands, drops the client with the wait and the calls behind it
+    still pending, and closes its half. The replies of calls it did run
+    (the wait ended just then) are written before that, in the same turn of
+    its event loop that ran them, so they still arrive: the waiting thread
+    learns which it was.
+    """
+
+    def __init__(self) -> None:
+        # Reentrant: stop() cuts from a signal handler, which may run on the waiting thread inside _begin.
+        self._lock = threading.RLock()
+        self._connection: Any = None  # the connection a wait is blocked on now
+        self.cut_short = False
+
+    def cut(self) -> None:
+        """End the wait in progress, if any, and every later one before it starts; needs no word from Redis."""
+        with self._lock:
+            self.cut_short = True
+            connection = self._connection
+        sock = getattr(connection, "_sock", None)  # redis-py's socket
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass  # closed meanwhile
+
+    def _begin(self, connection: Any) -> bool:
+        with self._lock:
+            self._connection = None if self.cut_short else connection
+            return not self.cut_short
+
+    def _end(self) -> None:
+        with self._lock:
+            self._connection = None
+
+
 class ScriptClient:
-    """The protocol's scripts registered on one client, and the ways to call them."""
+    """The protocol's scripts registered on one client, and the ways to call them.
+
+    On a plain or Sentinel client each thread sends its calls on a connection
+    of its own, built and connected as the client's pool builds its own, but
+    held outside it. redis-py spends about as much of the client's CPU around
+    each command as the round trip itself costs (its pool's check for a stale
+    reply is a system call; its wrappers for retries and metrics), which is
+    what every single add from a web request and every round trip of a worker
+    paid. A connection error is retried as the client's Retry says, as the
+    client would: a call it may have delivered is sent again, which every
+    script is written to allow. A cluster client keeps redis-py's way (and
+    its routing).
+    """
 
     def __init__(self, client: Any, *, reroute_s: float = _REROUTE_S) -> None:
         """`reroute_s`: how long a batch on a cluster keeps looking for the new owner of its slot."""
         self.client = client
         self.reroute_s = reroute_s
         self._scripts = {name: client.register_script(script_source(name)) for name in script_names()}
+        self._own = None if isinstance(client, RedisCluster) else _OwnConnection()
+
+    def _direct(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """Each command's reply (an error reply as its exception), sent on this thread's own connection.
+
+        A connection error is retried as the client's own policy says (its
+        Retry: how often, how long between), the commands sent again on a
+        new connection; the last one is raised.
+        """
+        retry = self._connection().retry
+        return retry.call_with_retry(lambda: self._attempt(commands), lambda _error: None)
+
+    def _attempt(self, commands: Sequence[tuple[Any, ...]], replies: list[Any] | None = None) -> list[Any]:
+        """`_direct` without retries: one sending of the commands; their replies, appended to `replies` as read."""
+        connection = self._connection()
+        replies = [] if replies is None else replies
+        try:
+            # hiredis packs as redis-py does with hiredis installed (a dependency), without its wrapper's copies.
+            connection.send_packed_command([b"".join(map(hiredis.pack_command, commands))])
+            for _ in commands:
+                try:
+                    replies.append(connection.read_response())
+                except ResponseError as error:
+                    replies.append(error)
+            return replies
+        except BaseException:  # an interrupted read too: a reply left unread would answer the next call
+            connection.disconnect()
+            raise
+
+    def _connection(self) -> Any:
+        """This thread's own connection (see the class), connected: made on first use, and again in a forked child."""
+        own = self._own
+        assert own is not None
+        if own.connection is None or own.pid != os.getpid():  # none yet, or the parent's, inherited by a fork
+            # Built as the pool builds its own (class, options), outside its count and its list.
+            pool = self.client.connection_pool
+            own.connection, own.pid = pool.connection_class(**pool.connection_kwargs), os.getpid()
+            own.client_id = None
+            own.connection.register_connect_callback(self._forget_client_id)  # a reconnect gets a new id
+        if own.connection._sock is None:
+            # Connected as its pool connects it: a Sentinel's connection asks for the primary's address
+            # here (sending on an unconnected one would go to its default address instead).
+            own.connection.connect()
+        return own.connection
+
+    @property
+    def waits_then_runs(self) -> bool:
+        """Whether `wait_then_run` can be used (not on a cluster)."""
+        return self._own is not None
+
+    def client_id(self) -> int:
+        """The id Redis gives this thread's own connection (for CLIENT UNBLOCK), asked again after a reconnect."""
+        own = self._own
+        assert own is not None, "a cluster client has no connection of its own (waits_then_runs)"
+        connection = self._connection()
+        if own.client_id is None:
+            connection.send_command("CLIENT", "ID")
+            own.client_id = int(connection.read_response())
+        return own.client_id
+
+    def _forget_client_id(self, _connection: Any) -> None:
+        assert self._own is not None
+        self._own.client_id = None
+
+    def wait_then_run(
+        self, marker: str, timeout_s: float, calls: Sequence[Call], confirm: Confirm | None, wait: Wait | None,
+        *, unblock: int | None = None,
+    ) -> tuple[Any, list[Any], int] | None:
+        """Block until `marker` (a ZSET) has a member to pop or `timeout_s` passes, then run `calls`: one round trip.
+
+        Redis runs the calls the moment the wait ends, and both answers come
+        back together, where a wait and then a call would each cost the
+        waiting process a wake-up. Returns (the wait's reply, the calls'
+        replies, replicas that confirmed) as `run_confirmed` does, or None
+        when this client cannot (a cluster: wait on a connection of its own).
+        A wait cut short (`wait.cut()`) before the calls ran raises WaitCut; a
+        lost connection ConnectionError: whether the calls ran is unknown, as
+        after any lost reply. `unblock`: a client id whose blocking call to end
+        first (CLIENT UNBLOCK ... ERROR).
+        """
+        if self._own is None:
+            return None
+        connection = self._connection()  # connected now, so that a cut has a socket to shut down whenever it comes
+        commands = [("BZPOPMIN", marker, timeout_s), *self._commands(calls, confirm)]
+        if unblock is not None:
+            commands.insert(0, ("CLIENT", "UNBLOCK", unblock, "ERROR"))
+        if wait is not None and not wait._begin(connection):
+            raise WaitCut("the wait was cut short before it began")
+        replies: list[Any] = []
+        try:
+            self._attempt(commands, replies)  # once: a wait cut short must not begin again
+        except (*UNREACHABLE, OSError) as error:
+            # No reply to the wait: Redis dropped it, and the calls behind it, unrun (see Wait).
+            if wait is not None and wait.cut_short and len(replies) <= (unblock is not None):
+                raise WaitCut(f"the wait was cut short ({error})") from error
+            raise
+        finally:
+            if wait is not None:
+                wait._end()
+                if wait.cut_short:
+                    connection.disconnect()  # its writing half is closed
+        if unblock is not None:
+            replies.pop(0)
+        woken, *answers = replies
+        if any(isinstance(answer, NoScriptError) for answer in answers):
+            # The scripts were flushed (a restart): they ran nowhere, so they are simply sent again.
+            replies, acked = self._send(calls, confirm, False)
+            return woken, replies, acked
+        calls_replies, acked = self._answers(answers, confirm)
+        return woken, calls_replies, acked
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         script = self._scripts[name]
         try:
+            if self._own is not None:
+                [reply] = self._direct([("EVALSHA", script.sha, len(keys), *keys, *args)])
+                if not isinstance(reply, NoScriptError):  # NOSCRIPT: redis-py's path below loads the script
+                    if isinstance(reply, Exception):
+                        raise reply
+                    return reply
             for _ in range(2):
                 try:
                     return script(keys=list(keys), args=list(args), client=self.client)
@@ -140,6 +323,8 @@ class ScriptClient:
             # pipeline refuses EVALSHA and retries a dead node without pausing,
             # which is over long before a failover is.
             client = client.get_redis_connection(client.get_node_from_key(calls[0][1][0]))
+        if self._own is not None:
+            return self._answers(self._direct(self._commands(calls, confirm)), confirm)
         pipe = client.pipeline(transaction=False)
         for name, keys, args in calls:
             pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
@@ -147,6 +332,22 @@ class ScriptClient:
             return pipe.execute(raise_on_error=False), 0
         pipe.execute_command("WAIT", confirm.replicas, confirm.timeout_ms)
         *answers, acked = pipe.execute(raise_on_error=False)
+        return answers, acked if isinstance(acked, int) else 0
+
+    def _commands(self, calls: Sequence[Call], confirm: Confirm | None) -> list[tuple[Any, ...]]:
+        """The EVALSHA commands of `calls`, and a WAIT after them with `confirm`."""
+        commands: list[tuple[Any, ...]] = [("EVALSHA", self._scripts[name].sha, len(keys), *keys, *args)
+                                           for name, keys, args in calls]
+        if confirm is not None:
+            commands.append(("WAIT", confirm.replicas, confirm.timeout_ms))
+        return commands
+
+    @staticmethod
+    def _answers(replies: list[Any], confirm: Confirm | None) -> tuple[list[Any], int]:
+        """(the calls' replies, replicas the WAIT counted) from the replies of `_commands`."""
+        if confirm is None:
+            return replies, 0
+        *answers, acked = replies
         return answers, acked if isinstance(acked, int) else 0
 
     def _reread_map(self, pause: float) -> float:

@@ -8,6 +8,7 @@ import pickle
 import queue as threadqueue
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from .keys import QueueKeys
 from .locks import RETRY_PAUSE_S, LockRenewer
 from .pool import POOLS, ChildStartError, Handler, ProcessSlot, ThreadSlot, class_path
 from .queue import now_ms
-from .scripts import Confirm, Finish, RateLimit, Scripts
+from .scripts import Confirm, Finish, RateLimit, Scripts, Wait, WaitCut
 
 logger = logging.getLogger("echomq.worker")
 # How often a worker that found its queue at MAX_ACTIVE looks again (a job of its own that ends wakes it sooner).
@@ -188,6 +189,9 @@ class Worker:
         self._jobs: threadqueue.SimpleQueue[Job | None] = threadqueue.SimpleQueue()
         # What wakes the loop: an _Outcome from a job thread, or None (marker, stop).
         self._events: threadqueue.SimpleQueue[_Outcome | None] = threadqueue.SimpleQueue()
+        self._wait = Wait()  # an idle loop's wait for work, which stop() cuts short
+        # The marker thread's connection while it blocks (its Redis client id), for the loop to end that wait.
+        self._marker_blocking: int | None = None
         self._marker_wanted = threading.Event()  # the loop asks the marker thread to block
         self._idle = threading.Event()  # the loop has free slots and found nothing to take
         self._marker_timeout_s = block_timeout_s
@@ -210,6 +214,7 @@ class Worker:
             logger.info("worker %s: stopping after %d running job(s)", self.worker_id, self._running)
             self._stopping.set()
             self._idle.clear()
+        self._wait.cut()
         self._events.put(None)
 
     def run(self, *, burst: bool = False, max_jobs: int | None = None) -> int:
@@ -229,6 +234,8 @@ class Worker:
             thread.start()
         fetched = 0
         ended: list[_Outcome] = []  # jobs whose results are still to be written
+        next_due: int | None = None
+        waited = False  # the last round trip was a wait that took nothing: the next one waits at once
         try:
             while not self._aborted.is_set():
                 want = 0
@@ -240,8 +247,10 @@ class Worker:
                 if not want and not self._running and not ended and not self._unanswered_token:
                     break  # stopping, or max_jobs reached, and nothing left to write
                 wrote = bool(ended)
-                exchange = want or ended or self._unanswered_token
-                got, next_due = self._exchange(ended, want) if exchange else (0, None)
+                got = 0
+                if (want and not waited) or ended or self._unanswered_token:
+                    got, next_due = self._exchange(ended, want)
+                waited = False
                 fetched += got
                 if got or wrote or self._collect(ended, wait_s=None):
                     continue  # slots may have freed, more may be ready: go round again
@@ -253,6 +262,17 @@ class Worker:
                     continue
                 if want and burst and not self._running and not self._unanswered_token:
                     break  # nothing is ready and nothing is running (nor a fetch whose reply is owed)
+                if want and not burst and not self._running and not self._unanswered_token \
+                        and self.scripts.waits_then_runs:
+                    # Nothing runs, so nothing can end meanwhile: the loop itself waits for work and
+                    # takes it in the same round trip (one wake-up for the worker, not two), ending the
+                    # marker thread's wait if one is left from while jobs ran (a signal it took meanwhile
+                    # it puts back, as the loop is not idle on it).
+                    self._idle.clear()
+                    got, next_due = self._exchange(ended, want, wait_s=self._wait_s(next_due))
+                    fetched += got
+                    waited = not got
+                    continue
                 if want and not burst:
                     self._arm_marker(next_due)
                 self._collect(ended, wait_s=self.block_timeout_s + 1)
@@ -299,8 +319,11 @@ class Worker:
 
     # -- the loop's Redis work ---------------------------------------------
 
-    def _exchange(self, ended: list[_Outcome], want: int) -> tuple[int, int | None]:
+    def _exchange(self, ended: list[_Outcome], want: int, wait_s: float | None = None) -> tuple[int, int | None]:
         """One round trip: write the results in `ended` and take up to `want` jobs.
+
+        With `wait_s`, the fetch waits up to that long for a producer's signal
+        first, in the same round trip (it then runs on Redis's clock).
 
         Returns (jobs taken, next delayed due time). Through a Redis outage the
         results stay in `ended` to be sent again (a finish sent twice is
@@ -322,18 +345,31 @@ class Worker:
         # The lock token of this fetch: the unanswered one first, whatever `want` is now.
         token = self._unanswered_token or (f"{self.worker_id}:{uuid.uuid4().hex}" if want else "")
         if token:
-            calls.append(self.scripts.fetch_call(self.keys, token, self.lock_duration_ms, now_ms(), want,
+            calls.append(self.scripts.fetch_call(self.keys, token, self.lock_duration_ms,
+                                                 None if wait_s is not None else now_ms(), want,
                                                  self.worker_id, self.metrics_minutes, rate_limit=self.rate_limit,
                                                  max_active=self.max_active,
                                                  group_max_active=self.group_max_active))
+        sent = time.monotonic()
         try:
-            replies, acked = self.scripts.run_confirmed(calls, self.confirm)
+            if wait_s is not None:
+                waited = self.scripts.wait_then_run(self.keys.marker, wait_s, calls, self.confirm, self._wait,
+                                                    unblock=self._marker_blocking)
+                assert waited is not None  # the loop waits so only where the client can (waits_then_runs)
+                woken, replies, acked = waited
+                if isinstance(woken, ResponseError):  # the marker's key holds another type; UNBLOCKED by a failover
+                    logger.error("worker %s: waiting for work failed (%s)", self.worker_id, woken)
+                    self._aborted.wait(1.0)
+            else:
+                replies, acked = self.scripts.run_confirmed(calls, self.confirm)
             if self.confirm and writing and acked < self.confirm.replicas:
                 logger.warning("worker %s: %d of %d replicas confirmed the results of %d job(s) within %d ms",
                                self.worker_id, acked, self.confirm.replicas, len(writing), self.confirm.timeout_ms)
+        except WaitCut:
+            return 0, None  # a stop ended the wait before Redis ran the fetch: nothing is owed
         except UNREACHABLE as error:
-            logger.error("worker %s: Redis unreachable (%s); retrying", self.worker_id, error)
             self._unanswered_token = token or None
+            logger.error("worker %s: Redis unreachable (%s); retrying", self.worker_id, error)
             self._unreachable = True
             self._aborted.wait(RETRY_PAUSE_S)
             return 0, None
@@ -359,6 +395,12 @@ class Worker:
             self._aborted.wait(1.0)
             return 0, None
         next_due, self._held_back_ms, jobs = self.scripts.fetched(reply)
+        # Redis took the jobs somewhen during the round trip (at its end, after a wait): a round trip
+        # within half a lock leaves them half a lock at least, a longer one (the worker was frozen
+        # meanwhile, say) maybe none.
+        took_s = time.monotonic() - sent
+        if jobs and took_s > self.lock_duration_ms / 2000:
+            jobs = self._still_ours(jobs, token, took_s)
         if jobs:
             self._idle.clear()
         for job_id, flat in jobs:
@@ -374,6 +416,30 @@ class Worker:
                 self._in_hand[(job.id, token)] = (job, None)
             self._jobs.put(job)
         return len(jobs), next_due
+
+    def _still_ours(self, jobs: list[tuple[str, list[str]]], token: str, took_s: float) -> list[tuple[str, list[str]]]:
+        """The jobs of a fetch whose round trip took `took_s` that are still this fetch's, their locks renewed.
+
+        Redis may have run the fetch long before the worker read the reply:
+        an idle worker's wait carries its fetch, which Redis runs when a job
+        comes, frozen worker or not (SIGSTOP, a paused container), and any
+        round trip can stall. Meanwhile the locks may have lapsed and the
+        sweeper recovered the jobs, which then run elsewhere; those must not
+        start here too. A job not renewed (or not known to be) is not
+        started, and its lock lapses, as any dead worker's.
+        """
+        try:
+            codes = self.scripts.lock_codes(self.keys, [(job_id, token) for job_id, _ in jobs], self.lock_duration_ms)
+        except (*UNREACHABLE, ResponseError) as error:
+            logger.error("worker %s: could not check the locks of %d job(s) fetched up to %.1f s ago (%s); not "
+                         "starting them", self.worker_id, len(jobs), took_s, error)
+            return []
+        for (job_id, _), code in zip(jobs, codes):
+            if code not in (1, 2):  # 2: ours, and cancelled meanwhile (the renewals stop it)
+                logger.warning("worker %s: job %s of queue %s was fetched up to %.1f s before this worker read it "
+                               "(was it frozen?) and is no longer its own; not starting it", self.worker_id, job_id,
+                               self.keys.queue, took_s)
+        return [job for job, code in zip(jobs, codes) if code in (1, 2)]
 
     def _unrunnable(self, job_id: str, token: str, error: Exception) -> _Outcome:
         """The end of an attempt that cannot start: the job's hash cannot be decoded into a job."""
@@ -431,12 +497,21 @@ class Worker:
 
     # -- waiting for work ------------------------------------------------
 
-    def _arm_marker(self, next_due: int | None) -> None:
-        """Ask the marker thread to block until work is signalled or the next delayed job is due."""
+    def _wait_s(self, next_due: int | None) -> float:
+        """How long to wait for work: the block timeout, or until the next delayed job is due if sooner.
+
+        Never as long as the client's socket timeout, which would end the
+        wait with a TimeoutError (and retries) instead of an empty reply
+        (redis-py's own default socket timeout is 5 s).
+        """
         timeout = self.block_timeout_s
         if next_due is not None:
             timeout = min(timeout, max((next_due - now_ms()) / 1000, 0.001))
-        self._marker_timeout_s = timeout
+        return min(timeout, max((socket_timeout(self.client) or 5.0) - 1, 0.1))
+
+    def _arm_marker(self, next_due: int | None) -> None:
+        """Ask the marker thread to block until work is signalled or the next delayed job is due."""
+        self._marker_timeout_s = self._wait_s(next_due)
         self._idle.set()
         self._marker_wanted.set()
 
@@ -446,26 +521,41 @@ class Worker:
             if self._done.is_set():
                 return
             self._marker_wanted.clear()
+            woken: bool | None = False
             try:
-                if self._block(self._marker_timeout_s) and not self._idle.is_set():
-                    # The loop filled its slots or began stopping meanwhile: the signal
-                    # is for another worker, so put it back.
+                woken = self._block(self._marker_timeout_s)
+                if woken and not self._idle.is_set():
+                    # The loop filled its slots, began stopping or waits itself meanwhile:
+                    # the signal is for another wait, so put it back.
                     self.client.zadd(self.keys.marker, {"0": 0})
             except (*UNREACHABLE, ResponseError) as error:
                 # The signal is lost; other workers wake at their block timeout.
                 logger.error("worker %s: could not hand back a wake-up signal (%s)", self.worker_id, error)
             finally:
-                self._events.put(None)  # the loop looks for work whatever happened here
+                if woken is not None:  # None: the loop ended this wait to wait itself
+                    self._events.put(None)  # the loop looks for work whatever happened here
 
-    def _block(self, timeout: float) -> bool:
-        """Sleep until a producer signals work (the marker) or the timeout ends; True if it took the marker."""
-        # A block longer than the client's socket timeout would end in a
-        # TimeoutError (and retries) instead of an empty reply.
-        # (redis-py's own default socket timeout is 5 s.)
-        timeout_s = socket_timeout(self.client) or 5.0
+    def _block(self, timeout: float) -> bool | None:
+        """Sleep until a producer signals work (the marker) or the timeout ends; True if it took the marker.
+
+        None when the loop ended the wait (it waits for work itself).
+        """
         try:
-            return self.client.bzpopmin(self.keys.marker, timeout=min(timeout, max(timeout_s - 1, 0.1))) \
-                is not None
+            if not self.scripts.waits_then_runs:  # a cluster
+                return self.client.bzpopmin(self.keys.marker, timeout=timeout) is not None
+            # On the thread's own connection, which the loop may unblock (see run()).
+            self._marker_blocking = self.scripts.client_id()
+            try:
+                waited = self.scripts.wait_then_run(self.keys.marker, timeout, [], None, None)
+            finally:
+                self._marker_blocking = None
+            assert waited is not None
+            woken = waited[0]
+            if isinstance(woken, ResponseError):
+                if "CLIENT UNBLOCK" in str(woken):
+                    return None
+                raise woken
+            return isinstance(woken, list)
         except (*UNREACHABLE, ResponseError) as error:
             # ResponseError: UNBLOCKED, when a failover turns the server we wait
             # on into a replica; the next wait goes to the new primary.
