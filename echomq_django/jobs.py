@@ -64,12 +64,17 @@ def discover_jobs() -> None:
     autodiscover_modules("jobs")
 
 
+_NO_TIME_LIMITS: dict[str, int | None] = {"time_limit_ms": None, "soft_time_limit_ms": None}
+
+
 def time_limits_ms(time_limit: Any, soft_time_limit: Any) -> dict[str, int | None]:
     """A job's own time limits, given in seconds, as JobOptions.overridden takes them (None: the queue's).
 
     PayloadError for a limit that is not a positive number of seconds up to ten
     years, or a soft limit not shorter than the hard one.
     """
+    if time_limit is None and soft_time_limit is None:
+        return _NO_TIME_LIMITS  # most jobs: nothing to check (callers only unpack it)
     limits: dict[str, int | None] = {}
     for key, what, seconds in (("time_limit_ms", "time_limit", time_limit),
                                ("soft_time_limit_ms", "soft_time_limit", soft_time_limit)):

@@ -79,12 +79,14 @@ def scheduler_client() -> tuple[Any, Scripts]:
     return _scheduler_connection(get_settings().redis_url)
 
 
+@functools.cache
 def get_queue(name: str, *, long_running: bool = False) -> Queue:
     """A producer handle on `name`, with that queue's default attempts and backoff.
 
     Its calls raise ConnectionError or TimeoutError once Redis has not answered
     for ENQUEUE_TIMEOUT, so a web request fails fast; `long_running` (a
     sweeper's or a worker's process) puts it on the client that waits out outages.
+    Built once per name and role (every enqueue asks for one), and again when ECHOMQ changes.
     """
     settings = get_settings()
     config = settings.queue(name)
@@ -176,6 +178,7 @@ def _forget_clients(*, setting: str, **kwargs: Any) -> None:
     if setting == "ECHOMQ":
         _connection.cache_clear()
         _scheduler_connection.cache_clear()
+        get_queue.cache_clear()
 
 
 def check_redis() -> list[str]:

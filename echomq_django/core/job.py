@@ -111,7 +111,19 @@ class JobOptions:
                    delay_ms: int = 0, priority: int = 0,
                    time_limit_ms: int | None = None, soft_time_limit_ms: int | None = None,
                    group: str | None = None) -> JobOptions:
-        """These options as defaults, with a job's own attempts, backoff and time limits where it has them."""
+        """These options as defaults, with a job's own attempts, backoff and time limits where it has them.
+
+        Every enqueue asks for its options, mostly the same ones: those are
+        built (and checked, and encoded) once.
+        """
+        key = (attempts, backoff, delay_ms, priority, time_limit_ms, soft_time_limit_ms, group)
+        try:
+            return _overridden(self, *key)
+        except TypeError:  # an unhashable value, which the options refuse with their own message
+            return self._override(*key)
+
+    def _override(self, attempts: int | None, backoff: Backoff | None, delay_ms: int, priority: int,
+                  time_limit_ms: int | None, soft_time_limit_ms: int | None, group: str | None) -> JobOptions:
         return JobOptions(attempts=self.attempts if attempts is None else attempts,
                           backoff=backoff or self.backoff,
                           delay_ms=delay_ms, priority=priority,
@@ -372,9 +384,17 @@ def datetime_from_ms(ms: int | None) -> datetime | None:
         return None
 
 
+# (A delay other than 0 makes options of their own: the cache holds the latest few hundred.)
+_overridden = functools.lru_cache(maxsize=512)(JobOptions._override)
+
+
 @functools.lru_cache(maxsize=256)
 def _encoded_options(options: JobOptions) -> str:
     return encode_json(options.to_json(), "opts")
+
+
+# Built once: json.dumps with any non-default option builds an encoder per call.
+_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def encode_json(value: Any, what: str, max_bytes: int | None = None) -> str:
@@ -386,7 +406,7 @@ def encode_json(value: Any, what: str, max_bytes: int | None = None) -> str:
     """
     too_deep = f"{what} is nested more than {MAX_JSON_DEPTH} levels deep"
     try:
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = _JSON.encode(value)
     except RecursionError:
         raise PayloadError(too_deep) from None
     except (TypeError, ValueError) as error:
