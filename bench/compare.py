@@ -24,6 +24,12 @@ Use a Redis nothing else is using while it runs.
   bulk enqueue    jobs/s of add_bulk / addBulk, 1,000 jobs per call to BullMQ.
   memory          Redis used_memory growth per waiting job after the bulk enqueue.
 
+Then the figures a user feels, beside Huey, Dramatiq, Celery, RQ and BullMQ, on a
+private Redis of their own (bench/everyday.py, which also runs alone): single
+enqueue, pickup latency, no-op throughput at concurrency 1, 8 and 32, 50 ms jobs
+at concurrency 32, and this machine's round-trip limits. --everyday-only runs
+just those, --no-everyday leaves them out.
+
 BullMQ's recovery of 100,000 dead jobs takes minutes in one script (Redis answers
 BUSY to everyone meanwhile), so it runs only with --bullmq-dead-100k.
 --quick uses small sizes and --echomq-only skips the peers: the test suite runs
@@ -207,7 +213,18 @@ def main() -> None:
     parser.add_argument("--echomq-only", action="store_true", help="measure echomq alone (no peers installed)")
     parser.add_argument("--bullmq-dead-100k", action="store_true", help="also time BullMQ recovering 100,000")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
+    parser.add_argument("--everyday-only", action="store_true", help="only the figures a user feels (everyday.py)")
+    parser.add_argument("--no-everyday", action="store_true", help="leave out the figures a user feels")
     args = parser.parse_args()
+    if not args.no_everyday:
+        import everyday
+
+        result = everyday.run(quick=args.quick, only=["echomq"] if args.echomq_only else None)
+        everyday.print_tables(result)
+        if args.json:
+            print(json.dumps(result, indent=1))
+        if args.everyday_only:
+            return
     url = args.redis_url
     peers = None
     if not args.echomq_only:

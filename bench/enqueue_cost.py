@@ -1,12 +1,19 @@
-"""What `@job`'s enqueue costs beside a direct `Queue.add`, in the same run.
+"""What one enqueue costs and where the time goes: `@job`'s enqueue beside a direct `Queue.add`, in the same run.
 
-    python bench/enqueue_cost.py [--calls 1000] [--runs 3] [--redis-url URL]
+    python bench/enqueue_cost.py [--calls 1000] [--runs 5] [--redis-url URL]
 
 Times `--calls` calls of `greet.enqueue(...)` (a demo @job function: settings,
 the runtime objects, then the add) and as many direct `Queue.add` calls on one
 Queue built once, best of `--runs` each (the runs alternate), and prints both
 and their ratio, in wall time and in this process's CPU time (steadier on a
-busy machine). The keys go under a prefix of their own, deleted at the end.
+busy machine). Then the breakdown of one `Queue.add`, each piece timed alone
+the same way: the client's work before sending (checking and encoding the job,
+building the script call), one round trip of the same call to a script that
+only returns (the transport: packing, the socket, reading the reply), and
+the addJob script's own time in Redis (INFO commandstats, over the adds
+above), beside redis-py's ping() (one round trip through redis-py, the floor
+of any Python client). The keys go under a prefix of their own, deleted at
+the end.
 """
 
 import argparse
@@ -39,7 +46,7 @@ def best_times(functions: list[Callable[[], object]], calls: int, runs: int) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=1000)
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     args = parser.parse_args()
     prefix = f"bench{uuid.uuid4().hex[:8]}"
@@ -49,19 +56,47 @@ def main() -> None:
 
     django.setup()
     from demo_project.demo_app.jobs import greet
+    from echomq_django.core import NewJob
+    from echomq_django.core.queue import now_ms
     from echomq_django.queues import get_queue
 
     queue = get_queue(greet.queue)  # built once: the direct adds pay for nothing else
     data = {"args": ["Ada"], "kwargs": {}}
+    scripts, client = queue.scripts, queue.client
+    returns = client.script_load("return 1")
+
+    def prepare() -> tuple:
+        return scripts.add_jobs_call(queue.keys, now_ms(), [queue._encode(NewJob(greet.name, data))])
+
+    def transport() -> None:  # the same keys and arguments, to a script that does nothing
+        _name, keys, argv = prepare_once
+        scripts._direct([("EVALSHA", returns, len(keys), *keys, *argv)])
+
+    prepare_once = prepare()
     try:
         greet.enqueue("Ada")  # the first call loads the scripts into Redis; neither side pays for that
+        client.config_resetstat()
         (enqueue_ms, enqueue_cpu), (add_ms, add_cpu) = best_times(
             [lambda: greet.enqueue("Ada"), lambda: queue.add(greet.name, data)], args.calls, args.runs)
-        print(f"{args.calls:,} calls, best of {args.runs}, Redis {queue.client.info()['redis_version']}")
+        stats = client.info("commandstats")["cmdstat_evalsha"]
+        script_us = stats["usec"] / stats["calls"]
+        timed = best_times([prepare, transport, client.ping], args.calls, args.runs)
+        (prepare_ms, prepare_cpu), (transport_ms, transport_cpu), (ping_ms, ping_cpu) = timed
+        per_call = 1000 / args.calls  # ms of `calls` calls -> µs of one
+        print(f"{args.calls:,} calls, best of {args.runs}, Redis {client.info()['redis_version']}")
         print(f"{'':<14}{'wall ms':>10}{'CPU ms':>10}")
         print(f"{'@job .enqueue':<14}{enqueue_ms:>10.1f}{enqueue_cpu:>10.1f}")
         print(f"{'Queue.add':<14}{add_ms:>10.1f}{add_cpu:>10.1f}")
         print(f"{'ratio':<14}{enqueue_ms / add_ms:>10.2f}{enqueue_cpu / add_cpu:>10.2f}")
+        print("\none Queue.add, µs per call")
+        print(f"{'':<52}{'wall':>8}{'CPU':>8}")
+        for label, wall, cpu in (
+                ("the client's work before sending (job, script call)", prepare_ms, prepare_cpu),
+                ("one round trip of that call to `return 1`", transport_ms, transport_cpu),
+                ("Queue.add, all of it", add_ms, add_cpu),
+                ("redis-py ping() (the floor)", ping_ms, ping_cpu)):
+            print(f"{label:<52}{wall * per_call:>8.1f}{cpu * per_call:>8.1f}")
+        print(f"{'the scripts in Redis, mean of the adds (commandstats)':<52}{script_us:>8.1f}")
     finally:
         queue.obliterate()
 

@@ -13,11 +13,31 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_compare_runs_and_prints_every_row():
-    command = [sys.executable, "bench/compare.py", "--quick", "--echomq-only", "--redis-url", current_redis_url()]
+    command = [sys.executable, "bench/compare.py", "--quick", "--echomq-only", "--no-everyday", "--redis-url",
+               current_redis_url()]
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for row in ("steady sweep", "recover", "worker, no-op jobs/s", "bulk enqueue", "memory per waiting job"):
         assert row in proc.stdout, f"{row!r} missing from:\n{proc.stdout}"
+
+
+@pytest.mark.slow
+@pytest.mark.own_servers  # a private redis-server of its own
+def test_everyday_runs_every_figure_for_echomq_and_says_how_it_compares():
+    proc = subprocess.run([sys.executable, "bench/everyday.py", "--quick", "--only", "echomq"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    header, *rows = [line for line in proc.stdout.splitlines() if "echomq Task.enqueue" in line or
+                     line.startswith(("single enqueue, jobs/s", "pickup latency p50", "no-op jobs/s", "50 ms jobs/s"))]
+    assert header.split() == ["echomq", "echomq", "@job", "echomq", "Task.enqueue", "Django", "Tasks,", "no", "queue"]
+    figures = {row.rsplit(None, 4)[0]: row.split()[-4:] for row in rows}
+    assert set(figures) == {"single enqueue, jobs/s", "pickup latency p50, ms", "no-op jobs/s, concurrency 1",
+                            "no-op jobs/s, concurrency 8", "no-op jobs/s, concurrency 32",
+                            "50 ms jobs/s, concurrency 32"}, proc.stdout
+    assert all(cell != "err" for cells in figures.values() for cell in cells), proc.stdout
+    assert figures["single enqueue, jobs/s"][3] != "n/a" and figures["no-op jobs/s, concurrency 1"][1:] == \
+        ["n/a", "n/a", "n/a"], "the Django rows have the enqueue figures only"
+    assert "physical limits, one client, round trips/s: redis-benchmark PING_INLINE" in proc.stdout
 
 
 @pytest.mark.slow
