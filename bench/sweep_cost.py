@@ -71,7 +71,7 @@ def main() -> None:
     with slowlog_on(client):
         for kind, sizes in (("steady, all locked", args.sizes), ("recover marked dead", args.dead)):
             for size in (int(s) for s in sizes.split(",") if s):
-                keys = QueueKeys(f"{kind.split()[0]}-{size}", prefix)
+                keys = QueueKeys(f"{kind.split()[0].rstrip(',')}-{size}", prefix)
                 dead = kind.startswith("recover")
                 stage(client, keys, size, locked=not dead, marked=dead)
                 if args.walk:
