@@ -223,6 +223,8 @@ def main() -> None:
         everyday.print_tables(result)
         if args.json:
             print(json.dumps(result, indent=1))
+        if not args.quick:
+            everyday.plot(result, args.plot.with_name("performance-everyday.png"))
         if args.everyday_only:
             return
     url = args.redis_url

@@ -965,6 +965,7 @@ def main() -> None:
                                        "pools), celery-prefork, celery-threads, rq, bullmq")
     parser.add_argument("--figures", default=",".join(FIGURES), help="comma-separated, of " + ",".join(FIGURES))
     parser.add_argument("--json", action="store_true", help="print the results as JSON too")
+    parser.add_argument("--plot", type=Path, help="draw the figures against the fastest peer's to this PNG")
     args = parser.parse_args()
     figures = [figure.strip() for figure in args.figures.split(",") if figure.strip()]
     if unknown := set(figures) - set(FIGURES):
@@ -974,6 +975,40 @@ def main() -> None:
     print_tables(result)
     if args.json:
         print(json.dumps(result, indent=1))
+    if args.plot:
+        plot(result, args.plot)
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Each system's figures as a share of the best peer's (1 = as good; above 1, better), one bar each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [("enqueue", "single enqueue", True), ("latency_p50", "pickup latency p50", False),
+             ("latency_p99", "pickup latency p99", False), ("c1", "no-op, concurrency 1", True),
+             ("c8", "no-op, concurrency 8", True), ("c32", "no-op, concurrency 32", True),
+             ("sleep", "50 ms jobs, concurrency 32", True)]
+    labels = [label for label in result["systems"] if label != DJANGO_FLOOR]
+    figure, axis = plt.subplots(figsize=(10, 4.8), dpi=120)
+    width = 0.8 / len(labels)
+    for n, label in enumerate(labels):
+        heights = []
+        for key, _title, higher in shown:
+            ours, best = result["median"][label].get(key), best_peer(result, key, higher)
+            good = isinstance(ours, (int, float)) and best and ours
+            heights.append((ours / best[1] if higher else best[1] / ours) if good else 0)
+        axis.bar([i + n * width for i in range(len(shown))], heights, width, label=label)
+    axis.axhline(1.0, color="grey", linewidth=0.8)
+    axis.set_xticks([i + width * (len(labels) - 1) / 2 for i in range(len(shown))])
+    axis.set_xticklabels([title for _, title, _ in shown], rotation=20, ha="right", fontsize=8)
+    axis.set_ylabel("against the best peer (1 = as good, higher is better)")
+    axis.set_title(f"The figures a user feels: median of {result['rounds']} rounds, one run")
+    axis.legend(fontsize=7, ncol=3)
+    figure.tight_layout()
+    figure.savefig(path)
+    print(f"plot written to {path}")
 
 
 if __name__ == "__main__":
