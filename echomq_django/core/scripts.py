@@ -15,9 +15,9 @@ from typing import Any
 from . import defaults
 from .errors import JobLockedError, JobNotFoundError, LockLostError, QueueStateError
 from .keys import COUNTED, LIST_STATES, SCRIPT_KEYS, QueueKeys
-from .transport import Call, Confirm, ScriptClient, Wait, WaitCut
+from .transport import Call, Confirm, ScriptClient, Wait
 
-__all__ = ["ADD_RECORD_MS", "Call", "Confirm", "Finish", "Scripts", "Wait", "WaitCut", "pairs"]
+__all__ = ["ADD_RECORD_MS", "Call", "Confirm", "Finish", "Scripts", "Wait", "pairs"]
 
 # How long addJob keeps the reply of a call that generated ids, for a re-send
 # after a lost reply: twice the client's own retries (connection.py) when
@@ -124,8 +124,8 @@ class Scripts(ScriptClient):
                            metrics_minutes]
         for a in attempts:
             outcome = "completed" if a.completed else "limited" if a.rate_limited else "failed"
-            args += [a.job_id, a.token, outcome, a.value, a.stacktrace,
-                     a.backoff_ms, "1" if a.final else "0", a.error_class]
+            args += [a.job_id, a.token, outcome, _sendable(a.value), _sendable(a.stacktrace),
+                     a.backoff_ms, "1" if a.final else "0", _sendable(a.error_class)]
         return ("moveToFinished-10", keys.for_script("moveToFinished-10"), args)
 
     @staticmethod
@@ -266,6 +266,15 @@ class Scripts(ScriptClient):
         counts = dict(zip(COUNTED, (int(v) for v in values)))
         counts["wait"] += int(grouped)  # jobs waiting in their group's list
         return counts
+
+
+def _sendable(text: str) -> str:
+    """`text` as UTF-8 can carry it: a lone surrogate (a file name os.fsdecode kept, in an error message) as its escape.
+
+    Such a character cannot be sent, and the finish call carrying it would fail, and with it every other
+    result written in the same round trip.
+    """
+    return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def pairs(flat: Sequence[Any]) -> list[tuple[str, bool]]:
