@@ -7,7 +7,9 @@ import time
 import pytest
 import redis
 
+from echomq_django.core import Queue
 from echomq_django.core.connection import RedisURLError, connect, parse_redis_url
+from tests.helpers import wait_until
 from tests.redis_servers import RedisServer, free_port
 
 
@@ -90,6 +92,7 @@ def test_an_enqueue_to_a_redis_that_does_not_answer_fails_within_enqueue_timeout
     settings.ECHOMQ = {"REDIS_URL": server.url, "PREFIX": prefix, "ENQUEUE_TIMEOUT": 1, "QUEUES": {"demo": {}}}
     long_running = get_queue("demo", long_running=True)  # the client of workers and sweepers
     long_running.counts()
+    assert timed_enqueue()[1] is None  # the producer's connection is open when Redis stops answering
     answers: list[dict[str, int]] = []
     waiting = threading.Thread(target=lambda: answers.append(long_running.counts()), daemon=True)
     server.process.send_signal(signal.SIGSTOP)  # connections are accepted, nothing is answered
@@ -105,7 +108,8 @@ def test_an_enqueue_to_a_redis_that_does_not_answer_fails_within_enqueue_timeout
         server.process.send_signal(signal.SIGCONT)
     try:
         waiting.join(10)
-        assert answers and answers[0]["wait"] == 0, "the long-running client waited the outage out"
+        # (The enqueue that timed out may have been added all the same: its call was sent.)
+        assert answers and answers[0]["wait"] in (1, 2), "the long-running client waited the outage out"
         assert timed_enqueue()[1] is None, "the producer works again"
     finally:
         server.stop()
@@ -136,6 +140,59 @@ def test_a_confirmation_that_times_out_is_not_confirmed_not_a_timeout(settings, 
         took_s, error = timed_enqueue()
         assert isinstance(error, NotConfirmedError) and error.job_ids, error
         assert 1 <= took_s < 3
+    finally:
+        server.stop()
+        server.workdir.cleanup()
+
+
+def test_an_add_made_by_a_signal_handler_in_the_middle_of_another_gets_its_own_reply(queue):
+    # Each thread sends its calls on a connection of its own: a call made on the same thread while
+    # another waits for its reply (a signal handler's) must not read that reply, nor leave its own.
+    import signal
+
+    inner: list[tuple[str, str]] = []
+    busy = False
+
+    def handler(signum, frame):
+        nonlocal busy
+        if busy:
+            return
+        busy = True
+        try:
+            wanted = f"inner-{len(inner)}"
+            inner.append((wanted, queue.add("x", job_id=wanted)))
+        finally:
+            busy = False
+
+    previous = signal.signal(signal.SIGALRM, handler)
+    signal.setitimer(signal.ITIMER_REAL, 0.002, 0.002)
+    try:
+        outer = []
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            wanted = f"outer-{len(outer)}"
+            outer.append((wanted, queue.add("x", job_id=wanted)))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert len(inner) > 20, "the handler ran often enough to land inside adds"
+    assert [pair for pair in outer + inner if pair[0] != pair[1]] == []
+
+
+@pytest.mark.own_servers
+def test_a_client_without_retries_adds_again_after_redis_closed_its_idle_connection():
+    # Redis's `timeout` closes an idle client's connection; the next call must not fail on it (a
+    # scheduler's client, which never sends a call twice, would have lost a tick's call).
+    server = RedisServer("--timeout", "1")
+    server.start()
+    try:
+        client = connect(server.url, retry=None, retry_on_error=[])
+        queue = Queue("q", client, prefix="idle")
+        queue.add("x")
+        watcher = redis.Redis.from_url(server.url)
+        assert wait_until(lambda: watcher.info("clients")["connected_clients"] == 1, 15), "Redis closed none"
+        queue.add("x")
+        assert queue.counts()["wait"] == 2
     finally:
         server.stop()
         server.workdir.cleanup()

@@ -1,7 +1,10 @@
 """Redis AUTH, TLS and an ACL user limited to the project's prefix; pickles stay inert."""
 
 import pickle
+import random
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -9,7 +12,7 @@ import redis
 from django.core.management import CommandError, call_command
 
 from echomq_django.core import Backoff, JobOptions, NewJob, PayloadError, Queue, Sweeper, Worker, connect
-from tests.helpers import fetch, kill_lock
+from tests.helpers import fetch, kill_lock, wait_until
 from tests.redis_servers import RedisServer, redis_server
 
 pytestmark = pytest.mark.slow
@@ -74,13 +77,44 @@ def test_tls(certificates):
         server.workdir.cleanup()
 
 
+def test_a_stop_ends_an_idle_workers_wait_over_tls_and_the_worker_leaves_cleanly(certificates):
+    # The stop closes the wait's writing half; with TLS, the replies still coming must still be
+    # decrypted (ssl.SSLSocket.shutdown would drop the TLS state: they came as garbage, and run() raised).
+    server = RedisServer(tls=certificates)
+    server.start()
+    try:
+        client = connect(server.url)
+        queue = Queue("q", client, prefix="tls")
+        runs = 60  # the stop lands at random while the reply is on its way (one run in ten failed so)
+        for n in range(runs):
+            worker = Worker("q", lambda job: None, client, prefix="tls", block_timeout_s=5)
+            outcome: list[object] = []
+
+            def run(worker: Worker = worker, outcome: list[object] = outcome) -> None:
+                outcome.append(worker.run())
+
+            thread = threading.Thread(target=run, daemon=True)
+            thread.start()
+            assert wait_until(lambda: int(client.info("clients")["blocked_clients"]) == 1, 5)
+            queue.add("x", "x" * 200_000)  # its fetch's reply is many TLS records
+            time.sleep(random.random() / 1000)  # the fault: where in the reply the stop lands
+            worker.stop()
+            thread.join(10)
+            assert outcome and not thread.is_alive(), f"run {n}: the worker did not return"
+        counts = queue.counts()
+        assert counts["wait"] + counts["completed"] == runs, counts
+    finally:
+        server.stop()
+        server.workdir.cleanup()
+
+
 def test_an_acl_user_limited_to_the_prefix_is_enough():
     with redis_server() as url:
         admin = redis.Redis.from_url(url)
         admin.execute_command(
             "ACL", "SETUSER", "echomq", "on", ">app-pw", "resetkeys", "~sec:*", "resetchannels",
             "-@all", "+@read", "+@write", "+@scripting", "+@connection", "+@keyspace", "+@blocking",
-            "-@dangerous", "+time")
+            "-@dangerous", "+time", "+client|unblock")
         url_as_user = url.replace("redis://", "redis://echomq:app-pw@")
         full_round(url_as_user, prefix="sec")
         outsider = Queue("q", connect(url_as_user, retry=None, retry_on_error=[]), prefix="other")

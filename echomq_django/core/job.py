@@ -385,7 +385,8 @@ def datetime_from_ms(ms: int | None) -> datetime | None:
 
 
 # (A delay other than 0 makes options of their own: the cache holds the latest few hundred.)
-_overridden = functools.lru_cache(maxsize=512)(JobOptions._override)
+# typed: True and 1 hash alike, but only 1 is a number of attempts (the options check each anew).
+_overridden = functools.lru_cache(maxsize=512, typed=True)(JobOptions._override)
 
 
 @functools.lru_cache(maxsize=256)

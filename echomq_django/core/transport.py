@@ -18,8 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import hiredis
+from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.exceptions import ClusterDownError, ConnectionError, MovedError, NoScriptError, ResponseError, TryAgainError
+from redis.retry import Retry
 
 from . import defaults
 from .connection import UNREACHABLE
@@ -34,6 +36,17 @@ _ROUTING_ERRORS = (MovedError, ClusterDownError, TryAgainError)
 # How long a batch keeps looking for the owner of its slot on a cluster, about
 # as long as connect()'s retries wait for a failover.
 _REROUTE_S = 15.0
+# An own connection idle this long is checked before a call: Redis may have closed it (its `timeout`),
+# which the pool finds out by the same check on every checkout.
+_IDLE_CHECK_S = 1.0
+
+
+def _closed(connection: Any) -> bool:
+    """Whether Redis closed this connection (or left a stray reply on it): readable while nothing was asked."""
+    try:
+        return bool(connection.can_read(timeout=0))
+    except (*UNREACHABLE, OSError):
+        return True
 
 
 @dataclass(frozen=True)
@@ -51,10 +64,8 @@ class _OwnConnection(threading.local):
     connection: Any = None
     pid = 0
     client_id: int | None = None  # its id in Redis (CLIENT ID), once asked for
-
-
-class WaitCut(ConnectionError):
-    """A wait (`ScriptClient.wait_then_run`) cut short before Redis ran the calls behind it."""
+    busy = False  # a call is on it: one made meanwhile on this thread (a signal handler's) takes the pool's
+    used_at = 0.0  # time.monotonic() of its latest call
 
 
 class Wait:
@@ -62,10 +73,10 @@ class Wait:
 
     A cut closes the writing half of the connection: Redis, reading the end of
     the commands, drops the client with the wait and the calls behind it
-    still pending, and closes its half. The replies of calls it did run
-    (the wait ended just then) are written before that, in the same turn of
-    its event loop that ran them, so they still arrive: the waiting thread
-    learns which it was.
+    still pending; the replies of calls it ran just before still arrive. A
+    wait that ends without them owes an answer all the same (a proxy on the
+    way may drop a reply in flight): the caller asks again, as after any
+    lost reply.
     """
 
     def __init__(self) -> None:
@@ -82,7 +93,9 @@ class Wait:
         sock = getattr(connection, "_sock", None)  # redis-py's socket
         if sock is not None:
             try:
-                sock.shutdown(socket.SHUT_WR)
+                # The plain socket's shutdown, also for TLS: ssl.SSLSocket's would drop the TLS
+                # state, and the replies still coming would be read as plain text.
+                socket.socket.shutdown(sock, socket.SHUT_WR)
             except OSError:
                 pass  # closed meanwhile
 
@@ -117,22 +130,38 @@ class ScriptClient:
         self.reroute_s = reroute_s
         self._scripts = {name: client.register_script(script_source(name)) for name in script_names()}
         self._own = None if isinstance(client, RedisCluster) else _OwnConnection()
+        self._retry: Retry | None = None  # the client's retry policy, for calls on the own connections
+
+    def _own_free(self) -> bool:
+        """Whether this thread's own connection can take a call: not a cluster, nor in the middle of one."""
+        return self._own is not None and not self._own.busy
 
     def _direct(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
         """Each command's reply (an error reply as its exception), sent on this thread's own connection.
 
         A connection error is retried as the client's own policy says (its
         Retry: how often, how long between), the commands sent again on a
-        new connection; the last one is raised.
+        new connection; the last one is raised. (The connection itself tries
+        each connect and health check once: retries inside retries would
+        multiply the time a call may take, past ENQUEUE_TIMEOUT.)
         """
-        retry = self._connection().retry
-        return retry.call_with_retry(lambda: self._attempt(commands), lambda _error: None)
+        if self._retry is None:
+            pool = self.client.connection_pool
+            self._retry = pool.connection_class(**pool.connection_kwargs).retry  # the client's own (unconnected)
+        return self._retry.call_with_retry(lambda: self._attempt(commands), lambda _error: None)
 
     def _attempt(self, commands: Sequence[tuple[Any, ...]], replies: list[Any] | None = None) -> list[Any]:
         """`_direct` without retries: one sending of the commands; their replies, appended to `replies` as read."""
-        connection = self._connection()
+        own = self._own
+        assert own is not None
         replies = [] if replies is None else replies
+        connection = None
+        own.busy = True  # from the connect on: its handshake is a call too
         try:
+            connection = self._connection()
+            if time.monotonic() - own.used_at > _IDLE_CHECK_S and _closed(connection):
+                connection.disconnect()  # closed by Redis while idle (its `timeout`): a new one, as the pool would
+                connection = self._connection()
             # hiredis packs as redis-py does with hiredis installed (a dependency), without its wrapper's copies.
             connection.send_packed_command([b"".join(map(hiredis.pack_command, commands))])
             for _ in commands:
@@ -142,8 +171,12 @@ class ScriptClient:
                     replies.append(error)
             return replies
         except BaseException:  # an interrupted read too: a reply left unread would answer the next call
-            connection.disconnect()
+            if connection is not None:
+                connection.disconnect()
             raise
+        finally:
+            own.busy = False
+            own.used_at = time.monotonic()
 
     def _connection(self) -> Any:
         """This thread's own connection (see the class), connected: made on first use, and again in a forked child."""
@@ -152,7 +185,8 @@ class ScriptClient:
         if own.connection is None or own.pid != os.getpid():  # none yet, or the parent's, inherited by a fork
             # Built as the pool builds its own (class, options), outside its count and its list.
             pool = self.client.connection_pool
-            own.connection, own.pid = pool.connection_class(**pool.connection_kwargs), os.getpid()
+            options = {**pool.connection_kwargs, "retry": Retry(NoBackoff(), 0)}  # see _direct
+            own.connection, own.pid = pool.connection_class(**options), os.getpid()
             own.client_id = None
             own.connection.register_connect_callback(self._forget_client_id)  # a reconnect gets a new id
         if own.connection._sock is None:
@@ -191,26 +225,24 @@ class ScriptClient:
         waiting process a wake-up. Returns (the wait's reply, the calls'
         replies, replicas that confirmed) as `run_confirmed` does, or None
         when this client cannot (a cluster: wait on a connection of its own).
-        A wait cut short (`wait.cut()`) before the calls ran raises WaitCut; a
-        lost connection ConnectionError: whether the calls ran is unknown, as
-        after any lost reply. `unblock`: a client id whose blocking call to end
-        first (CLIENT UNBLOCK ... ERROR).
+        A wait cut short (`wait.cut()`) without the replies, like a lost
+        connection, raises ConnectionError: whether the calls ran is unknown,
+        as after any lost reply. `unblock`: a client id whose blocking call to
+        end first (CLIENT UNBLOCK ... ERROR).
         """
-        if self._own is None:
+        if not self._own_free():
             return None
         connection = self._connection()  # connected now, so that a cut has a socket to shut down whenever it comes
         commands = [("BZPOPMIN", marker, timeout_s), *self._commands(calls, confirm)]
         if unblock is not None:
             commands.insert(0, ("CLIENT", "UNBLOCK", unblock, "ERROR"))
         if wait is not None and not wait._begin(connection):
-            raise WaitCut("the wait was cut short before it began")
-        replies: list[Any] = []
+            raise ConnectionError("the wait was cut short before it began")
         try:
-            self._attempt(commands, replies)  # once: a wait cut short must not begin again
-        except (*UNREACHABLE, OSError) as error:
-            # No reply to the wait: Redis dropped it, and the calls behind it, unrun (see Wait).
-            if wait is not None and wait.cut_short and len(replies) <= (unblock is not None):
-                raise WaitCut(f"the wait was cut short ({error})") from error
+            replies = self._attempt(commands)  # once: a wait cut short must not begin again
+        except Exception as error:
+            if wait is not None and wait.cut_short:
+                raise ConnectionError(f"the wait was cut short ({error!r})") from error
             raise
         finally:
             if wait is not None:
@@ -230,7 +262,7 @@ class ScriptClient:
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         script = self._scripts[name]
         try:
-            if self._own is not None:
+            if self._own_free():
                 [reply] = self._direct([("EVALSHA", script.sha, len(keys), *keys, *args)])
                 if not isinstance(reply, NoScriptError):  # NOSCRIPT: redis-py's path below loads the script
                     if isinstance(reply, Exception):
@@ -323,7 +355,7 @@ class ScriptClient:
             # pipeline refuses EVALSHA and retries a dead node without pausing,
             # which is over long before a failover is.
             client = client.get_redis_connection(client.get_node_from_key(calls[0][1][0]))
-        if self._own is not None:
+        if self._own_free():
             return self._answers(self._direct(self._commands(calls, confirm)), confirm)
         pipe = client.pipeline(transaction=False)
         for name, keys, args in calls:

@@ -24,7 +24,7 @@ from .keys import QueueKeys
 from .locks import RETRY_PAUSE_S, LockRenewer
 from .pool import POOLS, ChildStartError, Handler, ProcessSlot, ThreadSlot, class_path
 from .queue import now_ms
-from .scripts import Confirm, Finish, RateLimit, Scripts, Wait, WaitCut
+from .scripts import Confirm, Finish, RateLimit, Scripts, Wait
 
 logger = logging.getLogger("echomq.worker")
 # How often a worker that found its queue at MAX_ACTIVE looks again (a job of its own that ends wakes it sooner).
@@ -263,7 +263,7 @@ class Worker:
                 if want and burst and not self._running and not self._unanswered_token:
                     break  # nothing is ready and nothing is running (nor a fetch whose reply is owed)
                 if want and not burst and not self._running and not self._unanswered_token \
-                        and self.scripts.waits_then_runs:
+                        and self.scripts.waits_then_runs and (next_due is None or next_due > now_ms()):
                     # Nothing runs, so nothing can end meanwhile: the loop itself waits for work and
                     # takes it in the same round trip (one wake-up for the worker, not two), ending the
                     # marker thread's wait if one is left from while jobs ran (a signal it took meanwhile
@@ -365,10 +365,10 @@ class Worker:
             if self.confirm and writing and acked < self.confirm.replicas:
                 logger.warning("worker %s: %d of %d replicas confirmed the results of %d job(s) within %d ms",
                                self.worker_id, acked, self.confirm.replicas, len(writing), self.confirm.timeout_ms)
-        except WaitCut:
-            return 0, None  # a stop ended the wait before Redis ran the fetch: nothing is owed
         except UNREACHABLE as error:
             self._unanswered_token = token or None
+            if wait_s is not None and self._wait.cut_short:
+                return 0, None  # a stop ended the wait: the token is sent again, taking nothing new
             logger.error("worker %s: Redis unreachable (%s); retrying", self.worker_id, error)
             self._unreachable = True
             self._aborted.wait(RETRY_PAUSE_S)
