@@ -198,6 +198,7 @@ class Worker:
         # The token of a fetch whose reply never came: sent again with the next
         # fetch, so the script answers with the jobs it took (see moveToActive).
         self._unanswered_token: str | None = None
+        self._cut_token = ""  # the token of the wait a stop cut, sent again once to learn what it took
         self._unreachable = False  # the last round trip failed to reach Redis
         # The last fetch's flow control: 0, ms until its rate limit or pause lets a job start, -1 capped.
         self._held_back_ms = 0
@@ -368,7 +369,15 @@ class Worker:
         except UNREACHABLE as error:
             self._unanswered_token = token or None
             if wait_s is not None and self._wait.cut_short:
+                self._cut_token = token
                 return 0, None  # a stop ended the wait: the token is sent again, taking nothing new
+            if self._stopping.is_set() and token == self._cut_token:
+                # Stopped, and Redis cannot say whether the wait it cut took jobs: whatever it took is
+                # left to the sweeper, as a second stop leaves running jobs, rather than wait on Redis.
+                logger.warning("worker %s: Redis unreachable (%s) while it stops; a job its last wait may "
+                               "have taken is left to the sweeper", self.worker_id, error)
+                self._unanswered_token = None
+                return 0, None
             logger.error("worker %s: Redis unreachable (%s); retrying", self.worker_id, error)
             self._unreachable = True
             self._aborted.wait(RETRY_PAUSE_S)
