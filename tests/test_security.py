@@ -77,6 +77,7 @@ def test_tls(certificates):
         server.workdir.cleanup()
 
 
+@pytest.mark.own_servers  # a TLS server of its own: the topology, not the database, is tested
 def test_a_stop_ends_an_idle_workers_wait_over_tls_and_the_worker_leaves_cleanly(certificates):
     # The stop closes the wait's writing half; with TLS, the replies still coming must still be
     # decrypted (ssl.SSLSocket.shutdown would drop the TLS state: they came as garbage, and run() raised).
