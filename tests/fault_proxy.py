@@ -98,6 +98,12 @@ class FaultProxy:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    @property
+    def open_connections(self) -> int:
+        """Client connections the proxy still forwards (a closed one goes once its pump sees it)."""
+        with self._lock:
+            return len(self._links)
+
     def start(self) -> FaultProxy:
         self._accepting.start()
         return self
