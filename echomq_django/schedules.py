@@ -67,6 +67,7 @@ SCHEDULE_OPTIONS: dict[str, Any] = {
     "PRIORITY": None,  # None: the task's own priority (0 for a @job)
     "ATTEMPTS": None,  # None: the task's or job's own, else the queue's ATTEMPTS
 }
+FLAGS = ("ENABLED", "CATCH_UP", "SKIP_IF_RUNNING")
 HINTS = {
     "TASK": "Give the dotted path of a Django @task (its backend echomq's) or of an echomq @job (in an "
             "installed app's jobs.py), e.g. 'myapp.tasks.send_report' or 'myapp.jobs.ping'.",
@@ -78,11 +79,11 @@ HINTS = {
     "TIMEZONE": "Use an IANA name such as 'Europe/Berlin' or 'UTC'.",
     "PRIORITY": "Use a whole number from -100 to 100.",
     "ATTEMPTS": "Use a whole number >= 1.",
+    **{flag: "Use True or False." for flag in FLAGS},
 }
 # The check id of a problem with each option.
 CHECK_IDS = {"TASK": "echomq.E018", "CRON": "echomq.E017", "EVERY": "echomq.E017", "TIMEZONE": "echomq.E017",
              "ARGS": "echomq.E019", "KWARGS": "echomq.E019", "QUEUE": "echomq.E020"}
-FLAGS = ("ENABLED", "CATCH_UP", "SKIP_IF_RUNNING")
 # The Schedule model's field for each option (the admin's form shows a problem on its field).
 FIELD_OF_OPTION = {"NAME": "name", "TASK": "task", "CRON": "cron", "EVERY": "every", "ARGS": "args",
                    "KWARGS": "kwargs", "QUEUE": "queue", "TIMEZONE": "timezone", "PRIORITY": "priority",
@@ -173,7 +174,7 @@ def _timing(options: dict[str, Any], where: str, problem: Any) -> dict[str, Any]
     if (isinstance(every, bool) or not isinstance(every, (int, float))
             or not MIN_EVERY_MS / 1000 <= every <= MAX_SECONDS or not math.isfinite(every)):
         problem("EVERY", f"{where}['EVERY'] must be seconds from {MIN_EVERY_MS / 1000:g} to {MAX_SECONDS:,} "
-                         f"(ten years), not {every!r}.")
+                         f"(ten years), not {every!r:.40}.")  # a 300-digit int is cut
         return {}
     return {"every_ms": round(every * 1000)}
 

@@ -20,12 +20,19 @@
   A "run now" (ARGV[3] = "") adds the job under the id ARGV[4] the caller
   made up and records it as the schedule's latest job, leaving the ticks alone.
 
+  A record closed by closeSchedule (the schedule moved to another queue)
+  decides no tick: the answer is "moved", and nothing changes, unless the
+  call opens it (ARGV[14] = 1: the schedule is back on this queue, and its
+  scheduler closed the records on the others first).
+
   KEYS[1] schedule:<name> HASH   the schedule's record:
             tick      latest tick decided (ms), and outcome how (fired,
                       skipped, missed, new)
             job       id of the latest job it added, firedAt when (ms),
                       firedTick its tick ("" for a run now)
             fired, skipped, missed   how many ticks went each way
+            closed    present while the schedule is on another queue: the
+                      newest tick decided here (see closeSchedule)
   KEYS[2] wait        LIST
   KEYS[3] paused      LIST
   KEYS[4] meta        HASH
@@ -50,11 +57,12 @@
            (another host's clock, another client) does not hold a tick back.
            0 = no deadline and no look at Redis's clock
   ARGV[13] the job's group ("" = none): it waits in its group's list
+  ARGV[14] 1 = open the record if it is closed (see above), else 0
 
   Returns {outcome, job id, decided}: decided is 1 when this call decided
   the tick, 0 when an earlier call had (a re-send, or another scheduler);
-  the outcome and job id are then the record's. "expired" and "early"
-  decide nothing. A key of another type than a hash under the tick's job
+  the outcome and job id are then the record's. "expired", "early" and
+  "moved" decide nothing. A key of another type than a hash under the tick's job
   id is an error, before anything is written.
 ]]
 -- @include "emitEvent"
@@ -94,7 +102,8 @@ if ARGV[3] == "" then
 end
 
 local tick = tonumber(ARGV[3])
-local last = redis.call("HMGET", KEYS[1], "tick", "outcome", "job", "firedTick", "fired", "skipped", "missed")
+local last = redis.call("HMGET", KEYS[1], "tick", "outcome", "job", "firedTick", "fired", "skipped", "missed",
+  "closed")
 local lastTick = tonumber(last[1])
 -- A counter another client made unreadable starts again from 0, before anything is written.
 local function counted(raw)
@@ -114,6 +123,11 @@ if deadline > 0 then
   -- A record tick ahead of Redis's clock was written by such a host, or by another client: it
   -- does not hold this tick back.
   if lastTick and not (lastTick <= redisNow + EARLY_MS) then lastTick = tick - 1 end
+end
+
+if last[8] then
+  if ARGV[14] ~= "1" then return {"moved", "", 0} end
+  redis.call("HDEL", KEYS[1], "closed")
 end
 
 if lastTick and lastTick >= tick then

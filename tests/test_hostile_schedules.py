@@ -18,6 +18,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from echomq_django.core import Beat, Queue, Schedule, connect, read_records
+from echomq_django.core.beat import fire_call
 from echomq_django.core.queue import now_ms
 from echomq_django.queues import SCHEDULER_CALL_TIMEOUT_S, _scheduler_connection
 from tests.fault_proxy import FaultProxy
@@ -198,25 +199,39 @@ def test_a_beat_started_in_the_repeated_hour_does_not_spin(queue, zone, expressi
 
 
 def test_one_scheduler_whose_clock_runs_ahead_does_not_stop_the_schedule_for_everyone(queue):
-    """A host whose clock runs an hour ahead follows Redis's clock, and cannot record an hour-ahead tick.
+    """A tick an hour ahead of Redis's clock is refused ("early"), and decides nothing for the others.
 
-    Both beats use their real clocks (fire_due() without `now`): the ahead one
-    measures Redis's clock as it starts, then its clock jumps (a bad NTP step,
-    a VM resumed wrong) before it measures again.
+    A beat follows Redis's clock (and measures it again when its own is
+    stepped, below), so the call is made by hand, as a host whose clock was
+    an hour ahead when it measured would make it.
     """
     schedule = every(60)
-    jump = [0]
-    ahead = beat_on(queue.client, queue.keys.prefix, schedule, clock=lambda: now_ms() + jump[0])
-    ahead.measure_clock()
-    jump[0] = HOUR
-    assert [(f.schedule, f.outcome) for f in ahead.fire_due()] == []  # refused as "early", nothing decided
+    ahead_tick = schedule.tick_at_or_before(now_ms() + HOUR)
+    call = fire_call(queue.keys, schedule, now_ms() + HOUR, ahead_tick, deadline=now_ms() + HOUR + 2000)
+    assert queue.scripts.run_batch([call]) == [["early", "", 0]]
     right = beat_on(queue.client, queue.keys.prefix, schedule)
     [firing] = right.fire_due()
     assert (firing.outcome, firing.decided) in (("fired", True), ("new", True))
-    # Measured again, the jumped clock follows Redis's: it sees the tick decided.
-    assert [(f.outcome, f.decided) for f in ahead.fire_due()] == [(firing.outcome, False)]
     record = queue.client.hgetall(queue.keys.schedule("tick"))
     assert int(record["tick"]) == firing.tick_ms <= now_ms()
+
+
+@pytest.mark.parametrize("step_ms", [HOUR, -HOUR, -30_000])
+def test_a_beat_whose_host_clock_is_stepped_follows_redis_at_once(queue, step_ms):
+    """An NTP step or a restored VM moves the host's clock: the beat measures Redis's clock again.
+
+    Without that, a step back stalled the beat for the size of the step (no
+    reading, so no new measure), and a step ahead had its calls refused.
+    """
+    schedule = every(1)
+    step = [0]
+    beat = beat_on(queue.client, queue.keys.prefix, schedule, clock=lambda: now_ms() + step[0])
+    beat.measure_clock()
+    step[0] = step_ms
+    assert abs(beat.now() - now_ms()) < 1000
+    with BeatThread(beat) as running:
+        assert wait_until(lambda: sum(f.outcome == "fired" for f in running.firings) >= 2, 5), running.firings
+    assert all(f.tick_ms <= now_ms() for f in running.firings)
 
 
 @pytest.mark.parametrize(("seconds", "period_ms"), [(0.1, 100), (1 / 3, 333), (86_400 * 365 * 10, 315_360_000_000)])

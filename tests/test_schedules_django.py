@@ -86,6 +86,8 @@ def test_the_queue_option_and_a_disabled_schedule(with_schedules, redis_client, 
     ({"TASK": GREET, "EVERY": 0}, "echomq.E017", "EVERY"),
     ({"TASK": GREET, "EVERY": float("nan")}, "echomq.E017", "EVERY"),
     ({"TASK": GREET, "EVERY": 60, "TIMEZONE": "Europe/Nowhere"}, "echomq.E017", "unknown time zone"),
+    ({"TASK": GREET, "EVERY": 60, "TIMEZONE": "localtime"}, "echomq.E017", "each host's own"),
+    ({"TASK": GREET, "EVERY": 2 ** 1100}, "echomq.E017", "not 1358298529049385849277351428359266778603."),
     ({"TASK": "demo_project.demo_app.nothing.here", "EVERY": 60}, "echomq.E018", "cannot import"),
     ({"TASK": "demo_project.demo_app.jobs.QUEUE", "EVERY": 60}, "echomq.E018", "neither a Django @task"),
     ({"TASK": "greet", "EVERY": 60}, "echomq.E018", "dotted path"),
@@ -103,7 +105,8 @@ def test_the_queue_option_and_a_disabled_schedule(with_schedules, redis_client, 
 def test_check_reports_each_bad_option_with_its_id(settings, redis_url, prefix, options, check_id, text):
     found = messages({"s": options}, settings, redis_url, prefix)
     assert [message_id for message_id, _ in found] == [check_id], found
-    assert text in found[0][1]
+    assert text in found[0][1] and len(found[0][1]) < 300
+    assert all(message.hint for message in check_schedules()), "every problem says what to do"
 
 
 def test_check_reports_bad_names(settings, redis_url, prefix):

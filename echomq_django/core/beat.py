@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -41,7 +41,7 @@ MIN_EVERY_MS = 100
 # schedule that never fired before): this, or half the gap to the next tick
 # when that is shorter. Later than that, it is recorded as missed.
 MISSED_AFTER_MS = 60_000
-OUTCOMES = ("fired", "skipped", "missed", "new", "superseded")
+OUTCOMES = ("fired", "skipped", "missed", "new", "superseded", "moved")
 # Answers that decided nothing: the call ran too late (it waited in a frozen Redis or a
 # stalled network past its deadline), or the tick lies ahead of Redis's clock.
 UNDECIDED = ("expired", "early")
@@ -52,6 +52,11 @@ TRANSIENT = (*UNREACHABLE, ReadOnlyError, TryAgainError, ClusterDownError, OutOf
 TRANSIENT_REPLIES = ("NOREPLICAS", "MISCONF", "BUSY")
 # Steps through a cron expression's times before giving up (a repeated hour needs two).
 MAX_STEPS = 8
+# How far ahead of Redis's clock a record's tick may be and still count (fireSchedule's EARLY_MS).
+EARLY_MS = 2000
+# A host clock that moves this far from the monotonic clock between two looks was stepped (NTP, a
+# restored VM): Redis's clock is measured again rather than followed from the old offset.
+CLOCK_STEP_MS = 500
 
 
 def transient(error: BaseException) -> bool:
@@ -71,7 +76,9 @@ class Schedule:
     Exactly one of `cron` (five fields, in `timezone`) and `every_ms`.
     `since_ms`: ticks before it are not caught up (the time the schedule was
     created, changed or enabled), so re-enabling a schedule does not fire
-    the tick it slept through.
+    the tick it slept through. A beat takes it as no later than when it
+    first saw this version of the schedule, by Redis's clock: a web host
+    whose clock runs ahead does not make on-time ticks "missed".
     """
 
     name: str
@@ -147,8 +154,8 @@ class Schedule:
         """How late the tick may fire when it is not caught up: never, for a tick from before `since_ms`.
 
         A tick from before a change may already have been fired under the
-        schedule's old version: on another queue (whose record this queue
-        does not see), or before it was disabled.
+        schedule's old version (its old name, say), or slept through while
+        it was disabled. (One fired on another queue is the beat's floor.)
         """
         if tick_ms < self.since_ms:
             return 0
@@ -174,7 +181,10 @@ def _ms(moment: datetime) -> int:
 
 
 def zone(name: str) -> ZoneInfo:
-    """The time zone named `name`; ScheduleError when there is none."""
+    """The time zone named `name`; ScheduleError when there is none, or when it is each host's own."""
+    if name == "localtime":
+        # /etc/localtime of whichever host reads it: schedulers on hosts in other zones would disagree on the ticks.
+        raise ScheduleError("time zone 'localtime' is each host's own; name the zone (e.g. 'Europe/Berlin')")
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, TypeError, OSError):  # OSError: a folder of zones ("Europe")
@@ -211,6 +221,9 @@ class Firing:
         if self.tick_ms is None:
             return f"schedule {self.schedule}: ran now as job {self.job_id} on queue {self.queue}"
         tick = datetime.fromtimestamp(self.tick_ms / 1000, UTC).isoformat(timespec="milliseconds")
+        if self.outcome == "moved":
+            return (f"schedule {self.schedule}: tick {tick} not fired on queue {self.queue}: the schedule has "
+                    "moved to another queue (this scheduler reads the change at its next reading)")
         if not self.decided:
             return f"schedule {self.schedule}: tick {tick} was decided before ({self.outcome})"
         what = {"fired": f"fired job {self.job_id} on queue {self.queue}, {self.late_ms} ms late",
@@ -228,13 +241,22 @@ class Beat:
     `reload_interval_ms`, so changes take effect within that time. A beat
     that finds several ticks of a schedule passed (it was down, or Redis
     was) sends only the newest: missed ticks are coalesced into one.
+
+    A schedule's record lives in its queue (so that the tick's job and the
+    record are one script). A schedule that moves to another queue would
+    find no record there, so before a beat first fires a schedule (new to
+    it, or changed) it closes the schedule's records on the other `queues`
+    (and on any queue it saw the schedule on; closeSchedule), which then
+    decide no tick, and fires no tick up to the newest decided there; its
+    first call opens the record of the schedule's own queue, should it have
+    been closed before. So a beat still firing the old version adds nothing.
     """
 
     def __init__(
         self, client: Any, load: Callable[[], Iterable[Schedule]], *, prefix: str = defaults.PREFIX,
         scripts: Scripts | None = None, reload_interval_ms: int = 5000,
         max_payload_bytes: int = defaults.MAX_PAYLOAD_BYTES, clock: Callable[[], int] = now_ms,
-        call_timeout_ms: int = 2000, close_reader: Callable[[], None] | None = None,
+        call_timeout_ms: int = 2000, close_reader: Callable[[], None] | None = None, queues: Iterable[str] = (),
     ) -> None:
         if reload_interval_ms < 1:
             raise ValueError(f"the reload interval must be at least 1 ms, not {reload_interval_ms}")
@@ -246,8 +268,14 @@ class Beat:
         self.max_payload_bytes = max_payload_bytes
         self.clock = clock
         self.call_timeout_ms = call_timeout_ms
+        self.queues = frozenset(queues)
         self._offset_ms: int | None = None  # Redis's clock minus ours, measured at each reading
-        self.schedules: dict[str, Schedule] = {}
+        self._clock_drift_ms = 0  # our clock minus the monotonic clock when the offset was measured
+        self.schedules: dict[str, Schedule] = {}  # as loaded
+        self._firing: dict[str, Schedule] = {}  # as fired: since_ms no later than when first looked at
+        self._floor: dict[str, int] = {}  # the newest tick decided on another queue
+        self._opening: set[str] = set()  # schedules whose next call opens their record (closed while away)
+        self._seen_on: dict[str, set[str]] = {}  # the queues this beat saw each schedule on
         self._due_at: dict[str, int] = {}  # when this beat next sends a call for the schedule
         self._reload_at = 0
         self._stopping = threading.Event()
@@ -271,20 +299,56 @@ class Beat:
         for name, schedule in schedules.items():
             if self.schedules.get(name) != schedule:
                 self._due_at[name] = 0
+                self._firing.pop(name, None)  # looked at afresh: its since and its floor
+            self._seen_on.setdefault(name, set()).add(schedule.queue)
         self._due_at = {name: due for name, due in self._due_at.items() if name in schedules}
+        self._firing = {name: schedule for name, schedule in self._firing.items() if name in schedules}
         self.schedules = schedules
 
     def now(self) -> int:
         """The time by Redis's clock (ms), which every scheduler follows whatever its host's clock says."""
-        if self._offset_ms is None:
-            self.measure_clock()
-        return self.clock() + (self._offset_ms or 0)
+        local = self.clock()
+        if self._offset_ms is None or abs(local - time.monotonic_ns() // 1_000_000 - self._clock_drift_ms) \
+                > CLOCK_STEP_MS:
+            self.measure_clock()  # never measured, or our clock was stepped since
+            local = self.clock()
+        return local + (self._offset_ms or 0)
 
     def measure_clock(self) -> None:
         """Measure how far Redis's clock is from ours (one TIME call)."""
         before = self.clock()
         seconds, micros = self.client.time()
-        self._offset_ms = int(seconds) * 1000 + int(micros) // 1000 - (before + self.clock()) // 2
+        after = self.clock()
+        self._offset_ms = int(seconds) * 1000 + int(micros) // 1000 - (before + after) // 2
+        self._clock_drift_ms = after - time.monotonic_ns() // 1_000_000
+
+    def _look_at_new(self, names: list[str], now: int) -> None:
+        """Ready schedules new to this beat (or changed) for firing: their since, and their floor.
+
+        The floor is the newest tick decided on another queue, whose record
+        is closed meanwhile (one pipelined round trip a queue; a record tick
+        ahead of Redis's clock does not count, as in fireSchedule).
+        """
+        leaving: dict[str, list[str]] = {}
+        for name in names:
+            for queue in sorted((self.queues | self._seen_on[name]) - {self.schedules[name].queue}):
+                leaving.setdefault(queue, []).append(name)
+        floors = dict.fromkeys(names, 0)
+        for queue, closing in leaving.items():
+            keys = QueueKeys(queue, self.prefix)
+            replies = self.scripts.run_batch([close_call(keys, name) for name in closing])
+            for name, reply in zip(closing, replies):
+                if isinstance(reply, Exception):
+                    if transient(reply):
+                        raise reply
+                    logger.error("schedule %s: its record on queue %s cannot be closed (%s)", name, queue, reply)
+                elif reply is not None and int(reply) <= now + EARLY_MS:
+                    floors[name] = max(floors[name], int(reply))
+        for name in names:
+            schedule = self.schedules[name]
+            self._floor[name] = floors[name]
+            self._firing[name] = replace(schedule, since_ms=min(schedule.since_ms, now))
+            self._opening.add(name)
 
     def fire_due(self, now: int | None = None) -> list[Firing]:
         """Send the newest due tick of every schedule whose tick is due; how each was decided.
@@ -302,18 +366,25 @@ class Beat:
         if now is None:
             now = self.now()
             deadline = now + self.call_timeout_ms
+        due_names = [name for name in self.schedules if self._due_at.get(name, 0) <= now]
+        if new := [name for name in due_names if name not in self._firing]:
+            self._look_at_new(new, now)
         by_queue: dict[str, list[tuple[Schedule, int]]] = {}
-        for name, schedule in self.schedules.items():
-            if self._due_at.get(name, 0) <= now:
-                try:
-                    tick = schedule.tick_at_or_before(now)
-                except Exception:  # a cron expression the library cannot step back through: not a loop of errors
-                    logger.exception("schedule %s: cannot work out its ticks; looked at again on the next reading",
-                                     name)
-                    self._due_at[name] = now + self.reload_interval_ms
-                    continue
-                by_queue.setdefault(schedule.queue, []).append((schedule, tick))
         firings = []
+        for name in due_names:
+            schedule = self._firing[name]
+            try:
+                tick = schedule.tick_at_or_before(now)
+            except Exception:  # a cron expression the library cannot step back through: not a loop of errors
+                logger.exception("schedule %s: cannot work out its ticks; looked at again on the next reading", name)
+                self._due_at[name] = now + self.reload_interval_ms
+                continue
+            if tick <= self._floor.get(name, 0):
+                # Decided on the queue the schedule was on before it moved here: not fired again.
+                firings.append(Firing(name, schedule.queue, tick, "superseded", "", False, now - tick))
+                self._due_at[name] = schedule.tick_after(now)
+                continue
+            by_queue.setdefault(schedule.queue, []).append((schedule, tick))
         for queue, due in by_queue.items():
             if self._aborted.is_set():
                 break
@@ -324,7 +395,7 @@ class Beat:
                     # Once the next tick is due this call is stale: that tick is sent instead (coalesced).
                     call_deadline = min(deadline, schedule.tick_after(tick)) if deadline else 0
                     calls.append(fire_call(keys, schedule, now, tick, max_payload_bytes=self.max_payload_bytes,
-                                           deadline=call_deadline))
+                                           deadline=call_deadline, opening=schedule.name in self._opening))
                     sent.append((schedule, tick))
                 except PayloadError as error:  # data too large for the queue: nothing to retry until it changes
                     logger.error("schedule %s: cannot add its job: %s", schedule.name, error)
@@ -347,19 +418,24 @@ class Beat:
                     continue
                 else:
                     firings.append(_firing(schedule, tick, answered, reply))
+                self._opening.discard(schedule.name)
                 self._due_at[schedule.name] = schedule.tick_after(now)
             if unreachable is not None:
                 raise unreachable
         return firings
 
     def next_wake_ms(self) -> int:
-        """When the loop next has something to do: a due tick, or reading the schedules again.
+        """When the loop next has something to do: a due tick, or reading the schedules again."""
+        return min(min(self._due_at.values(), default=self._reload_at), self._reload_at)
 
-        A reading that falls due while ticks keep coming (one due within an interval of it)
-        waits for the next round and follows it, so it never runs into a tick and delays it.
+    def _reading_due(self) -> bool:
+        """Whether to ask for a reading now: it is due, or nearly (then it follows the round just made).
+
+        A reading runs on a thread of its own, but its CPU would slow a round
+        of calls beside it: one due within a tenth of an interval after a
+        round is asked right away, so readings stay one interval apart at most.
         """
-        due = min(self._due_at.values(), default=self._reload_at)
-        return due if due <= self._reload_at + self.reload_interval_ms else self._reload_at
+        return self.now() >= self._reload_at - self.reload_interval_ms // 10
 
     def run(self, on_firing: Callable[[Firing], None] | None = None) -> None:
         """Fire due ticks until stopped, reading the schedules every reload interval and riding out outages."""
@@ -372,15 +448,21 @@ class Beat:
 
     def _run(self, report: Callable[[Firing], None], reader: _Reader) -> None:
         outage_since: float | None = None
+        interval_s = self.reload_interval_ms / 1000
+        # By when the loop should be back at its top (monotonic): much later means it stood still.
+        back_by = time.monotonic()
         while not self._stopping.is_set():
             self._wake.clear()
+            if time.monotonic() - back_by > interval_s:
+                self._read_after_a_freeze(reader)
+            back_by = time.monotonic()
             try:
                 for firing in self.fire_due():
                     report(firing)
                 if (loaded := reader.take()) is not None:
                     self._apply(loaded)
                     continue  # a new or changed schedule is due now
-                if self.now() >= self._reload_at and not reader.busy:  # right after a round
+                if self._reading_due() and not reader.busy:
                     self.measure_clock()
                     self._reload_at = self.now() + self.reload_interval_ms
                     reader.ask()  # the ticks go on while the reading runs; its result is taken when it ends
@@ -392,11 +474,44 @@ class Beat:
                     outage_since = time.monotonic()
                     logger.error("Redis unreachable (%s); the scheduler keeps retrying", error)
                 self._stopping.wait(min(5.0, 0.2 + (time.monotonic() - outage_since) / 4))
+                back_by = time.monotonic()
                 continue
             if outage_since is not None:
                 logger.warning("Redis is back after %.0f s; firing again", time.monotonic() - outage_since)
                 outage_since = None
-            self._wake.wait(max(0.0, (self.next_wake_ms() - self.now()) / 1000))
+            if time.monotonic() - back_by > interval_s:
+                continue  # the round stood still (frozen while it ran): read again before the next
+            wait_s = max(0.0, (self.next_wake_ms() - self.now()) / 1000)
+            back_by = time.monotonic() + wait_s
+            self._wake.wait(wait_s)
+            back_by = min(back_by, time.monotonic())  # woken early (a reading ended, a stop)
+
+    def _read_after_a_freeze(self, reader: _Reader) -> None:
+        """Read the schedules before firing again: this beat stood still for over an interval.
+
+        A beat that was frozen (SIGSTOP, a suspended VM) holds schedules read
+        before: one disabled, or moved to another queue, meanwhile must not
+        fire from them. The reading waits at most an interval (a database that
+        does not answer then leaves the known schedules, as any failed reading).
+        """
+        logger.warning("scheduler: stood still for over %s s; reading the schedules before firing",
+                       seconds_text(self.reload_interval_ms))
+        deadline = time.monotonic() + self.reload_interval_ms / 1000
+
+        def reading_ended() -> bool:
+            while reader.busy and time.monotonic() < deadline and not self._stopping.is_set():
+                self._wake.wait(0.05)
+                self._wake.clear()
+            return not reader.busy
+
+        # A reading begun before the freeze may hold what was read then: its result goes, and one more is made.
+        if not reading_ended():
+            return
+        reader.take()
+        reader.ask()
+        self._reload_at = self.now() + self.reload_interval_ms
+        if reading_ended() and (loaded := reader.take()) is not None:
+            self._apply(loaded)
 
     def stop(self) -> None:
         """First call: finish the round of calls in progress, then return. Second call: return now."""
@@ -463,12 +578,13 @@ class _Reader:
 
 
 def fire_call(keys: QueueKeys, schedule: Schedule, now: int, tick: int | None, job_id: str = "", *,
-              max_payload_bytes: int = defaults.MAX_PAYLOAD_BYTES, deadline: int = 0) -> Call:
+              max_payload_bytes: int = defaults.MAX_PAYLOAD_BYTES, deadline: int = 0, opening: bool = False) -> Call:
     """The fireSchedule call for one tick, or with `tick` None for a run now under `job_id`.
 
     `deadline`: the latest time by Redis's clock the call may run at and
-    decide (0: no limit, and no look at Redis's clock). PayloadError when
-    the schedule's data is not JSON or too large for the queue.
+    decide (0: no limit, and no look at Redis's clock). `opening`: open the
+    record if a move closed it (see Beat). PayloadError when the schedule's
+    data is not JSON or too large for the queue.
     """
     data = encode_json(schedule.data, f"data of schedule {schedule.name!r}", max_payload_bytes)
     if tick is None:
@@ -480,7 +596,12 @@ def fire_call(keys: QueueKeys, schedule: Schedule, now: int, tick: int | None, j
     return ("fireSchedule-6", keys.for_script("fireSchedule-6", name=schedule.name),
             [keys.base, now, tick_text, tick_job, schedule.job_name, data, schedule.opts.encoded(),
              schedule.opts.priority, missed_after, catch_up_flag, int(schedule.skip_if_running), deadline,
-             schedule.opts.group])
+             schedule.opts.group, int(opening)])
+
+
+def close_call(keys: QueueKeys, name: str) -> Call:
+    """The closeSchedule call for schedule `name`'s record on the queue of `keys`, which it left."""
+    return ("closeSchedule-1", keys.for_script("closeSchedule-1", name=name), [])
 
 
 def _firing(schedule: Schedule, tick: int | None, now: int, reply: list[Any]) -> Firing:

@@ -35,7 +35,8 @@ class Command(BaseCommand):
         client, scripts = scheduler_client()
         beat = Beat(client, load_schedules, prefix=settings.prefix, scripts=scripts,
                     reload_interval_ms=max(1, round(interval * 1000)), max_payload_bytes=settings.max_payload_bytes,
-                    call_timeout_ms=round(SCHEDULER_CALL_TIMEOUT_S * 1000), close_reader=connections.close_all)
+                    call_timeout_ms=round(SCHEDULER_CALL_TIMEOUT_S * 1000), close_reader=connections.close_all,
+                    queues=settings.queues)  # where a schedule moved from may have its record
         connect_or_fail(lambda message: self.stderr.write(self.style.WARNING(message)))
 
         def report(firing: Firing) -> None:
