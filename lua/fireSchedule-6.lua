@@ -20,10 +20,10 @@
   A "run now" (ARGV[3] = "") adds the job under the id ARGV[4] the caller
   made up and records it as the schedule's latest job, leaving the ticks alone.
 
-  A record closed by closeSchedule (the schedule moved to another queue)
-  decides no tick: the answer is "moved", and nothing changes, unless the
-  call opens it (ARGV[14] = 1: the schedule is back on this queue, and its
-  scheduler closed the records on the others first).
+  A schedule that moved from another queue may find no record here, or an
+  old one: ARGV[14] is the newest tick decided on the queues it was on
+  before (its sender reads their records), which counts as the tick decided
+  last when the record has none as new, so a move keeps catching up.
 
   KEYS[1] schedule:<name> HASH   the schedule's record:
             tick      latest tick decided (ms), and outcome how (fired,
@@ -31,8 +31,6 @@
             job       id of the latest job it added, firedAt when (ms),
                       firedTick its tick ("" for a run now)
             fired, skipped, missed   how many ticks went each way
-            closed    present while the schedule is on another queue: the
-                      newest tick decided here (see closeSchedule)
   KEYS[2] wait        LIST
   KEYS[3] paused      LIST
   KEYS[4] meta        HASH
@@ -57,12 +55,12 @@
            (another host's clock, another client) does not hold a tick back.
            0 = no deadline and no look at Redis's clock
   ARGV[13] the job's group ("" = none): it waits in its group's list
-  ARGV[14] 1 = open the record if it is closed (see above), else 0
+  ARGV[14] the newest tick decided on another queue (0 = none; see above)
 
   Returns {outcome, job id, decided}: decided is 1 when this call decided
   the tick, 0 when an earlier call had (a re-send, or another scheduler);
-  the outcome and job id are then the record's. "expired", "early" and
-  "moved" decide nothing. A key of another type than a hash under the tick's job
+  the outcome and job id are then the record's. "expired" and "early"
+  decide nothing. A key of another type than a hash under the tick's job
   id is an error, before anything is written.
 ]]
 -- @include "emitEvent"
@@ -102,8 +100,7 @@ if ARGV[3] == "" then
 end
 
 local tick = tonumber(ARGV[3])
-local last = redis.call("HMGET", KEYS[1], "tick", "outcome", "job", "firedTick", "fired", "skipped", "missed",
-  "closed")
+local last = redis.call("HMGET", KEYS[1], "tick", "outcome", "job", "firedTick", "fired", "skipped", "missed")
 local lastTick = tonumber(last[1])
 -- A counter another client made unreadable starts again from 0, before anything is written.
 local function counted(raw)
@@ -125,9 +122,12 @@ if deadline > 0 then
   if lastTick and not (lastTick <= redisNow + EARLY_MS) then lastTick = tick - 1 end
 end
 
-if last[8] then
-  if ARGV[14] ~= "1" then return {"moved", "", 0} end
-  redis.call("HDEL", KEYS[1], "closed")
+-- A tick the queue the schedule left decided is decided (its sender does not send one), and it
+-- makes the schedule an old one here, which catches up.
+local elsewhere = tonumber(ARGV[14])
+if elsewhere > 0 and not (lastTick and lastTick >= elsewhere) then
+  if tick <= elsewhere then return {"superseded", "", 0} end
+  lastTick = elsewhere
 end
 
 if lastTick and lastTick >= tick then

@@ -41,7 +41,7 @@ MIN_EVERY_MS = 100
 # schedule that never fired before): this, or half the gap to the next tick
 # when that is shorter. Later than that, it is recorded as missed.
 MISSED_AFTER_MS = 60_000
-OUTCOMES = ("fired", "skipped", "missed", "new", "superseded", "moved")
+OUTCOMES = ("fired", "skipped", "missed", "new", "superseded")
 # Answers that decided nothing: the call ran too late (it waited in a frozen Redis or a
 # stalled network past its deadline), or the tick lies ahead of Redis's clock.
 UNDECIDED = ("expired", "early")
@@ -221,9 +221,6 @@ class Firing:
         if self.tick_ms is None:
             return f"schedule {self.schedule}: ran now as job {self.job_id} on queue {self.queue}"
         tick = datetime.fromtimestamp(self.tick_ms / 1000, UTC).isoformat(timespec="milliseconds")
-        if self.outcome == "moved":
-            return (f"schedule {self.schedule}: tick {tick} not fired on queue {self.queue}: the schedule has "
-                    "moved to another queue (this scheduler reads the change at its next reading)")
         if not self.decided:
             return f"schedule {self.schedule}: tick {tick} was decided before ({self.outcome})"
         what = {"fired": f"fired job {self.job_id} on queue {self.queue}, {self.late_ms} ms late",
@@ -244,12 +241,11 @@ class Beat:
 
     A schedule's record lives in its queue (so that the tick's job and the
     record are one script). A schedule that moves to another queue would
-    find no record there, so before a beat first fires a schedule (new to
-    it, or changed) it closes the schedule's records on the other `queues`
-    (and on any queue it saw the schedule on; closeSchedule), which then
-    decide no tick, and fires no tick up to the newest decided there; its
-    first call opens the record of the schedule's own queue, should it have
-    been closed before. So a beat still firing the old version adds nothing.
+    find no record there, or an old one, so before a beat first fires a
+    schedule (new to it, or changed) it reads the schedule's records on the
+    other `queues` (and on any queue it saw the schedule on): each call
+    carries the newest tick decided there, which fireSchedule takes as
+    decided (and as the record's last tick, for catching up).
     """
 
     def __init__(
@@ -274,7 +270,6 @@ class Beat:
         self.schedules: dict[str, Schedule] = {}  # as loaded
         self._firing: dict[str, Schedule] = {}  # as fired: since_ms no later than when first looked at
         self._floor: dict[str, int] = {}  # the newest tick decided on another queue
-        self._opening: set[str] = set()  # schedules whose next call opens their record (closed while away)
         self._seen_on: dict[str, set[str]] = {}  # the queues this beat saw each schedule on
         self._due_at: dict[str, int] = {}  # when this beat next sends a call for the schedule
         self._reload_at = 0
@@ -301,8 +296,9 @@ class Beat:
                 self._due_at[name] = 0
                 self._firing.pop(name, None)  # looked at afresh: its since and its floor
             self._seen_on.setdefault(name, set()).add(schedule.queue)
-        self._due_at = {name: due for name, due in self._due_at.items() if name in schedules}
-        self._firing = {name: schedule for name, schedule in self._firing.items() if name in schedules}
+        for kept in (self._due_at, self._firing, self._floor, self._seen_on):
+            for name in kept.keys() - schedules.keys():
+                del kept[name]
         self.schedules = schedules
 
     def now(self) -> int:
@@ -325,30 +321,29 @@ class Beat:
     def _look_at_new(self, names: list[str], now: int) -> None:
         """Ready schedules new to this beat (or changed) for firing: their since, and their floor.
 
-        The floor is the newest tick decided on another queue, whose record
-        is closed meanwhile (one pipelined round trip a queue; a record tick
-        ahead of Redis's clock does not count, as in fireSchedule).
+        The floor is the newest tick decided on another queue, read in one
+        pipelined round trip (a record tick ahead of Redis's clock does not
+        count, as in fireSchedule).
         """
-        leaving: dict[str, list[str]] = {}
+        asked: list[tuple[str, str]] = []
+        pipe = self.client.pipeline(transaction=False)
         for name in names:
             for queue in sorted((self.queues | self._seen_on[name]) - {self.schedules[name].queue}):
-                leaving.setdefault(queue, []).append(name)
+                pipe.hget(QueueKeys(queue, self.prefix).schedule(name), "tick")
+                asked.append((name, queue))
+        replies = pipe.execute(raise_on_error=False) if asked else []
         floors = dict.fromkeys(names, 0)
-        for queue, closing in leaving.items():
-            keys = QueueKeys(queue, self.prefix)
-            replies = self.scripts.run_batch([close_call(keys, name) for name in closing])
-            for name, reply in zip(closing, replies):
-                if isinstance(reply, Exception):
-                    if transient(reply):
-                        raise reply
-                    logger.error("schedule %s: its record on queue %s cannot be closed (%s)", name, queue, reply)
-                elif reply is not None and int(reply) <= now + EARLY_MS:
-                    floors[name] = max(floors[name], int(reply))
+        for (name, queue), reply in zip(asked, replies):
+            if isinstance(reply, Exception):
+                if transient(reply):
+                    raise reply
+                logger.error("schedule %s: its record on queue %s cannot be read (%s)", name, queue, reply)
+            elif reply is not None and str(reply).isdigit() and int(reply) <= now + EARLY_MS:
+                floors[name] = max(floors[name], int(reply))
         for name in names:
             schedule = self.schedules[name]
             self._floor[name] = floors[name]
             self._firing[name] = replace(schedule, since_ms=min(schedule.since_ms, now))
-            self._opening.add(name)
 
     def fire_due(self, now: int | None = None) -> list[Firing]:
         """Send the newest due tick of every schedule whose tick is due; how each was decided.
@@ -379,11 +374,6 @@ class Beat:
                 logger.exception("schedule %s: cannot work out its ticks; looked at again on the next reading", name)
                 self._due_at[name] = now + self.reload_interval_ms
                 continue
-            if tick <= self._floor.get(name, 0):
-                # Decided on the queue the schedule was on before it moved here: not fired again.
-                firings.append(Firing(name, schedule.queue, tick, "superseded", "", False, now - tick))
-                self._due_at[name] = schedule.tick_after(now)
-                continue
             by_queue.setdefault(schedule.queue, []).append((schedule, tick))
         for queue, due in by_queue.items():
             if self._aborted.is_set():
@@ -395,7 +385,7 @@ class Beat:
                     # Once the next tick is due this call is stale: that tick is sent instead (coalesced).
                     call_deadline = min(deadline, schedule.tick_after(tick)) if deadline else 0
                     calls.append(fire_call(keys, schedule, now, tick, max_payload_bytes=self.max_payload_bytes,
-                                           deadline=call_deadline, opening=schedule.name in self._opening))
+                                           deadline=call_deadline, floor=self._floor[schedule.name]))
                     sent.append((schedule, tick))
                 except PayloadError as error:  # data too large for the queue: nothing to retry until it changes
                     logger.error("schedule %s: cannot add its job: %s", schedule.name, error)
@@ -418,7 +408,6 @@ class Beat:
                     continue
                 else:
                     firings.append(_firing(schedule, tick, answered, reply))
-                self._opening.discard(schedule.name)
                 self._due_at[schedule.name] = schedule.tick_after(now)
             if unreachable is not None:
                 raise unreachable
@@ -449,14 +438,18 @@ class Beat:
     def _run(self, report: Callable[[Firing], None], reader: _Reader) -> None:
         outage_since: float | None = None
         interval_s = self.reload_interval_ms / 1000
-        # By when the loop should be back at its top (monotonic): much later means it stood still.
+        # By when the loop should be back at its top (monotonic): much later means it stood still,
+        # and the schedules are read again before the next round (once Redis answers, if it does not).
         back_by = time.monotonic()
+        stood_still = False
         while not self._stopping.is_set():
             self._wake.clear()
-            if time.monotonic() - back_by > interval_s:
-                self._read_after_a_freeze(reader)
+            stood_still = stood_still or time.monotonic() - back_by > interval_s
             back_by = time.monotonic()
             try:
+                if stood_still:
+                    self._read_after_a_freeze(reader)
+                    stood_still = False
                 for firing in self.fire_due():
                     report(firing)
                 if (loaded := reader.take()) is not None:
@@ -473,8 +466,10 @@ class Beat:
                 if outage_since is None:
                     outage_since = time.monotonic()
                     logger.error("Redis unreachable (%s); the scheduler keeps retrying", error)
-                self._stopping.wait(min(5.0, 0.2 + (time.monotonic() - outage_since) / 4))
-                back_by = time.monotonic()
+                pause_s = min(5.0, 0.2 + (time.monotonic() - outage_since) / 4)
+                back_by = time.monotonic() + pause_s  # a freeze during the pause counts too
+                self._stopping.wait(pause_s)
+                back_by = min(back_by, time.monotonic())
                 continue
             if outage_since is not None:
                 logger.warning("Redis is back after %.0f s; firing again", time.monotonic() - outage_since)
@@ -578,13 +573,13 @@ class _Reader:
 
 
 def fire_call(keys: QueueKeys, schedule: Schedule, now: int, tick: int | None, job_id: str = "", *,
-              max_payload_bytes: int = defaults.MAX_PAYLOAD_BYTES, deadline: int = 0, opening: bool = False) -> Call:
+              max_payload_bytes: int = defaults.MAX_PAYLOAD_BYTES, deadline: int = 0, floor: int = 0) -> Call:
     """The fireSchedule call for one tick, or with `tick` None for a run now under `job_id`.
 
     `deadline`: the latest time by Redis's clock the call may run at and
-    decide (0: no limit, and no look at Redis's clock). `opening`: open the
-    record if a move closed it (see Beat). PayloadError when the schedule's
-    data is not JSON or too large for the queue.
+    decide (0: no limit, and no look at Redis's clock). `floor`: the newest
+    tick decided on a queue the schedule moved from (see Beat). PayloadError
+    when the schedule's data is not JSON or too large for the queue.
     """
     data = encode_json(schedule.data, f"data of schedule {schedule.name!r}", max_payload_bytes)
     if tick is None:
@@ -596,12 +591,7 @@ def fire_call(keys: QueueKeys, schedule: Schedule, now: int, tick: int | None, j
     return ("fireSchedule-6", keys.for_script("fireSchedule-6", name=schedule.name),
             [keys.base, now, tick_text, tick_job, schedule.job_name, data, schedule.opts.encoded(),
              schedule.opts.priority, missed_after, catch_up_flag, int(schedule.skip_if_running), deadline,
-             schedule.opts.group, int(opening)])
-
-
-def close_call(keys: QueueKeys, name: str) -> Call:
-    """The closeSchedule call for schedule `name`'s record on the queue of `keys`, which it left."""
-    return ("closeSchedule-1", keys.for_script("closeSchedule-1", name=name), [])
+             schedule.opts.group, floor])
 
 
 def _firing(schedule: Schedule, tick: int | None, now: int, reply: list[Any]) -> Firing:

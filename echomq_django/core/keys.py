@@ -50,7 +50,6 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "cleanJobs-1": ("<state>",),
     "extendLocks-1": ("stalled",),
     "fireSchedule-6": ("schedule:<name>", "wait", "paused", "meta", "marker", "prioritized"),
-    "closeSchedule-1": ("schedule:<name>",),
     "getCounts-9": (*COUNTED, "meta"),
     "getJob-9": (*STATES, "<id>", "<id>:logs"),
     "moveStalledJobsToWait-8": ("stalled", "wait", "active", "failed", "stalled-check", "meta", "paused", "marker"),
