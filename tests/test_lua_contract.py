@@ -72,3 +72,10 @@ def test_every_name_of_a_queue_key_is_refused_as_a_job_id():
     names = {name for keys in SCRIPT_KEYS.values() for name in keys} | set(DERIVED_KEYS)
     # A name with a placeholder or a ":" cannot be an id (ids hold no ":").
     assert {name for name in names if "<" not in name and ":" not in name} <= RESERVED_IDS
+
+
+def test_the_scheduler_and_fire_schedule_allow_a_record_as_far_ahead_of_redis():
+    from echomq_django.core.beat import EARLY_MS
+
+    [in_lua] = re.findall(r"^local EARLY_MS = (\d+)$", script_source("fireSchedule-6"), re.MULTILINE)
+    assert int(in_lua) == EARLY_MS
