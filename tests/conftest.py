@@ -19,6 +19,11 @@ _cluster: ClusterServers | None = None
 _SKIP_OWN_SERVERS = pytest.StashKey[bool]()
 _SKIP_NO_DATABASE = pytest.StashKey[bool]()
 _LTS_LINE = pytest.StashKey[bool]()
+_DATABASE_ONLY = pytest.StashKey[bool]()
+# What a test asks for when it reaches the Django database (the rest cannot tell PostgreSQL from SQLite).
+_DATABASE_FIXTURES = {"db", "transactional_db", "django_db_setup", "django_db_reset_sequences",
+                      "django_db_serialized_rollback", "live_server", "admin_client", "admin_user",
+                      "django_user_model"}
 
 
 def pytest_configure(config) -> None:
@@ -34,6 +39,8 @@ def pytest_configure(config) -> None:
     # The same for a test of the runtime's processes alone (no Django database, and nothing the
     # topology of Redis changes: tests/test_cluster.py runs the pool once on the cluster).
     config.stash[_SKIP_NO_DATABASE] = not on_sqlite or os.environ.get("ECHOMQ_TEST_REDIS_URL") == "cluster"
+    # The PostgreSQL run is there for the database: a test that never reaches it runs on SQLite alone.
+    config.stash[_DATABASE_ONLY] = not on_sqlite
     if os.environ.get("ECHOMQ_TEST_REDIS_URL") == "cluster":
         _cluster = ClusterServers(masters=3, replicas=0)
         _cluster.start()
@@ -51,6 +58,11 @@ def pytest_collection_modifyitems(config, items) -> None:
         skip = pytest.mark.skip(reason="no database: the SQLite run of this Python has it")
         for item in items:
             if item.get_closest_marker("no_database"):
+                item.add_marker(skip)
+    if config.stash.get(_DATABASE_ONLY, False):
+        skip = pytest.mark.skip(reason="reaches no database: the SQLite runs have it")
+        for item in items:
+            if not (_DATABASE_FIXTURES & set(item.fixturenames) or item.get_closest_marker("django_db")):
                 item.add_marker(skip)
 
 
