@@ -22,8 +22,10 @@
 
   A schedule that moved from another queue may find no record here, or an
   old one: ARGV[14] is the newest tick decided on the queues it was on
-  before (its sender reads their records), which counts as the tick decided
-  last when the record has none as new, so a move keeps catching up.
+  before (its sender reads their records). A tick up to it is decided
+  ("superseded"), and it counts as this record's latest tick when that is
+  older or missing, so a moved schedule is not taken for a new one and
+  still catches up.
 
   KEYS[1] schedule:<name> HASH   the schedule's record:
             tick      latest tick decided (ms), and outcome how (fired,
@@ -122,8 +124,8 @@ if deadline > 0 then
   if lastTick and not (lastTick <= redisNow + EARLY_MS) then lastTick = tick - 1 end
 end
 
--- A tick the queue the schedule left decided is decided (its sender does not send one), and it
--- makes the schedule an old one here, which catches up.
+-- A tick decided on the queue the schedule left is decided here too; and the schedule is an old
+-- one here (it catches up), not a new one.
 local elsewhere = tonumber(ARGV[14])
 if elsewhere > 0 and not (lastTick and lastTick >= elsewhere) then
   if tick <= elsewhere then return {"superseded", "", 0} end
