@@ -181,10 +181,12 @@ def test_first_stop_lets_the_running_job_finish(queue):
     assert queue.counts()["wait"] == 1, "no new job is fetched after a stop"
 
 
-def test_second_stop_returns_at_once_and_the_sweeper_recovers_the_job(queue):
+# Concurrency 1 runs the job on the loop's own thread, 3 on job threads: a second stop leaves either at once.
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_second_stop_returns_at_once_and_the_sweeper_recovers_the_job(queue, concurrency):
     job_id = queue.add("work")
     release = threading.Event()
-    worker = make_worker(queue, lambda job: release.wait(10), lock_duration_ms=300)
+    worker = make_worker(queue, lambda job: release.wait(10), lock_duration_ms=300, concurrency=concurrency)
     thread = start(worker)
     assert wait_until(lambda: queue.get_state(job_id) == "active", 2)
     worker.stop()
@@ -196,6 +198,61 @@ def test_second_stop_returns_at_once_and_the_sweeper_recovers_the_job(queue):
     sweep(queue)
     assert sweep(queue).recovered == 1
     release.set()
+
+
+def new_threads(since: set[threading.Thread], name: str) -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread not in since and thread.name == name]
+
+
+def test_a_job_that_ends_after_a_second_stop_writes_nothing(queue):
+    """The job outlives run() (concurrency 1: on the loop's thread); its result is not written, as run() left."""
+    job_id = queue.add("work")
+    release, ended = threading.Event(), threading.Event()
+
+    def handler(job):
+        release.wait(10)
+        ended.set()
+        return "late"
+
+    existing = set(threading.enumerate())
+    worker = make_worker(queue, handler)
+    thread = start(worker)
+    assert wait_until(lambda: queue.get_state(job_id) == "active", 2)
+    worker.stop()
+    worker.stop()
+    thread.join(2)
+    assert not thread.is_alive(), "the second stop does not wait for the job"
+    [loop] = new_threads(existing, "echomq-loop")
+    release.set()
+    assert ended.wait(5)
+    loop.join(5)
+    assert not loop.is_alive(), "the loop ends once its job does"
+    assert queue.get_state(job_id) == "active", "left to the sweeper, not completed behind run()'s back"
+    assert queue.get_job(job_id).returnvalue is None
+
+
+def test_ctrl_c_while_run_waits_on_its_loop_leaves_the_job_to_the_sweeper(queue):
+    """run() on the main thread (a script's own worker): Ctrl-C raises there, as a second stop it stops all."""
+    import _thread
+
+    job_id = queue.add("work")
+    release = threading.Event()
+    worker = make_worker(queue, lambda job: release.wait(10), lock_duration_ms=300)
+
+    def interrupt() -> None:
+        if wait_until(lambda: queue.get_state(job_id) == "active", 5):
+            _thread.interrupt_main()
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            worker.run()
+        assert time.monotonic() - started < 5
+        assert wait_until(lambda: not queue.client.exists(queue.keys.lock(job_id)), 2), "nobody renews the lock"
+        assert sweep(queue).recovered == 0 and sweep(queue).recovered == 1
+    finally:
+        release.set()
 
 
 def test_max_jobs_stops_after_that_many(queue):

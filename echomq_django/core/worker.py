@@ -30,6 +30,9 @@ logger = logging.getLogger("echomq.worker")
 # How often a worker that found its queue at MAX_ACTIVE looks again (a job of its own that ends wakes it sooner).
 CAP_POLL_S = 0.25
 
+# How often run() at concurrency 1, which waits while its loop runs beside it, looks at signals.
+SIGNAL_CHECK_S = 0.5
+
 # moveToFinished's status codes for a failed attempt, in words.
 _FAILURE_OUTCOMES = {2: "for good", 3: "retrying now", 4: "retrying after its backoff"}
 
@@ -85,7 +88,8 @@ class Worker:
     One loop does the worker's Redis work in batches: each round trip writes
     the results of every job that ended since the last one and takes new jobs
     for the free slots, in one pipeline. Each slot runs one job at a time
-    (see pool.py): with `pool="threads"` on a thread of this process, with
+    (see pool.py): with `pool="threads"` on a thread of this process (at
+    concurrency 1 the loop's own, which saves two thread wake-ups a job), with
     `pool="processes"` in a child process of its own, started once and reused
     (retired after `max_jobs_per_child` jobs, or once it grew past
     `max_memory_per_child_kb`). A slot only runs handlers. When
@@ -186,6 +190,14 @@ class Worker:
         self._locks = LockRenewer(self.scripts, self.keys, lock_duration_ms, renew_interval_ms, self.worker_id,
                                   on_stop=self._stop_attempt)
         self._running = 0  # jobs fetched and not yet written back; only the loop changes it
+        # One job at a time on threads: the loop runs it on its own thread, not on a job thread, which
+        # saves the two hand-offs per job between them (a thread's wake-up each); run() then runs the
+        # loop on a thread beside the caller's, so that a second stop can still return at once.
+        self._inline = concurrency == 1 and pool == "threads"
+        self._running_inline = False  # the loop runs a job (inline only)
+        self._left = threading.Event()  # run() may return: the loop ended, or a second stop left a job running
+        self._stop_lock = threading.Lock()  # a second stop against an inline job's start; the close, once
+        self._closed = False
         self._jobs: threadqueue.SimpleQueue[Job | None] = threadqueue.SimpleQueue()
         # What wakes the loop: an _Outcome from a job thread, or None (marker, stop).
         self._events: threadqueue.SimpleQueue[_Outcome | None] = threadqueue.SimpleQueue()
@@ -210,7 +222,10 @@ class Worker:
         if self._stopping.is_set():
             logger.warning("worker %s: second stop, leaving %d running job(s) to the sweeper",
                            self.worker_id, self._running)
-            self._aborted.set()
+            with self._stop_lock:
+                self._aborted.set()
+                if self._running_inline:
+                    self._left.set()  # run() returns now, leaving the job the loop runs
         else:
             logger.info("worker %s: stopping after %d running job(s)", self.worker_id, self._running)
             self._stopping.set()
@@ -226,79 +241,129 @@ class Worker:
         worker that cannot start children must not fail job after job).
         """
         if not self._start_children():
-            return 0  # stopped while they started
-        threads = [threading.Thread(target=self._job_thread, args=(slot,), name=f"echomq-job-{i}", daemon=True)
-                   for i, slot in enumerate(self._slots)]
-        threads.append(threading.Thread(target=self._locks.run, name="echomq-renew", daemon=True))
-        threads.append(threading.Thread(target=self._wait_for_marker, name="echomq-marker", daemon=True))
+            return 0
+        threads = [threading.Thread(target=self._locks.run, name="echomq-renew", daemon=True),
+                   threading.Thread(target=self._wait_for_marker, name="echomq-marker", daemon=True)]
+        if not self._inline:
+            threads += [threading.Thread(target=self._job_thread, args=(slot,), name=f"echomq-job-{i}", daemon=True)
+                        for i, slot in enumerate(self._slots)]
         for thread in threads:
             thread.start()
+        if self._inline:
+            self._loop_beside(burst, max_jobs)
+        else:
+            try:
+                self._loop(burst, max_jobs)
+            finally:
+                self._close()
+        if self._broken is not None:
+            raise RuntimeError(str(self._broken))
+        return self.processed
+
+    def _loop_beside(self, burst: bool, max_jobs: int | None) -> None:
+        """Run the loop, which runs the jobs too, on a thread of its own, until it ends or a second stop.
+
+        That thread is not the caller's so that a second stop still returns
+        at once while a job runs: the job is left to run out, as a job
+        thread's would be, and its result to be dropped.
+        """
+        failed: list[BaseException] = []
+
+        def loop() -> None:
+            try:
+                self._loop(burst, max_jobs)
+            except BaseException as error:  # raised in the caller, as the loop's own errors are
+                failed.append(error)
+            finally:
+                self._close()
+                self._left.set()
+
+        threading.Thread(target=loop, name="echomq-loop", daemon=True).start()
+        try:
+            # In slices: a signal (Ctrl-C) that another thread received is handled here between two.
+            while not self._left.wait(SIGNAL_CHECK_S):
+                pass
+        finally:
+            if not self._left.is_set():  # the caller's own wait was interrupted (a KeyboardInterrupt)
+                self._aborted.set()
+                self._wait.cut()
+                self._events.put(None)
+            self._close()
+        if failed:
+            raise failed[0]
+
+    def _loop(self, burst: bool, max_jobs: int | None) -> None:
         fetched = 0
         ended: list[_Outcome] = []  # jobs whose results are still to be written
         next_due: int | None = None
         waited = False  # the last round trip was a wait that took nothing: the next one waits at once
-        try:
-            while not self._aborted.is_set():
-                want = 0
-                if not self._stopping.is_set():
-                    # Writing the ended jobs' results frees their slots in the same round trip.
-                    want = self.concurrency - self._running + len(ended)
-                    if max_jobs is not None:
-                        want = min(want, max_jobs - fetched)
-                if not want and not self._running and not ended and not self._unanswered_token:
-                    break  # stopping, or max_jobs reached, and nothing left to write
-                wrote = bool(ended)
-                got = 0
-                if (want and not waited) or ended or self._unanswered_token:
-                    got, next_due = self._exchange(ended, want)
-                waited = False
+        while not self._aborted.is_set():
+            if self._inline:
+                self._run_inline(ended)  # the job the last round trip took, if it took one
+            want = 0
+            if not self._stopping.is_set():
+                # Writing the ended jobs' results frees their slots in the same round trip.
+                want = self.concurrency - self._running + len(ended)
+                if max_jobs is not None:
+                    want = min(want, max_jobs - fetched)
+            if not want and not self._running and not ended and not self._unanswered_token:
+                break  # stopping, or max_jobs reached, and nothing left to write
+            wrote = bool(ended)
+            got = 0
+            if (want and not waited) or ended or self._unanswered_token:
+                got, next_due = self._exchange(ended, want)
+            waited = False
+            fetched += got
+            if got or wrote or self._collect(ended, wait_s=None):
+                continue  # slots may have freed, more may be ready: go round again
+            if want and self._held_back_ms:
+                # Flow control held jobs back: wait as long as the script said (a cap: a while), not
+                # on the marker, which every add sets; a job of this worker that ends wakes it sooner.
+                held_s = self._held_back_ms / 1000 if self._held_back_ms > 0 else CAP_POLL_S
+                self._collect(ended, wait_s=held_s)
+                continue
+            if want and burst and not self._running and not self._unanswered_token:
+                break  # nothing is ready and nothing is running (nor a fetch whose reply is owed)
+            if want and not burst and not self._running and not self._unanswered_token \
+                    and self.scripts.waits_then_runs and (next_due is None or next_due > now_ms()):
+                # Nothing runs, so nothing can end meanwhile: the loop itself waits for work and
+                # takes it in the same round trip (one wake-up for the worker, not two), ending the
+                # marker thread's wait if one is left from while jobs ran (a signal it took meanwhile
+                # it puts back, as the loop is not idle on it).
+                self._idle.clear()
+                got, next_due = self._exchange(ended, want, wait_s=self._wait_s(next_due))
                 fetched += got
-                if got or wrote or self._collect(ended, wait_s=None):
-                    continue  # slots may have freed, more may be ready: go round again
-                if want and self._held_back_ms:
-                    # Flow control held jobs back: wait as long as the script said (a cap: a while), not
-                    # on the marker, which every add sets; a job of this worker that ends wakes it sooner.
-                    held_s = self._held_back_ms / 1000 if self._held_back_ms > 0 else CAP_POLL_S
-                    self._collect(ended, wait_s=held_s)
-                    continue
-                if want and burst and not self._running and not self._unanswered_token:
-                    break  # nothing is ready and nothing is running (nor a fetch whose reply is owed)
-                if want and not burst and not self._running and not self._unanswered_token \
-                        and self.scripts.waits_then_runs and (next_due is None or next_due > now_ms()):
-                    # Nothing runs, so nothing can end meanwhile: the loop itself waits for work and
-                    # takes it in the same round trip (one wake-up for the worker, not two), ending the
-                    # marker thread's wait if one is left from while jobs ran (a signal it took meanwhile
-                    # it puts back, as the loop is not idle on it).
-                    self._idle.clear()
-                    got, next_due = self._exchange(ended, want, wait_s=self._wait_s(next_due))
-                    fetched += got
-                    waited = not got
-                    continue
-                if want and not burst:
-                    self._arm_marker(next_due)
-                self._collect(ended, wait_s=self.block_timeout_s + 1)
-            if ended and not self._unreachable:
-                # A second stop: still write what already ended, once, rather than rerun it; not when the
-                # last round trip failed, as the write would wait out the outage ("a second stop leaves now").
-                self._exchange(ended, 0)
-        finally:
-            self._stopping.set()
-            self._idle.clear()
-            self._done.set()
-            self._locks.stop()
-            self._marker_wanted.set()
-            # The children first, while the job threads that started some still live (a child is
-            # killed when the thread that started it ends); a second stop kills those of jobs left running.
-            for slot in self._slots:
-                try:
-                    slot.close(kill=self._aborted.is_set())
-                except Exception:  # the other slots must still be closed
-                    logger.exception("worker %s: could not stop a child process", self.worker_id)
+                waited = not got
+                continue
+            if want and not burst:
+                self._arm_marker(next_due)
+            self._collect(ended, wait_s=self.block_timeout_s + 1)
+        if ended and not self._unreachable:
+            # A second stop: still write what already ended, once, rather than rerun it; not when the
+            # last round trip failed, as the write would wait out the outage ("a second stop leaves now").
+            self._exchange(ended, 0)
+
+    def _close(self) -> None:
+        """The worker's end, once its loop ended or a second stop left it: called again, it does nothing more."""
+        self._stopping.set()
+        self._idle.clear()
+        self._done.set()
+        self._locks.stop()
+        self._marker_wanted.set()
+        with self._stop_lock:
+            if self._closed:
+                return
+            self._closed = True
+        # The children first, while the job threads that started some still live (a child is
+        # killed when the thread that started it ends); a second stop kills those of jobs left running.
+        for slot in self._slots:
+            try:
+                slot.close(kill=self._aborted.is_set())
+            except Exception:  # the other slots must still be closed
+                logger.exception("worker %s: could not stop a child process", self.worker_id)
+        if not self._inline:
             for _ in range(self.concurrency):
-                self._jobs.put(None)
-        if self._broken is not None:
-            raise RuntimeError(str(self._broken))
-        return self.processed
+                self._jobs.put(None)  # each job thread's last
 
     def _start_children(self) -> bool:
         """Start the processes pool's children; False when the worker was stopped meanwhile."""
@@ -577,26 +642,51 @@ class Worker:
 
     def _job_thread(self, slot: ThreadSlot | ProcessSlot) -> None:
         while (job := self._jobs.get()) is not None:
-            finish = None
-            key = (job.id, job.token or "")
-            with self._in_hand_lock:
-                self._in_hand[key] = (job, slot)
+            outcome = _Outcome(job, None)
             try:
-                finish = slot.run(job, *self._limits(job))
-            except ChildStartError as error:  # no child to run jobs in: stop, leaving this job to the sweeper
-                if not error.stopped:
-                    logger.error("worker %s: %s; stopping, and leaving job %s to the sweeper", self.worker_id,
-                                 error, job.id)
-                    self._broken = self._broken or error
-                    self._stopping.set()
-                    self._aborted.set()
-            except Exception:  # the thread must live on for the next job; the lock lapses
-                logger.exception("worker %s: could not finish job %s; the sweeper will recover it",
-                                 self.worker_id, job.id)
+                outcome = self._run_job(slot, job)
             finally:  # even for SystemExit from a handler: the loop must free the slot
-                with self._in_hand_lock:
-                    self._in_hand.pop(key, None)
-                self._events.put(_Outcome(job, finish))
+                self._events.put(outcome)
+
+    def _run_inline(self, ended: list[_Outcome]) -> None:
+        """Run the job the loop took, on the loop's own thread (concurrency 1 on threads: see __init__)."""
+        while not self._jobs.empty():
+            job = self._jobs.get_nowait()
+            assert job is not None  # only job threads get None
+            with self._stop_lock:
+                if self._aborted.is_set():
+                    return  # a second stop came after the fetch: the job is left to the sweeper
+                self._running_inline = True
+            try:
+                outcome = self._run_job(self._slots[0], job)
+            finally:
+                with self._stop_lock:
+                    self._running_inline = False
+            if self._aborted.is_set():
+                return  # a second stop meanwhile, and run() has returned: the result is dropped
+            ended.append(outcome)
+
+    def _run_job(self, slot: ThreadSlot | ProcessSlot, job: Job) -> _Outcome:
+        finish = None
+        key = (job.id, job.token or "")
+        with self._in_hand_lock:
+            self._in_hand[key] = (job, slot)
+        try:
+            finish = slot.run(job, *self._limits(job))
+        except ChildStartError as error:  # no child to run jobs in: stop, leaving this job to the sweeper
+            if not error.stopped:
+                logger.error("worker %s: %s; stopping, and leaving job %s to the sweeper", self.worker_id,
+                             error, job.id)
+                self._broken = self._broken or error
+                self._stopping.set()
+                self._aborted.set()
+        except Exception:  # the thread must live on for the next job; the lock lapses
+            logger.exception("worker %s: could not finish job %s; the sweeper will recover it",
+                             self.worker_id, job.id)
+        finally:
+            with self._in_hand_lock:
+                self._in_hand.pop(key, None)
+        return _Outcome(job, finish)
 
     def _limits(self, job: Job) -> tuple[int, int]:
         """(soft, hard) time limit of a job in ms, 0 for none: its own, else the worker's."""
