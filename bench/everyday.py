@@ -39,6 +39,9 @@ Figures, per system:
             Caveat: job N-1 is the last one taken (every queue here is FIFO), but at concurrency
             8 or 32 up to 31 other no-op jobs may still be ending when it ends; no-op jobs take
             microseconds, so that error is far below the noise.
+            At concurrency 1 the table also gives Redis's time per job (INFO commandstats, every
+            command from the worker's start to the last job's end, over N): one job at a time, it
+            is part of every job's cycle, beside the round trip and the worker's own work.
   sleep     1,280 jobs of time.sleep(0.05) (bullmq: await asyncio.sleep(0.05), as its processor is a
             coroutine) at concurrency 32 (--quick 64), timed as the no-op jobs (job 0's start to job
             N-1's end: the jobs of the last wave all started before job N-1); jobs/s and % of the
@@ -699,24 +702,34 @@ def measure_latency(system: System, client: redis.Redis, jobs: int) -> dict[str,
     return {"latency_p50": percentile(ms, 50), "latency_p99": percentile(ms, 99), "latency_max": max(ms)}
 
 
-def measure_rate(system: System, client: redis.Redis, jobs: int, concurrency: int, sleep_s: float = 0.0) -> float:
-    """jobs/s of one worker process at `concurrency` through `jobs` jobs enqueued before it starts.
+def redis_usec(client: redis.Redis) -> int:
+    """Redis's time in commands so far, all of them (INFO commandstats: a script counts whole, once)."""
+    return sum(stats["usec"] for stats in client.info("commandstats").values())
+
+
+def measure_rate(system: System, client: redis.Redis, jobs: int, concurrency: int,
+                 sleep_s: float = 0.0) -> tuple[float, float]:
+    """(jobs/s, Redis µs per job) of one worker process at `concurrency` through `jobs` jobs enqueued first.
 
     No-op jobs, or jobs sleeping `sleep_s`; from job 0's start to job N-1's end, as the handlers say.
+    Redis's time is all its commands' from the worker's start to the last job's mark (the worker's own
+    start-up and this harness's few waits included), over the jobs.
     """
     with Measurement(system, client) as m:
         if sleep_s:
             system.add_bulk("nap", [[n, jobs - 1, sleep_s] for n in range(jobs)])
         else:
             system.add_bulk("noop", [[n, jobs - 1] for n in range(jobs)])
+        before = redis_usec(client)
         m.start_worker(concurrency)
         last = m.wait_mark(":last", jobs / 100 + 120, f"{jobs} jobs at concurrency {concurrency}")
+        redis_us = (redis_usec(client) - before) / jobs
         first = float(client.lindex(m.tag + ":first", 0))
-    return jobs / (last - first)
+    return jobs / (last - first), redis_us
 
 
 def measure_sleep(system: System, client: redis.Redis, jobs: int) -> dict[str, float]:
-    rate = measure_rate(system, client, jobs, SLEEP_CONCURRENCY, SLEEP_S)
+    rate, _ = measure_rate(system, client, jobs, SLEEP_CONCURRENCY, SLEEP_S)
     return {"sleep": rate, "sleep_pct": 100 * rate / IDEAL}
 
 
@@ -726,7 +739,7 @@ def measure_system(system: System, client: redis.Redis, figures: list[str], size
     jobs = size["jobs"].get(system.key, size["default_jobs"])
     for figure in figures:
         keys = {"enqueue": ["enqueue", "enqueue_cpu_us"], "latency": ["latency_p50", "latency_p99", "latency_max"],
-                "sleep": ["sleep", "sleep_pct"]}.get(figure, [figure])
+                "sleep": ["sleep", "sleep_pct"], "c1": ["c1", "c1_redis_us"]}.get(figure, [figure])
         if figure not in system.figures:
             found.update(dict.fromkeys(keys, None))
             continue
@@ -738,7 +751,9 @@ def measure_system(system: System, client: redis.Redis, figures: list[str], size
             elif figure == "sleep":
                 found.update(measure_sleep(system, client, size["sleep"]))
             else:
-                found[figure] = measure_rate(system, client, jobs, CONCURRENCY[figure])
+                found[figure], redis_us = measure_rate(system, client, jobs, CONCURRENCY[figure])
+                if figure == "c1":  # one job at a time: each job's Redis time is on its critical path
+                    found["c1_redis_us"] = redis_us
         except Exception as error:  # one failed figure must not lose the run
             print(f"  {system.label}, {figure}: {type(error).__name__}: {str(error)[-1500:]}", file=sys.stderr)
             found.update(dict.fromkeys(keys, "error"))
@@ -865,6 +880,7 @@ ROWS = [
     ("latency_p99", "  p99, ms", "{:,.2f}", False),
     ("latency_max", "  max, ms", "{:,.2f}", False),
     ("c1", "no-op jobs/s, concurrency 1", "{:,.0f}", True),
+    ("c1_redis_us", "  Redis time per job, µs", "{:,.1f}", False),
     ("c8", "no-op jobs/s, concurrency 8", "{:,.0f}", True),
     ("c32", "no-op jobs/s, concurrency 32", "{:,.0f}", True),
     ("sleep", "50 ms jobs/s, concurrency 32", "{:,.0f}", True),
