@@ -4,8 +4,9 @@ Python runs a signal handler on the main thread, between two of its steps. The
 beat and the sweeper stop by setting an Event that their loop waits on; if the
 loop were on the main thread, a signal landing while that wait held the
 Event's lock would make the handler wait for the lock forever (echomq_beat
-hung so once in CI). Each test runs a child process of its own and sends it
-real signals.
+hung so once in CI). A Worker's run() waits on the main thread too, at
+concurrency 1, while its loop runs beside it. Each test runs a child process of
+its own and sends it real signals.
 """
 
 import signal
@@ -82,3 +83,47 @@ def test_a_second_signal_leaves_a_work_that_does_not_stop_after_its_grace():
 def test_what_the_work_raises_is_raised_to_the_caller():
     out, err = child("raises").communicate(timeout=10)
     assert out.splitlines() == ["raised: from the work", "returned; handlers on the main thread: []"], err
+
+
+# A worker run on the main thread by a script of its own, stopped by its own SIGTERM handler (as
+# tests/worker_process.py is). At concurrency 1 run() waits there while its loop runs the job beside it;
+# the wait's slices are made 0 so that the second SIGTERM lands inside that wait as often as can be.
+WORKER_CHILD = textwrap.dedent("""
+    import os, signal, sys, threading, time
+    import echomq_django.core.worker as worker_module
+    from echomq_django.core import Queue, Worker, connect
+
+    url, prefix, name = sys.argv[1:4]
+    client = connect(url)
+    queue = Queue(name, client, prefix=prefix)
+    queue.add("long")
+    started = threading.Event()
+    worker_module.SIGNAL_CHECK_S = 0
+    worker = Worker(name, lambda job: started.set() or time.sleep(30), client, prefix=prefix, block_timeout_s=0.2)
+    signal.signal(signal.SIGTERM, lambda *_: worker.stop())
+
+    def stop_twice():
+        started.wait(10)
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while not worker._stopping.is_set() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=stop_twice, daemon=True).start()
+    print("returned", worker.run(), flush=True)
+""")
+
+
+def test_a_second_sigterm_landing_in_runs_wait_for_its_loop_does_not_hang(redis_url, prefix):
+    for attempt in range(5):
+        process = subprocess.Popen([sys.executable, "-c", WORKER_CHILD, redis_url, prefix, f"q{attempt}"], cwd=ROOT,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = process.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            out, err = "hung", ""
+        finally:
+            process.kill()
+            process.communicate()
+        assert out.strip() == "returned 0", f"attempt {attempt}: {out} {err[-2000:]}"

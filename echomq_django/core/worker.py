@@ -195,9 +195,10 @@ class Worker:
         # loop on a thread beside the caller's, so that a second stop can still return at once.
         self._inline = concurrency == 1 and pool == "threads"
         self._running_inline = False  # the loop runs a job (inline only)
-        self._left = threading.Event()  # run() may return: the loop ended, or a second stop left a job running
-        self._stop_lock = threading.Lock()  # a second stop against an inline job's start; the close, once
-        self._closed = False
+        # Why run() may return (inline only): "ended" (the loop, closed), or "left" (a second stop left a
+        # job running). A SimpleQueue, whose put() is safe in a signal handler that interrupted its get()
+        # on the same thread; an Event's set() there may wait forever for the lock the wait holds.
+        self._left: threadqueue.SimpleQueue[str] = threadqueue.SimpleQueue()
         self._jobs: threadqueue.SimpleQueue[Job | None] = threadqueue.SimpleQueue()
         # What wakes the loop: an _Outcome from a job thread, or None (marker, stop).
         self._events: threadqueue.SimpleQueue[_Outcome | None] = threadqueue.SimpleQueue()
@@ -222,10 +223,9 @@ class Worker:
         if self._stopping.is_set():
             logger.warning("worker %s: second stop, leaving %d running job(s) to the sweeper",
                            self.worker_id, self._running)
-            with self._stop_lock:
-                self._aborted.set()
-                if self._running_inline:
-                    self._left.set()  # run() returns now, leaving the job the loop runs
+            self._aborted.set()
+            if self._running_inline:  # (the loop raises it before it looks at _aborted: see _run_inline)
+                self._left.put("left")  # run() returns now, leaving the job the loop runs
         else:
             logger.info("worker %s: stopping after %d running job(s)", self.worker_id, self._running)
             self._stopping.set()
@@ -276,19 +276,24 @@ class Worker:
                 failed.append(error)
             finally:
                 self._close()
-                self._left.set()
+                self._left.put("ended")
 
         threading.Thread(target=loop, name="echomq-loop", daemon=True).start()
+        why = ""
         try:
-            # In slices: a signal (Ctrl-C) that another thread received is handled here between two.
-            while not self._left.wait(SIGNAL_CHECK_S):
-                pass
+            while not why:
+                try:
+                    # In slices: a signal (Ctrl-C) that another thread received is handled here between two.
+                    why = self._left.get(timeout=SIGNAL_CHECK_S)
+                except threadqueue.Empty:
+                    pass
         finally:
-            if not self._left.is_set():  # the caller's own wait was interrupted (a KeyboardInterrupt)
+            if not why:  # the caller's own wait was interrupted (a KeyboardInterrupt)
                 self._aborted.set()
                 self._wait.cut()
                 self._events.put(None)
-            self._close()
+            if why != "ended":  # the loop runs on: its renewals, its marker wait must end now
+                self._close()
         if failed:
             raise failed[0]
 
@@ -344,16 +349,12 @@ class Worker:
             self._exchange(ended, 0)
 
     def _close(self) -> None:
-        """The worker's end, once its loop ended or a second stop left it: called again, it does nothing more."""
+        """The worker's end, once its loop ended or a second stop left it (inline: maybe both, so twice)."""
         self._stopping.set()
         self._idle.clear()
         self._done.set()
         self._locks.stop()
         self._marker_wanted.set()
-        with self._stop_lock:
-            if self._closed:
-                return
-            self._closed = True
         # The children first, while the job threads that started some still live (a child is
         # killed when the thread that started it ends); a second stop kills those of jobs left running.
         for slot in self._slots:
@@ -653,15 +654,16 @@ class Worker:
         while not self._jobs.empty():
             job = self._jobs.get_nowait()
             assert job is not None  # only job threads get None
-            with self._stop_lock:
-                if self._aborted.is_set():
-                    return  # a second stop came after the fetch: the job is left to the sweeper
-                self._running_inline = True
+            # Raised first, then _aborted read: a second stop either is seen here, or sees the flag raised
+            # and lets run() return (no lock: stop() may run in a signal handler, see _left).
+            self._running_inline = True
+            if self._aborted.is_set():
+                self._running_inline = False
+                return  # a second stop came after the fetch: the job is left to the sweeper
             try:
                 outcome = self._run_job(self._slots[0], job)
             finally:
-                with self._stop_lock:
-                    self._running_inline = False
+                self._running_inline = False
             if self._aborted.is_set():
                 return  # a second stop meanwhile, and run() has returned: the result is dropped
             ended.append(outcome)
