@@ -25,8 +25,14 @@ CHILD = textwrap.dedent("""
     stopping, stops = threading.Event(), []
     case = sys.argv[1]
 
+    slow = threading.Lock()
+
     def stop():
         stops.append(threading.current_thread() is threading.main_thread())
+        if case == "slow":
+            with slow:  # a stop that takes a while, holding a lock: the next signal lands inside it
+                print("in stop", flush=True)
+                time.sleep(1)
         stopping.set()
 
     def work():
@@ -78,6 +84,20 @@ def test_a_second_signal_leaves_a_work_that_does_not_stop_after_its_grace():
         process.kill()
     assert process.returncode == 0, err  # SystemExit(0), while the work still slept
     assert out == "" and 0.4 < took < 5, f"left after {took:.1f} s (grace 0.5 s)"
+
+
+def test_a_signal_landing_inside_the_stop_of_another_does_not_hang():
+    process = child("slow")
+    try:
+        assert process.stdout.readline().strip() == "ready"
+        process.send_signal(signal.SIGTERM)
+        assert process.stdout.readline().strip() == "in stop"
+        process.send_signal(signal.SIGTERM)  # its handler runs inside the first one's, which holds the lock
+        out, err = process.communicate(timeout=10)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    assert out.splitlines()[0] == "in stop", "the second stop is made too, after the first"
 
 
 def test_what_the_work_raises_is_raised_to_the_caller():

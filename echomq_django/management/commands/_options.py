@@ -82,16 +82,25 @@ def run_stoppable(work: Callable[[], None], stop: Callable[[], None], *, second_
     Python runs signal handlers on the main thread, between two of its steps.
     A `stop` that sets an Event the main thread itself was waiting on can land
     while the interrupted wait holds the Event's lock, and then waits for it
-    forever; so the main thread here only joins. What `work` raises is raised
+    forever; so the main thread here only joins, and a signal that lands in
+    the handler of another leaves its stop to that handler. What `work` raises is raised
     here. The work's database writes are its thread's own: outside a
     transaction the caller holds (a test's, say).
     """
     raised: list[BaseException] = []
     signals: list[float] = []  # time.monotonic() of each stop signal
+    owed: list[None] = []  # stops asked for and not yet made
 
     def on_signal() -> None:
         signals.append(time.monotonic())
-        stop()
+        owed.append(None)
+        if len(owed) > 1:
+            # This signal interrupted the handler of an earlier one inside `stop`, which may hold a
+            # lock `stop` takes again: that handler makes this stop too, once its own returns.
+            return
+        while owed:
+            stop()
+            owed.pop()
 
     def target() -> None:
         try:
