@@ -241,7 +241,7 @@ class Worker:
         worker that cannot start children must not fail job after job).
         """
         if not self._start_children():
-            return 0
+            return 0  # stopped while they started
         threads = [threading.Thread(target=self._locks.run, name="echomq-renew", daemon=True),
                    threading.Thread(target=self._wait_for_marker, name="echomq-marker", daemon=True)]
         if not self._inline:

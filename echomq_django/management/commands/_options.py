@@ -83,9 +83,9 @@ def run_stoppable(work: Callable[[], None], stop: Callable[[], None], *, second_
     A `stop` that sets an Event the main thread itself was waiting on can land
     while the interrupted wait holds the Event's lock, and then waits for it
     forever; so the main thread here only joins, and a signal that lands in
-    the handler of another leaves its stop to that handler. What `work` raises is raised
-    here. The work's database writes are its thread's own: outside a
-    transaction the caller holds (a test's, say).
+    the handler of another leaves its stop to that handler. What `work`
+    raises is raised here. The work's database writes are its thread's own:
+    outside a transaction the caller holds (a test's, say).
     """
     raised: list[BaseException] = []
     signals: list[float] = []  # time.monotonic() of each stop signal
