@@ -247,8 +247,13 @@ class Worker:
         if not self._inline:
             threads += [threading.Thread(target=self._job_thread, args=(slot,), name=f"echomq-job-{i}", daemon=True)
                         for i, slot in enumerate(self._slots)]
-        for thread in threads:
-            thread.start()
+        try:
+            for thread in threads:
+                thread.start()
+        except BaseException:  # a Ctrl-C while they start: none of them may run on (the renewer would for good)
+            self._aborted.set()
+            self._close()
+            raise
         if self._inline:
             self._loop_beside(burst, max_jobs)
         else:
@@ -278,9 +283,10 @@ class Worker:
                 self._close()
                 self._left.put("ended")
 
-        threading.Thread(target=loop, name="echomq-loop", daemon=True).start()
         why = ""
         try:
+            # Inside the try: start() waits for the thread to run, and a Ctrl-C may land meanwhile.
+            threading.Thread(target=loop, name="echomq-loop", daemon=True).start()
             while not why:
                 try:
                     # In slices: a signal (Ctrl-C) that another thread received is handled here between two.
