@@ -287,12 +287,7 @@ class Worker:
         try:
             # Inside the try: start() waits for the thread to run, and a Ctrl-C may land meanwhile.
             threading.Thread(target=loop, name="echomq-loop", daemon=True).start()
-            while not why:
-                try:
-                    # In slices: a signal (Ctrl-C) that another thread received is handled here between two.
-                    why = self._left.get(timeout=SIGNAL_CHECK_S)
-                except threadqueue.Empty:
-                    pass
+            why = self._wait_to_return()
         finally:
             if not why:  # the caller's own wait was interrupted (a KeyboardInterrupt)
                 self._aborted.set()
@@ -302,6 +297,21 @@ class Worker:
                 self._close()
         if failed:
             raise failed[0]
+
+    def _wait_to_return(self) -> str:
+        """Why run() may return (see _left), on the caller's thread, which handles its signals meanwhile.
+
+        A loop of its own, outside the caller's try: CPython 3.13 raises a
+        Ctrl-C that lands on the condition of a `while` past that loop's
+        enclosing `finally` (python/cpython#130279); it does run the
+        `finally` of a caller.
+        """
+        while True:
+            try:
+                # In slices: a signal (Ctrl-C) that another thread received is handled here between two.
+                return self._left.get(timeout=SIGNAL_CHECK_S)
+            except threadqueue.Empty:
+                pass
 
     def _loop(self, burst: bool, max_jobs: int | None) -> None:
         fetched = 0
