@@ -16,6 +16,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = textwrap.dedent("""
@@ -147,3 +149,43 @@ def test_a_second_sigterm_landing_in_runs_wait_for_its_loop_does_not_hang(redis_
             process.kill()
             process.communicate()
         assert out.strip() == "returned 0", f"attempt {attempt}: {out} {err[-2000:]}"
+
+
+# A script's own runner, stopped by its own SIGTERM handler: the signal lands while the main thread
+# holds the lock of the flag the second stop sets (as the loop's own retry pause, `_aborted.wait(1.0)`,
+# does between two of its steps). A threading.Event there hangs the handler for good.
+RUNNER_CHILD = textwrap.dedent("""
+    import os, signal, sys, time
+    from echomq_django.core import Beat, Sweeper, Worker, connect
+
+    url, prefix, kind = sys.argv[1:4]
+    client = connect(url)
+    runner = {"worker": lambda: Worker("q", print, client, prefix=prefix, concurrency=3),
+              "sweeper": lambda: Sweeper(client, ["q"], prefix=prefix),
+              "beat": lambda: Beat(client, lambda: [], prefix=prefix)}[kind]()
+    handled = []
+    signal.signal(signal.SIGTERM, lambda *_: handled.append(runner.stop()))
+    with runner._aborted._changed:
+        for stops in (1, 2):
+            os.kill(os.getpid(), signal.SIGTERM)
+            deadline = time.monotonic() + 5
+            while len(handled) < stops and time.monotonic() < deadline:
+                time.sleep(0.01)
+    print("stopped twice:", runner._aborted.is_set(), flush=True)
+    runner.run()
+    print("returned", flush=True)
+""")
+
+
+@pytest.mark.parametrize("kind", ["worker", "sweeper", "beat"])
+def test_a_stop_signal_landing_while_its_thread_holds_the_runners_flag_does_not_hang(redis_url, prefix, kind):
+    process = subprocess.Popen([sys.executable, "-c", RUNNER_CHILD, redis_url, prefix, kind], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = process.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        out, err = "hung", ""
+    finally:
+        process.kill()
+        process.communicate()
+    assert out.splitlines() == ["stopped twice: True", "returned"], err[-2000:]

@@ -31,6 +31,7 @@ from .job import MAX_DELAY_MS, JobOptions, encode_json
 from .keys import QueueKeys, validate_job_id, validate_job_name, validate_name
 from .queue import now_ms
 from .scripts import Call, Scripts
+from .stopping import Flag, TwoStages
 
 logger = logging.getLogger("echomq.beat")
 
@@ -273,9 +274,9 @@ class Beat:
         self._seen_on: dict[str, set[str]] = {}  # the queues this beat saw each schedule on
         self._due_at: dict[str, int] = {}  # when this beat next sends a call for the schedule
         self._reload_at = 0
-        self._stopping = threading.Event()
-        self._aborted = threading.Event()
-        self._wake = threading.Event()  # set by stop() and by a reading that has ended
+        self._stages = TwoStages()  # what stop() sets, also from a signal handler
+        self._stopping, self._aborted = self._stages.stopping, self._stages.aborted
+        self._wake = Flag()  # set by stop() and by a reading that has ended
         # run() reads the schedules on a thread of its own, so a slow or locked database (a
         # SQLite write lock waits out its 5 s timeout) never holds a tick back; `close_reader`
         # runs on that thread as it ends (Django: connections.close_all, that thread's own).
@@ -510,12 +511,10 @@ class Beat:
 
     def stop(self) -> None:
         """First call: finish the round of calls in progress, then return. Second call: return now."""
-        if self._stopping.is_set():
+        if self._stages.stop():
             logger.warning("scheduler: second stop, leaving now")
-            self._aborted.set()
         else:
             logger.info("scheduler: stopping after the round of calls in progress (stop again to leave now)")
-        self._stopping.set()
         self._wake.set()
 
 
@@ -526,7 +525,7 @@ class _Reader:
     bug in a loader): firing what is known beats firing nothing.
     """
 
-    def __init__(self, load: Callable[[], Iterable[Schedule]], done: threading.Event,
+    def __init__(self, load: Callable[[], Iterable[Schedule]], done: Flag,
                  close: Callable[[], None] | None) -> None:
         self._load, self._done, self._close = load, done, close
         self._asked = threading.Event()

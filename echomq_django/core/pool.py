@@ -48,6 +48,7 @@ from .errors import (
 )
 from .job import Job, Reporter, encode_json
 from .scripts import Finish
+from .stopping import Flag
 
 logger = logging.getLogger("echomq.worker")
 
@@ -166,12 +167,12 @@ class ProcessSlot:
 
     def __init__(self, handler: Handler, reporter: Reporter, *, child_init: Callable[[], None] | None = None,
                  max_jobs: int = 0, max_memory_kb: int = 0, name: str = "echomq-child",
-                 aborted: threading.Event | None = None) -> None:
+                 aborted: Flag | None = None) -> None:
         self._handler = pickle.dumps(handler)  # unpickled in the child after child_init (Django set up)
         self._reporter = reporter
         self._child_init = child_init
         self.max_jobs, self.max_memory_kb, self.name = max_jobs, max_memory_kb, name
-        self._aborted = aborted or threading.Event()  # the worker's second stop: give up a child's start
+        self._aborted = aborted or Flag()  # the worker's second stop: give up a child's start
         self._process: Any = None  # multiprocessing's SpawnProcess
         self._conn: Connection | None = None
         self._jobs = 0  # jobs the current child has run
@@ -199,7 +200,7 @@ class ProcessSlot:
         with self._lock:
             self._process, self._conn, self._jobs = process, parent, 0
 
-    def wait_ready(self, give_up: threading.Event) -> None:
+    def wait_ready(self, give_up: Flag) -> None:
         """Wait for the launched child to be set up; ChildStartError (and no child) when it died first.
 
         Also gives up when `give_up` is set (the worker stops), however long the set-up takes.

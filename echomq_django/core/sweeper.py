@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -19,6 +18,7 @@ from .errors import QueueStateError
 from .keys import QueueKeys
 from .queue import now_ms
 from .scripts import Scripts
+from .stopping import TwoStages
 
 logger = logging.getLogger("echomq.sweeper")
 
@@ -116,8 +116,8 @@ class Sweeper:
         self._keys = {target.queue: QueueKeys(target.queue, prefix) for target in self.targets}
         self.budget = budget
         self.scripts = scripts or Scripts(client)
-        self._stopping = threading.Event()
-        self._aborted = threading.Event()
+        self._stages = TwoStages()  # what stop() sets, also from a signal handler
+        self._stopping, self._aborted = self._stages.stopping, self._stages.aborted
 
     def sweep(self, target: SweepTarget, *, force: bool = False) -> SweepReport:
         """Run one whole sweep of one queue (one or more atomic script calls)."""
@@ -199,12 +199,10 @@ class Sweeper:
 
     def stop(self) -> None:
         """First call: finish the sweep in progress, then return. Second call: return now."""
-        if self._stopping.is_set():
+        if self._stages.stop():
             logger.warning("sweeper: second stop, leaving now")
-            self._aborted.set()
         else:
             logger.info("sweeper: stopping after the sweep in progress (stop again to leave now)")
-        self._stopping.set()
 
 
 def last_sweep(client: Any, keys: QueueKeys) -> dict[str, Any] | None:

@@ -25,6 +25,7 @@ from .locks import RETRY_PAUSE_S, LockRenewer
 from .pool import POOLS, ChildStartError, Handler, ProcessSlot, ThreadSlot, class_path
 from .queue import now_ms
 from .scripts import Confirm, Finish, RateLimit, Scripts, Wait
+from .stopping import Flag, TwoStages
 
 logger = logging.getLogger("echomq.worker")
 # How often a worker that found its queue at MAX_ACTIVE looks again (a job of its own that ends wakes it sooner).
@@ -172,8 +173,8 @@ class Worker:
         self._reporter = _Reporter(self.scripts, self.keys, max_log_lines)
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.processed = 0
-        self._stopping = threading.Event()
-        self._aborted = threading.Event()
+        self._stages = TwoStages()  # what stop() sets, also from a signal handler
+        self._stopping, self._aborted = self._stages.stopping, self._stages.aborted
         self._done = threading.Event()
         self._broken: ChildStartError | None = None  # a child could not be started mid-run: the worker stops
         try:
@@ -206,7 +207,7 @@ class Worker:
         # The marker thread's connection while it blocks (its Redis client id), for the loop to end that wait.
         self._marker_blocking: int | None = None
         self._marker_wanted = threading.Event()  # the loop asks the marker thread to block
-        self._idle = threading.Event()  # the loop has free slots and found nothing to take
+        self._idle = Flag()  # the loop has free slots and found nothing to take (stop() clears it)
         self._marker_timeout_s = block_timeout_s
         # The token of a fetch whose reply never came: sent again with the next
         # fetch, so the script answers with the jobs it took (see moveToActive).
@@ -220,15 +221,13 @@ class Worker:
 
     def stop(self) -> None:
         """First call: finish running jobs, fetch no more. Second call: return at once."""
-        if self._stopping.is_set():
+        if self._stages.stop():
             logger.warning("worker %s: second stop, leaving %d running job(s) to the sweeper",
                            self.worker_id, self._running)
-            self._aborted.set()
             if self._running_inline:  # (the loop raises it before it looks at _aborted: see _run_inline)
                 self._left.put("left")  # run() returns now, leaving the job the loop runs
         else:
             logger.info("worker %s: stopping after %d running job(s)", self.worker_id, self._running)
-            self._stopping.set()
             self._idle.clear()
         self._wait.cut()
         self._events.put(None)
