@@ -5,40 +5,67 @@ maybe while that thread holds the lock of a threading.Event it is waiting on
 or setting, or while it runs the handler of an earlier signal. A handler
 that sets the same Event then waits for that lock forever (a burst of
 SIGTERMs to a script whose handler is `worker.stop()`, or one signal landing
-in an outage's retry pause). A Flag's lock is reentrant, so the handler goes
-through; and `TwoStages` counts the stops in one step that a handler cannot
-cut in two, so that a stop landing inside another is still the second.
+in an outage's retry pause). A Flag takes no lock that a handler could find
+taken; and `TwoStages` counts the stops in one step that a handler cannot cut
+in two, so that a stop landing inside another is still the second.
 """
 
 from __future__ import annotations
 
+import _thread
+import collections
 import itertools
-import threading
 
 
 class Flag:
-    """threading.Event's set, clear, is_set and wait, on a reentrant lock (see the module's docstring)."""
+    """threading.Event's set, clear, is_set and wait, safe in a signal handler (see the module's docstring).
+
+    Each wait blocks on a lock of its own, which set() releases. Every step
+    that a handler could land between is one the other side is ready for: a
+    wait looks at the flag again once its lock is in the queue, so a set()
+    before that is seen there, and one after it releases the lock; set()
+    takes each lock out of the queue in one step, so a set() landing inside
+    another never releases a lock twice.
+    """
 
     def __init__(self) -> None:
-        self._changed = threading.Condition(threading.RLock())
         self._set = False
+        self._waiters: collections.deque[_thread.LockType] = collections.deque()
 
     def is_set(self) -> bool:
         return self._set
 
     def set(self) -> None:
-        with self._changed:
-            self._set = True
-            self._changed.notify_all()
+        self._set = True
+        while True:
+            try:
+                waiter = self._waiters.popleft()
+            except IndexError:
+                return
+            waiter.release()
 
     def clear(self) -> None:
-        with self._changed:
-            self._set = False
+        self._set = False
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Until set, or for at most `timeout` seconds; whether it is set."""
-        with self._changed:
-            return self._changed.wait_for(self.is_set, timeout)
+        """Until set, or for at most `timeout` seconds (0 or less: not at all); whether it is set."""
+        if self._set:
+            return True
+        waiter = _thread.allocate_lock()
+        waiter.acquire()
+        self._waiters.append(waiter)
+        try:
+            if self._set:
+                return True
+            if timeout is None:
+                return waiter.acquire()
+            # True when set() released it, as Event's: even if cleared again since
+            return waiter.acquire(timeout=timeout) if timeout > 0 else False
+        finally:
+            try:
+                self._waiters.remove(waiter)
+            except ValueError:
+                pass  # set() took it
 
 
 class TwoStages:
