@@ -197,3 +197,57 @@ def test_a_runner_stopped_by_a_burst_of_its_own_sigterm_handler_returns(redis_ur
             process.kill()
             process.communicate()
         assert out.splitlines() == ["returned"], f"attempt {attempt}: {out} {err[-2000:]}"
+
+
+# A caller that catches the KeyboardInterrupt of a Ctrl-C and lives on (a shell, a notebook), and a
+# second Ctrl-C that lands in the cleanup the first began (injected there: the window is a few µs):
+# the cleanup must still end the worker's renewals, else the jobs it left are never recovered.
+CTRL_C_CHILD = textwrap.dedent("""
+    import os, signal, sys, threading, time
+    from echomq_django.core import Queue, Worker, connect
+
+    url, prefix, concurrency = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    client = connect(url)
+    queue = Queue("q", client, prefix=prefix)
+    for _ in range(concurrency):
+        queue.add("long")
+    running = threading.Semaphore(0)
+    worker = Worker("q", lambda job: running.release() or time.sleep(5), client, prefix=prefix,
+                    concurrency=concurrency, lock_duration_ms=400)
+    close = worker._close
+
+    def close_hit_by_a_second_ctrl_c():
+        if threading.current_thread() is threading.main_thread():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)  # its handler runs here
+        close()
+
+    worker._close = close_hit_by_a_second_ctrl_c
+
+    def first_ctrl_c():
+        for _ in range(concurrency):
+            running.acquire()
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=first_ctrl_c, daemon=True).start()
+    interrupts = 0
+    try:
+        try:
+            worker.run()
+        except KeyboardInterrupt:
+            interrupts += 1
+    except KeyboardInterrupt:
+        interrupts += 1
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and any(thread.name == "echomq-renew" for thread in threading.enumerate()):
+        time.sleep(0.01)
+    renewing = any(thread.name == "echomq-renew" for thread in threading.enumerate())
+    print(interrupts, "renewing" if renewing else "left to the sweeper", flush=True)
+""")
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_a_second_ctrl_c_in_runs_cleanup_still_leaves_the_jobs_to_the_sweeper(redis_url, prefix, concurrency):
+    process = subprocess.run([sys.executable, "-c", CTRL_C_CHILD, redis_url, prefix, str(concurrency)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=20)
+    assert process.stdout.strip() == "1 left to the sweeper", process.stderr[-2000:]

@@ -76,3 +76,26 @@ def test_two_stages_count_every_stop_once_across_threads():
         thread.join(5)
     assert later.count(False) == 1 and len(later) == 50
     assert stages.stopping.is_set() and stages.aborted.is_set()
+
+
+def test_within_one_ctrl_c_the_first_raises_and_the_later_ones_do_not_cut_the_cleanup():
+    out = run_child("""
+        import os, signal, time
+        from echomq_django.core.stopping import one_ctrl_c
+
+        steps = []
+        try:
+            with one_ctrl_c():
+                try:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    time.sleep(5)  # the first: cut short
+                finally:
+                    for step in range(3):  # the cleanup the first began: the later ones land in it
+                        os.kill(os.getpid(), signal.SIGINT)
+                        time.sleep(0.05)
+                        steps.append(step)
+        except KeyboardInterrupt:
+            print("raised once, cleaned up", steps)
+        print("Python's own again:", signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    """)
+    assert out.splitlines() == ["raised once, cleaned up [0, 1, 2]", "Python's own again: True"]

@@ -14,7 +14,12 @@ from __future__ import annotations
 
 import _thread
 import collections
+import contextlib
 import itertools
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
 
 
 class Flag:
@@ -82,3 +87,32 @@ class TwoStages:
         if later:
             self.aborted.set()
         return later
+
+
+@contextlib.contextmanager
+def one_ctrl_c() -> Iterator[None]:
+    """Within: the first Ctrl-C raises KeyboardInterrupt, as Python's own does; the later ones are dropped.
+
+    Python's Ctrl-C raises between any two steps of the main thread, and so
+    a later one lands in the cleanup that the first began: a caller that
+    catches the KeyboardInterrupt and lives on (a shell, a notebook) would
+    keep a worker half stopped, renewing the locks of the jobs it left. A
+    SIGINT handler of the caller's own is left as it is, and so is a block
+    off the main thread (no signal is handled there).
+    """
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    raised: list[int] = []
+
+    def on_ctrl_c(signum: int, frame: FrameType | None) -> None:
+        if not raised:
+            raised.append(signum)
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_ctrl_c)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -25,7 +25,7 @@ from .locks import RETRY_PAUSE_S, LockRenewer
 from .pool import POOLS, ChildStartError, Handler, ProcessSlot, ThreadSlot, class_path
 from .queue import now_ms
 from .scripts import Confirm, Finish, RateLimit, Scripts, Wait
-from .stopping import Flag, TwoStages
+from .stopping import Flag, TwoStages, one_ctrl_c
 
 logger = logging.getLogger("echomq.worker")
 # How often a worker that found its queue at MAX_ACTIVE looks again (a job of its own that ends wakes it sooner).
@@ -238,7 +238,13 @@ class Worker:
         With the processes pool, the children start first: RuntimeError when
         one cannot, then or later (the jobs in hand are left to the sweeper: a
         worker that cannot start children must not fail job after job).
+        A Ctrl-C (Python's KeyboardInterrupt) is a second stop, raised; the
+        later ones are dropped until run() has left (see `one_ctrl_c`).
         """
+        with one_ctrl_c():
+            return self._run(burst, max_jobs)
+
+    def _run(self, burst: bool, max_jobs: int | None) -> int:
         if not self._start_children():
             return 0  # stopped while they started
         threads = [threading.Thread(target=self._locks.run, name="echomq-renew", daemon=True),
@@ -250,16 +256,17 @@ class Worker:
             for thread in threads:
                 thread.start()
         except BaseException:  # a Ctrl-C while they start: none of them may run on (the renewer would for good)
-            self._aborted.set()
-            self._close()
+            self._abandon()
             raise
         if self._inline:
             self._loop_beside(burst, max_jobs)
         else:
             try:
                 self._loop(burst, max_jobs)
-            finally:
-                self._close()
+            except BaseException:  # a Ctrl-C, say
+                self._abandon()
+                raise
+            self._close()
         if self._broken is not None:
             raise RuntimeError(str(self._broken))
         return self.processed
@@ -288,12 +295,11 @@ class Worker:
             threading.Thread(target=loop, name="echomq-loop", daemon=True).start()
             why = self._wait_to_return()
         finally:
-            if not why:  # the caller's own wait was interrupted (a KeyboardInterrupt)
-                self._aborted.set()
-                self._wait.cut()
-                self._events.put(None)
-            if why != "ended":  # the loop runs on: its renewals, its marker wait must end now
+            # Unless the loop ended, it runs on: its renewals, its marker wait must end now.
+            if why == "left":
                 self._close()
+            elif not why:  # a Ctrl-C cut the caller's wait short: a second stop of its own
+                self._abandon()
         if failed:
             raise failed[0]
 
@@ -362,6 +368,13 @@ class Worker:
             # A second stop: still write what already ended, once, rather than rerun it; not when the
             # last round trip failed, as the write would wait out the outage ("a second stop leaves now").
             self._exchange(ended, 0)
+
+    def _abandon(self) -> None:
+        """A second stop that run() makes itself, on a Ctrl-C or an error: the running jobs are left."""
+        self._aborted.set()
+        self._wait.cut()
+        self._events.put(None)
+        self._close()
 
     def _close(self) -> None:
         """The worker's end, once its loop ended or a second stop left it (inline: maybe both, so twice)."""
