@@ -479,6 +479,8 @@ class Beat:
                 continue  # the round stood still (frozen while it ran): read again before the next
             wait_s = max(0.0, (self.next_wake_ms() - self.now()) / 1000)
             back_by = time.monotonic() + wait_s
+            if self._stopping.is_set():
+                break  # a stop since the loop's top: the clear there may have wiped its wake-up
             self._wake.wait(wait_s)
             back_by = min(back_by, time.monotonic())  # woken early (a reading ended, a stop)
 
