@@ -99,3 +99,23 @@ def test_within_one_ctrl_c_the_first_raises_and_the_later_ones_do_not_cut_the_cl
         print("Python's own again:", signal.getsignal(signal.SIGINT) is signal.default_int_handler)
     """)
     assert out.splitlines() == ["raised once, cleaned up [0, 1, 2]", "Python's own again: True"]
+
+
+def test_within_one_ctrl_c_a_ctrl_c_after_the_grace_raises_again():
+    out = run_child("""
+        import os, signal, time
+        from echomq_django.core import stopping
+
+        stopping.CLEANUP_GRACE_S = 0.2
+        raised = 0
+        with stopping.one_ctrl_c():
+            for _ in range(2):
+                try:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    time.sleep(0.05)  # the handler runs here
+                except KeyboardInterrupt:
+                    raised += 1
+                time.sleep(0.5)  # past the grace: the next one is not dropped
+        print(raised)
+    """)
+    assert out == "2"

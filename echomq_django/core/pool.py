@@ -194,11 +194,11 @@ class ProcessSlot:
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
             process.start()
+            child.close()
+            with self._lock:  # before the mask goes: a Ctrl-C held back by it raises there, and close() must
+                self._process, self._conn, self._jobs = process, parent, 0  # know the child to kill it
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        child.close()
-        with self._lock:
-            self._process, self._conn, self._jobs = process, parent, 0
 
     def wait_ready(self, give_up: Flag) -> None:
         """Wait for the launched child to be set up; ChildStartError (and no child) when it died first.

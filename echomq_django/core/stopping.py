@@ -18,6 +18,7 @@ import contextlib
 import itertools
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from types import FrameType
 
@@ -58,8 +59,8 @@ class Flag:
             return True
         waiter = _thread.allocate_lock()
         waiter.acquire()
-        self._waiters.append(waiter)
         try:
+            self._waiters.append(waiter)  # inside: a handler's exception may leave from this very call
             if self._set:
                 return True
             if timeout is None:
@@ -89,30 +90,42 @@ class TwoStages:
         return later
 
 
+# How long after a Ctrl-C that raised the next ones are dropped: run()'s cleanup takes milliseconds.
+CLEANUP_GRACE_S = 2.0
+
+
 @contextlib.contextmanager
 def one_ctrl_c() -> Iterator[None]:
-    """Within: the first Ctrl-C raises KeyboardInterrupt, as Python's own does; the later ones are dropped.
+    """Within: a Ctrl-C raises KeyboardInterrupt, as Python's own does, but not again for CLEANUP_GRACE_S.
 
     Python's Ctrl-C raises between any two steps of the main thread, and so
-    a later one lands in the cleanup that the first began: a caller that
+    a second one lands in the cleanup that the first began: a caller that
     catches the KeyboardInterrupt and lives on (a shell, a notebook) would
     keep a worker half stopped, renewing the locks of the jobs it left. A
     SIGINT handler of the caller's own is left as it is, and so is a block
-    off the main thread (no signal is handled there).
+    off the main thread (no signal is handled there). Should a Ctrl-C land
+    where this cannot put Python's handler back (between two of its own
+    steps), the one left behind still raises: never twice in a grace, and
+    once the block has ended, as Python's, which it puts back.
     """
     if threading.current_thread() is not threading.main_thread() \
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         yield
         return
-    raised: list[int] = []
+    raised_at, within = [-CLEANUP_GRACE_S], [True]
 
     def on_ctrl_c(signum: int, frame: FrameType | None) -> None:
-        if not raised:
-            raised.append(signum)
+        if not within[0]:  # left behind by a Ctrl-C in the finally below: Python's own, from now on
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+        if time.monotonic() - raised_at[0] >= CLEANUP_GRACE_S:
+            raised_at[0] = time.monotonic()
             raise KeyboardInterrupt
 
-    signal.signal(signal.SIGINT, on_ctrl_c)
     try:
+        signal.signal(signal.SIGINT, on_ctrl_c)  # inside: a Ctrl-C may raise as soon as it is in
         yield
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        within[0] = False
+        if signal.getsignal(signal.SIGINT) is on_ctrl_c:  # not one that a job put in meanwhile
+            signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -239,7 +239,7 @@ class Worker:
         one cannot, then or later (the jobs in hand are left to the sweeper: a
         worker that cannot start children must not fail job after job).
         A Ctrl-C (Python's KeyboardInterrupt) is a second stop, raised; the
-        later ones are dropped until run() has left (see `one_ctrl_c`).
+        next ones, which would cut its cleanup short, are dropped (see `one_ctrl_c`).
         """
         with one_ctrl_c():
             return self._run(burst, max_jobs)
