@@ -112,20 +112,21 @@ def one_ctrl_c() -> Iterator[None]:
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         yield
         return
-    raised_at, within = [-CLEANUP_GRACE_S], [True]
+    raised_at, within = -CLEANUP_GRACE_S, True
 
     def on_ctrl_c(signum: int, frame: FrameType | None) -> None:
-        if not within[0]:  # left behind by a Ctrl-C in the finally below: Python's own, from now on
+        nonlocal raised_at
+        if not within:  # left behind by a Ctrl-C in the finally below: Python's own, from now on
             signal.signal(signal.SIGINT, signal.default_int_handler)
             raise KeyboardInterrupt
-        if time.monotonic() - raised_at[0] >= CLEANUP_GRACE_S:
-            raised_at[0] = time.monotonic()
+        if time.monotonic() - raised_at >= CLEANUP_GRACE_S:
+            raised_at = time.monotonic()
             raise KeyboardInterrupt
 
     try:
         signal.signal(signal.SIGINT, on_ctrl_c)  # inside: a Ctrl-C may raise as soon as it is in
         yield
     finally:
-        within[0] = False
+        within = False
         if signal.getsignal(signal.SIGINT) is on_ctrl_c:  # not one that a job put in meanwhile
             signal.signal(signal.SIGINT, signal.default_int_handler)

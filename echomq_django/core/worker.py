@@ -252,21 +252,19 @@ class Worker:
         if not self._inline:
             threads += [threading.Thread(target=self._job_thread, args=(slot,), name=f"echomq-job-{i}", daemon=True)
                         for i, slot in enumerate(self._slots)]
+        # Whatever cuts run() short (a Ctrl-C, say, also while the threads start) is a second stop: none of
+        # them may run on, the renewer would for good. After _loop_beside's own cleanup it changes nothing.
         try:
             for thread in threads:
                 thread.start()
-        except BaseException:  # a Ctrl-C while they start: none of them may run on (the renewer would for good)
+            if self._inline:
+                self._loop_beside(burst, max_jobs)  # which closes the worker, whatever ends it
+            else:
+                self._loop(burst, max_jobs)
+                self._close()
+        except BaseException:
             self._abandon()
             raise
-        if self._inline:
-            self._loop_beside(burst, max_jobs)
-        else:
-            try:
-                self._loop(burst, max_jobs)
-            except BaseException:  # a Ctrl-C, say
-                self._abandon()
-                raise
-            self._close()
         if self._broken is not None:
             raise RuntimeError(str(self._broken))
         return self.processed
