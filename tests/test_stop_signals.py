@@ -63,6 +63,19 @@ def child(case: str) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True)
 
 
+def output_of(script: str, *args: str, timeout_s: float = 10) -> tuple[str, str]:
+    """What a child running `script` printed on stdout and stderr; stdout "hung" when it outlived the timeout."""
+    process = subprocess.Popen([sys.executable, "-c", script, *args], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        return process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return "hung", ""
+    finally:
+        process.kill()
+        process.communicate()
+
+
 def test_a_stop_signal_landing_while_its_event_is_held_does_not_hang():
     process = child("busy")
     try:
@@ -139,15 +152,7 @@ WORKER_CHILD = textwrap.dedent("""
 
 def test_a_second_sigterm_landing_in_runs_wait_for_its_loop_does_not_hang(redis_url, prefix):
     for attempt in range(5):
-        process = subprocess.Popen([sys.executable, "-c", WORKER_CHILD, redis_url, prefix, f"q{attempt}"], cwd=ROOT,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            out, err = process.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            out, err = "hung", ""
-        finally:
-            process.kill()
-            process.communicate()
+        out, err = output_of(WORKER_CHILD, redis_url, prefix, f"q{attempt}")
         assert out.strip() == "returned 0", f"attempt {attempt}: {out} {err[-2000:]}"
 
 
@@ -187,15 +192,7 @@ RUNNER_CHILD = textwrap.dedent("""
 @pytest.mark.parametrize("kind", ["worker1", "worker3", "sweeper", "beat"])
 def test_a_runner_stopped_by_a_burst_of_its_own_sigterm_handler_returns(redis_url, prefix, kind):
     for attempt in range(3):
-        process = subprocess.Popen([sys.executable, "-c", RUNNER_CHILD, redis_url, prefix, kind, f"q{attempt}"],
-                                   cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            out, err = process.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            out, err = "hung", ""
-        finally:
-            process.kill()
-            process.communicate()
+        out, err = output_of(RUNNER_CHILD, redis_url, prefix, kind, f"q{attempt}")
         assert out.splitlines() == ["returned"], f"attempt {attempt}: {out} {err[-2000:]}"
 
 
@@ -248,6 +245,5 @@ CTRL_C_CHILD = textwrap.dedent("""
 
 @pytest.mark.parametrize("concurrency", [1, 3])
 def test_a_second_ctrl_c_in_runs_cleanup_still_leaves_the_jobs_to_the_sweeper(redis_url, prefix, concurrency):
-    process = subprocess.run([sys.executable, "-c", CTRL_C_CHILD, redis_url, prefix, str(concurrency)], cwd=ROOT,
-                             capture_output=True, text=True, timeout=20)
-    assert process.stdout.strip() == "1 left to the sweeper", process.stderr[-2000:]
+    out, err = output_of(CTRL_C_CHILD, redis_url, prefix, str(concurrency), timeout_s=20)
+    assert out.strip() == "1 left to the sweeper", err[-2000:]
