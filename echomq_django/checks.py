@@ -5,18 +5,30 @@ The Tasks backend checks its own TASKS entry (EchoMQBackend.check, run by Django
 
 from typing import Any
 
+from django.conf import settings
 from django.core import checks
 
-from .conf import settings_problems
+from .conf import Problem, get_settings, settings_problems, short_token_problem
+
+
+def as_check(problem: Problem) -> checks.CheckMessage:
+    """A settings problem as the system check reports it."""
+    return (checks.Warning if problem.warning else checks.Error)(problem.message, hint=problem.hint, id=problem.id)
 
 
 @checks.register("echomq")
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Report every problem of the ECHOMQ setting, each with its id and a hint."""
-    return [
-        (checks.Warning if problem.warning else checks.Error)(problem.message, hint=problem.hint, id=problem.id)
-        for problem in settings_problems()
-    ]
+    return [as_check(problem) for problem in settings_problems()]
+
+
+@checks.register("echomq")
+def check_metrics_token(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Warn of a short METRICS_TOKEN under DEBUG (echomq.W015); refuse it in production (echomq.E023)."""
+    if not echomq_settings_readable():
+        return []
+    problem = short_token_problem(get_settings().metrics_token, debug=settings.DEBUG)
+    return [as_check(problem)] if problem else []
 
 
 def echomq_settings_readable() -> bool:
@@ -52,7 +64,7 @@ def check_time_limits(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
     does not, since an app's tasks.py may well fail outside the project it serves.
     """
     from .backends import time_limited_tasks
-    from .conf import get_settings, threads_time_limit_warning
+    from .conf import threads_time_limit_warning
     from .jobs import discover_jobs, registered_jobs
 
     if not echomq_settings_readable():
@@ -80,6 +92,6 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
 
     discover_jobs()
     return [
-        (checks.Warning if problem.warning else checks.Error)(problem.message, hint=problem.hint, id=problem.id)
+        as_check(problem)
         for problem in schedules_problems()
     ]

@@ -378,19 +378,32 @@ def _metrics_minutes(value: Any, where: str, problems: list[Problem]) -> int | N
 
 
 def _token(value: Any, where: str, problems: list[Problem]) -> str | None:
-    if value is None:
+    # `env.str("METRICS_TOKEN", default="")` is the natural way to read it: empty or blank means none,
+    # never a token that an empty "Authorization: Bearer" header would match.
+    if value is None or (isinstance(value, str) and not value.strip()):
         return None
     if not isinstance(value, str) or not value.isascii() or not value.isprintable() or " " in value:
         problems.append(Problem("echomq.E015", f"{where} must be None or a token of printable ASCII without "
                                 "spaces (the scraper sends it as 'Authorization: Bearer <token>').",
                                 "Generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'."))
         return None
-    if len(value) < MIN_TOKEN_LENGTH:
-        problems.append(Problem("echomq.W015", f"{where} is {len(value)} characters long; a token shorter than "
-                                f"{MIN_TOKEN_LENGTH} is easy to guess.",
-                                "Generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'.",
-                                warning=True))
     return value
+
+
+def short_token_problem(token: str | None, *, debug: bool) -> Problem | None:
+    """The problem of a METRICS_TOKEN too short to be safe: a warning under DEBUG, an error in production.
+
+    Read apart from the settings (DEBUG can change without ECHOMQ changing): the
+    check reports it, and the metrics view refuses such a token in production.
+    """
+    if token is None or len(token) >= MIN_TOKEN_LENGTH:
+        return None
+    hint = "Generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'."
+    message = f"ECHOMQ['METRICS_TOKEN'] is {len(token)} characters long; a token shorter than {MIN_TOKEN_LENGTH} " \
+              "is easy to guess"
+    if debug:
+        return Problem("echomq.W015", f"{message}.", hint, warning=True)
+    return Problem("echomq.E023", f"{message}, and with DEBUG = False /echomq/metrics/ refuses it.", hint)
 
 
 def parse_settings(raw: Any) -> tuple[EchoMQSettings, list[Problem]]:

@@ -2,7 +2,8 @@
 
 Who may read it: a scraper that sends `Authorization: Bearer <ECHOMQ["METRICS_TOKEN"]>`,
 or a logged-in, active staff user with the permission "Can view metrics"
-(`echomq.view_metrics`). A request with a Bearer header is judged by its token alone.
+(`echomq.view_metrics`). A request with a Bearer header is judged by its token alone;
+in production (DEBUG = False) a token shorter than 24 characters opens nothing.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
@@ -22,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from redis.exceptions import ResponseError
 
-from .conf import get_settings
+from .conf import get_settings, short_token_problem
 from .core import COUNTED, UNREACHABLE, QueueStateError, last_sweep, oldest_waiting_age_ms, totals
 from .queues import get_queue
 from .status import seconds_since
@@ -129,6 +131,10 @@ def refusal(request: HttpRequest, expected: str | None) -> HttpResponse | None:
     """The 401 or 403 this request gets (`expected`: the METRICS_TOKEN), or None when it may read the metrics."""
     token = bearer_token(request)
     if token is not None:
+        short = short_token_problem(expected, debug=django_settings.DEBUG)
+        if short and not short.warning:  # the scraper is told no more than for a wrong token
+            logger.warning("a bearer token was refused: %s", short.message)
+            return unauthorized(WRONG_TOKEN)
         if expected is not None and secrets.compare_digest(token.encode(), expected.encode()):
             return None
         return unauthorized(WRONG_TOKEN)

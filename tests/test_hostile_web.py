@@ -64,11 +64,24 @@ def test_a_minute_count_near_the_float_limit_does_not_break_the_charts(root, que
 
 # -- /echomq/metrics/ ---------------------------------------------------------------------------
 
-def test_a_short_metrics_token_still_lets_its_scraper_in(echomq_settings, queue):
+def test_a_short_metrics_token_lets_its_scraper_in_under_debug_only(echomq_settings, settings, queue):
     short = "twenty-chars-token-1"
     echomq_settings.ECHOMQ = {**echomq_settings.ECHOMQ, "METRICS_TOKEN": short}
+    settings.DEBUG = True
     response = Client().get(METRICS, headers={"Authorization": f"Bearer {short}"})
     assert response.status_code == 200, response.content
+    settings.DEBUG = False  # production: a guessable token opens nothing (and `manage.py check` says E023)
+    response = Client().get(METRICS, headers={"Authorization": f"Bearer {short}"})
+    assert response.status_code == 401 and b"echomq_queue_jobs" not in response.content
+
+
+@pytest.mark.parametrize("configured", ["", "   ", "\t"])
+@pytest.mark.parametrize("header", ["Bearer", "Bearer ", "bearer   ", "Bearer \t"])
+def test_an_empty_metrics_token_is_no_token(echomq_settings, queue, configured, header):
+    # env.str("METRICS_TOKEN", default="") gave "", which an empty Bearer header matched.
+    echomq_settings.ECHOMQ = {**echomq_settings.ECHOMQ, "METRICS_TOKEN": configured}
+    response = Client().get(METRICS, headers={"Authorization": header})
+    assert response.status_code == 401 and b"echomq_queue_jobs" not in response.content
 
 
 def test_metrics_with_a_settings_error_answer_in_one_line(echomq_settings):

@@ -6,7 +6,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
-from echomq_django.conf import get_settings, parse_settings
+from echomq_django.conf import MIN_TOKEN_LENGTH, get_settings, parse_settings
 from tests.redis_servers import free_port, redis_server
 
 
@@ -118,12 +118,26 @@ def test_a_correct_setting_passes_the_checks():
     ({"QUEUES": {"a": {"MAX_LOG_LINES": 10**6}}}, "echomq.E005"),
     ({"METRICS_TOKEN": 12345678901234567890123456}, "echomq.E015"),
     ({"METRICS_TOKEN": "a token with spaces in it, long enough"}, "echomq.E015"),
-    ({"METRICS_TOKEN": "short"}, "echomq.W015"),
+    ({"METRICS_TOKEN": "short"}, "echomq.E023"),  # DEBUG is False under pytest-django: production
     ({"REDIS_ULR": "redis://x"}, "echomq.W001"),
     ({"QUEUES": {"a": {"LOCK_DURATON": 5}}}, "echomq.W002"),
 ])
 def test_each_problem_has_its_check_id(echomq, expected):
     assert expected in check_ids(**echomq)
+
+
+def test_a_short_metrics_token_is_a_warning_under_debug_and_an_error_in_production(settings):
+    settings.DEBUG = True
+    assert "echomq.W015" in check_ids(METRICS_TOKEN="short") - {"echomq.E023"}
+    settings.DEBUG = False
+    assert "echomq.E023" in check_ids(METRICS_TOKEN="short") - {"echomq.W015"}
+    assert not {"echomq.E023", "echomq.W015"} & check_ids(METRICS_TOKEN="x" * MIN_TOKEN_LENGTH)
+
+
+@pytest.mark.parametrize("blank", ["", " ", "\t\n"])
+def test_an_empty_or_blank_metrics_token_means_none(blank):
+    resolved, problems = parse_settings({"METRICS_TOKEN": blank})
+    assert resolved.metrics_token is None and not problems
 
 
 def test_every_check_message_carries_a_hint():
