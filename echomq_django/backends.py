@@ -352,7 +352,8 @@ def is_task_job(job: Job) -> bool:
 def run_task_job(job: Job) -> Any:
     """Run a task job in the worker, sending task_started and task_finished around it.
 
-    A return value that is not JSON fails the attempt with a TypeError, as in Django's backends.
+    A return value that is not JSON fails the job for good with the TypeError of Django's normalize_json,
+    as in Django's backends.
     task_started is sent as Django's backends send it: a receiver's error fails the attempt before
     the task runs. task_finished is sent robustly: a receiver's error is logged on "echomq.tasks"
     and the outcome stands, so a successful task is never run again. Its finished_at has the
@@ -367,10 +368,18 @@ def run_task_job(job: Job) -> Any:
             value = task.call(TaskContext(task_result=result), *args, **kwargs)
         else:
             value = task.call(*args, **kwargs)
+        # Running it again would not help: a return value that cannot be stored fails for good,
+        # with Django's own words for what JSON cannot hold ("Unsupported type: ...").
+        try:
+            value = normalize_json(value)
+        except RecursionError:
+            pass  # deeper than Django's walk can go: encode_json refuses it below, saying so
+        except (TypeError, ValueError) as error:
+            raise fail_for_good(error) from None
         try:
             encode_json(value, f"the return value of task {task.module_path}")
         except PayloadError as error:
-            raise fail_for_good(TypeError(str(error))) from None  # running it again would not help
+            raise fail_for_good(TypeError(str(error))) from None
     except BaseException as error:  # SystemExit and KeyboardInterrupt too: the worker records them as failures
         object.__setattr__(result, "status", TaskResultStatus.FAILED)
         object.__setattr__(result, "finished_at", task_datetime(now_ms()))
