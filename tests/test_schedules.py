@@ -200,7 +200,9 @@ def test_a_new_schedule_does_not_fire_what_fell_before_it_existed(queue):
     # Deployed at 10:00, a 03:00 job waits for tomorrow's 03:00 instead of running now.
     schedule = cron("0 3 * * *")
     deploy = ms("2027-05-04T10:00")
-    assert [f.outcome for f in beat_for(queue, schedule).fire_due(deploy)] == ["new"]
+    [firing] = beat_for(queue, schedule).fire_due(deploy)
+    assert firing.outcome == "new"
+    assert "it fell 25200.0 s before the schedule was first seen" in firing.summary()  # 03:00 is 7 h before 10:00
     assert jobs_in(queue) == []
     [record] = read_records(queue.client, [schedule], prefix=queue.keys.prefix)
     assert record.counts == {"fired": 0, "skipped": 0, "missed": 0}  # nothing was missed: it did not exist

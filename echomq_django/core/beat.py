@@ -227,7 +227,7 @@ class Firing:
         what = {"fired": f"fired job {self.job_id} on queue {self.queue}, {self.late_ms} ms late",
                 "skipped": "skipped: the previous tick's job has not finished (SKIP_IF_RUNNING)",
                 "missed": f"missed: found {self.late_ms / 1000:.1f} s late, and not caught up",
-                "new": f"not fired: {self.late_ms / 1000:.1f} s past when the schedule was first seen; "
+                "new": f"not fired: it fell {self.late_ms / 1000:.1f} s before the schedule was first seen; "
                        "its next tick is fired"}
         return f"schedule {self.schedule}: tick {tick} {what.get(self.outcome, self.outcome)}"
 
