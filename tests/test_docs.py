@@ -1,4 +1,4 @@
-"""docs/protocol.md's tables, held to the code they restate.
+"""docs/protocol.md's tables, the README's layout and CONTRIBUTING's markers, held to the code they restate.
 
 The events table against the events the scripts emit, the job hash table
 against the fields the scripts write and core/job.py reads, and the meta row
@@ -9,6 +9,7 @@ an include counts for every script that includes it.
 
 import ast
 import re
+import tomllib
 from pathlib import Path
 
 from echomq_django.core.keys import SCRIPT_KEYS
@@ -239,3 +240,20 @@ def test_the_operations_list_gives_the_sweeps_keys_in_their_order():
     match = re.search(r"`moveStalledJobsToWait-8\.lua`, 8 keys: ([^)]*)\)", text)
     assert match, "protocol.md no longer lists the sweep's keys"
     assert tuple(match.group(1).split(", ")) == SCRIPT_KEYS["moveStalledJobsToWait-8"]
+
+
+def test_the_readme_layout_names_every_module():
+    """Each module of the package and each benchmark is named in the README's layout table."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    layout = readme[readme.index("## Layout"):].split("\n\n")[1]  # the table, to the next blank line
+    modules = [path for folder in ("echomq_django", "bench") for path in (ROOT / folder).rglob("*.py")
+               if path.stem != "__init__" and "migrations" not in path.parts]
+    missing = sorted(str(path.relative_to(ROOT)) for path in modules if f"`{path.stem}" not in layout)
+    assert not missing, f"the README's layout table does not name {missing}"
+
+
+def test_contributing_names_every_test_marker():
+    markers = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
+    contributing = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    missing = [marker.split(":")[0] for marker in markers if f"`{marker.split(':')[0]}`" not in contributing]
+    assert not missing, f"CONTRIBUTING.md does not describe the markers {missing}"
