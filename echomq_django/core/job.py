@@ -26,6 +26,9 @@ MAX_JSON_DEPTH = 100
 # a line: these bound what a chatty job can put in Redis.
 MAX_PROGRESS_BYTES = 64 * 1024
 MAX_LOG_LINE_CHARS = 10_000
+# What a reader keeps of a field nested deeper than MAX_JSON_DEPTH, which only
+# another client can have written: its text, cut here (see TooDeep).
+TOO_DEEP_CHARS = 10_000
 
 
 def whole_number(value: Any, what: str, low: int, high: int) -> int:
@@ -202,13 +205,36 @@ def _options_from_text(text: str | None) -> JobOptions:
     return options_from_json(_json(text, {}))
 
 
+class TooDeep(str):
+    """A job field nested deeper than MAX_JSON_DEPTH (another client's), kept as the start of its JSON text.
+
+    Decoded, it would break whatever walks it (json.dumps, the mirror's copy,
+    the database's JSON checks, Python's recursion limit) on the admin's
+    pages and in the mirror; as text it is flat, and cut at TOO_DEEP_CHARS.
+    """
+
+    note = (f"nested more than {MAX_JSON_DEPTH} levels deep, so it is not decoded: "
+            f"its JSON text is shown instead (at most {TOO_DEEP_CHARS:,} characters)")
+
+    @classmethod
+    def of(cls, text: str) -> TooDeep:
+        """`text`, cut at TOO_DEEP_CHARS."""
+        return cls(text if len(text) <= TOO_DEEP_CHARS else text[:TOO_DEEP_CHARS - 1] + "…")
+
+
 def _json(value: str | None, default: Any) -> Any:
     if value in (None, ""):
         return default
     try:
-        return json.loads(value)
-    except (ValueError, RecursionError):
-        return value  # not JSON (or nested too deeply to decode): shown as the text it is
+        decoded = json.loads(value)
+    except RecursionError:
+        return TooDeep.of(value)
+    except ValueError:
+        return value  # not JSON: shown as the text it is
+    # Only a text with many brackets can be too deep, and only that one is walked.
+    if value.count("[") + value.count("{") > MAX_JSON_DEPTH and _deeper_than(decoded, MAX_JSON_DEPTH):
+        return TooDeep.of(value)
+    return decoded
 
 
 @functools.lru_cache(maxsize=256)
