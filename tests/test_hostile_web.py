@@ -4,6 +4,7 @@ Each was fixed; the tests stay, as regression tests.
 """
 
 import io
+import re
 import time
 
 import pytest
@@ -13,7 +14,7 @@ from django.test import Client
 from django.urls import reverse
 
 from echomq_django.core import JobOptions, now_ms
-from echomq_django.core.job import MAX_JSON_DEPTH
+from echomq_django.core.job import MAX_JSON_DEPTH, MAX_LOG_LINE_CHARS
 from tests.helpers import finish_attempt, take_jobs
 
 pytestmark = pytest.mark.django_db
@@ -115,6 +116,15 @@ def test_a_job_page_with_a_full_log_stays_small(root, queue):
     response = root.get(job_url(job_id))
     assert response.status_code == 200
     assert len(response.content) < 5_000_000, f"{len(response.content) / 1e6:.0f} MB"
+
+
+def test_foreign_log_lines_are_cut_on_the_page_as_the_api_cuts_them(root, queue):
+    job_id = queue.add("work")
+    queue.client.rpush(queue.keys.logs(job_id), *["<" * 1_000_000] * 10)  # written around Job.log
+    response = root.get(job_url(job_id))
+    assert response.status_code == 200
+    lines = re.findall(r"<li>((?:&lt;)+)(…?)</li>", response.content.decode())
+    assert len(lines) == 10 and all(cut == "…" and len(text) // 4 == MAX_LOG_LINE_CHARS - 1 for text, cut in lines)
 
 
 def _best_page_time(client: Client, url: str, runs: int = 5) -> float:

@@ -353,12 +353,7 @@ class Job:
         """
         reporter = self._running("log")
         self.check()
-        line = str(message)
-        if not line.isascii():  # a lone surrogate (a file name os.listdir decoded) as its escape, not an error
-            line = line.encode("utf-8", "backslashreplace").decode("utf-8")
-        if len(line) > MAX_LOG_LINE_CHARS:
-            line = line[:MAX_LOG_LINE_CHARS - 1] + "…"
-        return reporter.log(self, line)
+        return reporter.log(self, log_line(message))
 
     @classmethod
     def from_hash(cls, queue: str, job_id: str, fields: Mapping[str, str], *, strict: bool = False) -> Job:
@@ -398,6 +393,18 @@ class Job:
     def from_flat(cls, queue: str, job_id: str, flat: list[str], *, strict: bool = False) -> Job:
         """Decode the flat field/value list a script returns (`strict` as for `from_hash`)."""
         return cls.from_hash(queue, job_id, dict(zip(flat[::2], flat[1::2])), strict=strict)
+
+
+def log_line(message: Any) -> str:
+    """str() of `message` as a job's log keeps it: cut at MAX_LOG_LINE_CHARS, a lone surrogate as its escape.
+
+    Job.log writes lines so; the admin's job page shows each line read so too,
+    since another client may have written any length straight into Redis.
+    """
+    line = str(message)
+    if not line.isascii():  # a lone surrogate (a file name os.listdir decoded) as its escape, not an error
+        line = line.encode("utf-8", "backslashreplace").decode("utf-8")
+    return line if len(line) <= MAX_LOG_LINE_CHARS else line[:MAX_LOG_LINE_CHARS - 1] + "…"
 
 
 def datetime_from_ms(ms: int | None) -> datetime | None:
