@@ -101,7 +101,11 @@ _INT_MAX = 2**31 - 1
 
 
 def storable(value: Any) -> Any:
-    """`value` (text, or JSON data) with NUL as U+FFFD and lone surrogates as "?", keys included."""
+    """`value` (text, or JSON data) with NUL as U+FFFD and lone surrogates as "?", keys included.
+
+    Job fields come from Job.from_hash, which keeps a field nested too deeply for this
+    recursion (or for the database's JSON checks) as its text (core's TooDeep).
+    """
     if isinstance(value, str):
         return value.encode("utf-8", "replace").decode("utf-8").replace("\x00", "\ufffd")
     if isinstance(value, list):
@@ -111,16 +115,9 @@ def storable(value: Any) -> Any:
     return value
 
 
-def _storable_data(data: Any) -> Any:
-    try:
-        return storable(data)
-    except RecursionError:  # nested deeper than Python recurses: no database takes it; the row is skipped
-        return data
-
-
 def _record(job: Job, state: str, score_ms: int | None) -> JobRecord:
     return JobRecord(
-        queue=job.queue, job_id=job.id, name=storable(job.name[:255]), state=state, data=_storable_data(job.data),
+        queue=job.queue, job_id=job.id, name=storable(job.name[:255]), state=state, data=storable(job.data),
         opts=job.opts.to_json(), attempts_made=min(job.attempts_made, _INT_MAX),
         stall_count=min(job.stall_count, _INT_MAX),
         failed_reason=storable(job.failed_reason or ""), stacktrace=storable(job.stacktrace),

@@ -157,12 +157,13 @@ class Schedule(models.Model):
                 "ENABLED": self.enabled, "CATCH_UP": self.catch_up, "SKIP_IF_RUNNING": self.skip_if_running,
                 "PRIORITY": self.priority, "ATTEMPTS": self.attempts}
 
-    def entry(self):  # -> schedules.Entry
+    def entry(self, *, importing: bool = False):  # -> schedules.Entry
+        """The row read as a schedule; its TASK's module is imported only for the scheduler (see parse_schedule)."""
         from .schedules import parse_schedule
 
         since_ms = int(self.updated_at.timestamp() * 1000) if self.updated_at else 0
         return parse_schedule(self.name, self.options(), since_ms=since_ms, where=f"schedule {self.name!r}",
-                              source="database")
+                              source="database", importing=importing)
 
     def clean(self) -> None:
         """The errors parse_schedule finds, on the fields they are about; a name that settings use."""

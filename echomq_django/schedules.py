@@ -107,8 +107,15 @@ class Entry:
 
 
 def parse_schedule(name: Any, raw: Any, *, since_ms: int = 0, where: str | None = None,
-                   source: str = "settings") -> Entry:
-    """Read one schedule's options; every problem is reported with the option it is about."""
+                   source: str = "settings", importing: bool = False) -> Entry:
+    """Read one schedule's options; every problem is reported with the option it is about.
+
+    The TASK is looked up among the @job functions and tasks registered in this
+    process, after the jobs.py discovery echomq_worker does. `importing` also
+    imports the module TASK names (inside an installed app) as echomq_worker
+    imports a task's: for the scheduler and for ECHOMQ["SCHEDULES"], never for
+    what the admin's users type.
+    """
     where = where or f"ECHOMQ['SCHEDULES'][{name!r}]"
     problems: list[tuple[str, Problem]] = []
 
@@ -149,7 +156,7 @@ def parse_schedule(name: Any, raw: Any, *, since_ms: int = 0, where: str | None 
     priority, attempts = _job_options(options, where, problem)
     if options["QUEUE"] is not None:
         _queue(options["QUEUE"], where, problem)
-    target = _target(options["TASK"], where, problem)
+    target = _target(options["TASK"], where, problem, importing=importing)
 
     schedule = None
     if target is not None and not any(not found.warning for _, found in problems):
@@ -305,7 +312,7 @@ def _rediscover_jobs(*, setting: str, **kwargs: Any) -> None:
 _imported_for_schedules: set[str] = set()
 
 
-def _target(path: Any, where: str, problem: Any) -> _Target | None:
+def _target(path: Any, where: str, problem: Any, *, importing: bool) -> _Target | None:
     from django.apps import apps
     from django.utils.module_loading import import_string
 
@@ -322,14 +329,25 @@ def _target(path: Any, where: str, problem: Any) -> _Target | None:
         problem("TASK", f"{where}['TASK']: {path!r} is not inside an installed app, so the worker would not run it.")
         return None
     _discover_jobs()  # what echomq_worker imports, so a @job it knows is known here too
-    module = path.rpartition(".")[0]
-    if module not in sys.modules:
-        _imported_for_schedules.add(module)
-    try:
-        found = import_string(path)
-    except Exception as error:  # ImportError, or whatever the module raises as it is imported
-        problem("TASK", f"{where}['TASK']: cannot import {path!r}: {type(error).__name__}: {error}.")
-        return None
+    module, _, attribute = path.rpartition(".")
+    if importing:
+        if module not in sys.modules:
+            _imported_for_schedules.add(module)
+        try:
+            found = import_string(path)
+        except Exception as error:  # ImportError, or whatever the module raises as it is imported
+            problem("TASK", f"{where}['TASK']: cannot import {path!r}: {type(error).__name__}: {error}.")
+            return None
+    else:
+        # Only what is imported already: any module of an installed app could be named here
+        # (django.contrib.admin.tests imports selenium), and its import would run its code.
+        loaded = sys.modules.get(module)
+        found = getattr(loaded, "__dict__", {}).get(attribute)
+        if found is None:
+            problem("TASK", f"{where}['TASK']: {path!r} is not a registered @job or echomq @task. A @job is "
+                            "registered by an installed app's jobs.py (which echomq_worker imports), a @task once its "
+                            "module is imported (import it in that jobs.py); nothing else is imported to check it.")
+            return None
     if isinstance(found, JobFunction):
         if module in _imported_for_schedules or registered_jobs().get(found.name) is not found:
             problem("TASK", f"{where}['TASK']: @job {path} is not imported by an installed app's jobs.py, "
@@ -363,7 +381,7 @@ def settings_entries() -> list[Entry]:
     schedules = _configured()
     if not isinstance(schedules, dict):
         raise ImproperlyConfigured(f"{NOT_A_DICT.message} {NOT_A_DICT.hint}")
-    return [parse_schedule(name, options) for name, options in schedules.items()]
+    return [parse_schedule(name, options, importing=True) for name, options in schedules.items()]
 
 
 def schedules_problems() -> list[Problem]:
@@ -376,10 +394,13 @@ def schedules_problems() -> list[Problem]:
 
 
 def database_entries() -> list[Entry]:
-    """Every schedule of the Schedule model, as read now (the scheduler's process closes stale connections first)."""
+    """Every schedule of the Schedule model, as the scheduler reads it now (its process closes stale connections first).
+
+    The scheduler imports a row's TASK as the worker will: the admin accepted only registered ones.
+    """
     from .models import Schedule as ScheduleRow
 
-    return [row.entry() for row in ScheduleRow.objects.order_by("name")]
+    return [row.entry(importing=True) for row in ScheduleRow.objects.order_by("name")]
 
 
 def load_schedules() -> list[Schedule]:

@@ -294,6 +294,39 @@ def test_a_task_outside_the_installed_apps_is_not_even_imported(root, module_dir
     assert not marker.exists(), "the admin imported a module outside INSTALLED_APPS (its top level ran)"
 
 
+@pytest.fixture
+def app_module(tmp_path, monkeypatch, schedule_settings):
+    """Modules written by a test into a package on sys.path that is an installed app."""
+    app = f"hostile_app_{uuid.uuid4().hex[:10]}"
+    (tmp_path / app).mkdir()
+    (tmp_path / app / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    schedule_settings.INSTALLED_APPS = [*schedule_settings.INSTALLED_APPS, app]
+
+    def write(source: str) -> str:
+        (tmp_path / app / "probe.py").write_text(source)
+        return f"{app}.probe"
+
+    yield write
+    for name in [name for name in sys.modules if name == app or name.startswith(f"{app}.")]:
+        sys.modules.pop(name)
+
+
+def test_a_task_inside_an_installed_app_is_not_imported_to_check_it(root, app_module, tmp_path):
+    """Any module of an installed app can be named (django.contrib.admin.tests imports selenium): only what is
+    registered is looked at, and nothing is imported for the form, the list, a row's page or run now."""
+    marker = tmp_path / "imported.txt"
+    module = app_module(f"open({str(marker)!r}, 'w').write('ran')\n")
+    response = root.post(reverse(ADD), form(task=f"{module}.anything"))
+    assert not marker.exists(), "the form imported a module to check a TASK (its top level ran)"
+    assert response.status_code == 200
+    assert "is not a registered @job or echomq @task" in " ".join(response.context["adminform"].form.errors["task"])
+    placed = row("placed", task=f"{module}.anything")  # written around the form
+    assert root.get(changelist()).status_code == 200 and root.get(change_url(placed)).status_code == 200
+    assert action(root, "run_selected", placed).status_code == 200
+    assert not marker.exists(), "the list, the row's page or run now imported it"
+
+
 def test_a_job_outside_the_installed_apps_is_refused_as_a_task_there_is(root, module_dir):
     """The worker imports only installed apps' jobs.py: a @job elsewhere fails every tick ("no job function")."""
     module = module_dir("from echomq_django.jobs import job\n\n@job(queue='q')\ndef elsewhere():\n    pass\n")

@@ -4,6 +4,7 @@ Each was fixed; the tests stay, as regression tests.
 """
 
 import io
+import re
 import time
 
 import pytest
@@ -13,6 +14,7 @@ from django.test import Client
 from django.urls import reverse
 
 from echomq_django.core import JobOptions, now_ms
+from echomq_django.core.job import MAX_JSON_DEPTH, MAX_LOG_LINE_CHARS
 from tests.helpers import finish_attempt, take_jobs
 
 pytestmark = pytest.mark.django_db
@@ -53,6 +55,35 @@ def test_a_deeply_nested_sweep_report_does_not_break_echomq_status(echomq_settin
     out = io.StringIO()
     call_command("echomq_status", stdout=out)
     assert "unreadable report" in out.getvalue() or "never" in out.getvalue()
+
+
+# -- job fields another client wrote, nested deeper than the API allows -------------------------
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("depth", [1_000, 100_000])  # decoded, then too deep to show; too deep to decode
+@pytest.mark.parametrize("field", ["data", "progress", "returnvalue", "stacktrace"])
+def test_a_deeply_nested_job_field_is_shown_as_text_with_a_note(root, queue, field, depth):
+    job_id = queue.add("work")
+    queue.client.hset(queue.keys.job(job_id), field, nested(depth))
+    response = root.get(job_url(job_id))
+    assert response.status_code == 200, f"{field} at {depth} levels: status {response.status_code}"
+    page = response.content.decode()
+    assert f"nested more than {MAX_JSON_DEPTH} levels deep" in page, "the field says why it is text"
+    assert "[[[[" in page and len(page) < 100_000, f"the start of its text only: {len(page):,} characters"
+
+
+def test_a_deeply_nested_stacktrace_keeps_no_other_failed_job_out_of_the_list(root, queue):
+    healthy = [queue.add("work") for _ in range(5)]
+    deep = queue.add("work")
+    queue.client.hset(queue.keys.job(deep), "stacktrace", nested(1_000))
+    queue.client.zadd(queue.keys.failed, {job_id: now_ms() for job_id in [*healthy, deep]})
+    response = root.get(reverse("admin:echomq_failedjob_changelist"))
+    assert response.status_code == 200, f"status {response.status_code}"
+    assert all(job_id in response.content.decode() for job_id in healthy)
+    assert root.get(reverse("admin:echomq_failedjob_job", args=["q", deep])).status_code == 200
 
 
 # -- the charts --------------------------------------------------------------------------------
@@ -98,6 +129,15 @@ def test_a_job_page_with_a_full_log_stays_small(root, queue):
     response = root.get(job_url(job_id))
     assert response.status_code == 200
     assert len(response.content) < 5_000_000, f"{len(response.content) / 1e6:.0f} MB"
+
+
+def test_foreign_log_lines_are_cut_on_the_page_as_the_api_cuts_them(root, queue):
+    job_id = queue.add("work")
+    queue.client.rpush(queue.keys.logs(job_id), *["<" * 1_000_000] * 10)  # written around Job.log
+    response = root.get(job_url(job_id))
+    assert response.status_code == 200
+    lines = re.findall(r"<li>((?:&lt;)+)(…?)</li>", response.content.decode())
+    assert len(lines) == 10 and all(cut == "…" and len(text) // 4 == MAX_LOG_LINE_CHARS - 1 for text, cut in lines)
 
 
 def _best_page_time(client: Client, url: str, runs: int = 5) -> float:

@@ -4,6 +4,7 @@ import pytest
 from django.utils import timezone
 
 from echomq_django.core import JobOptions, NewJob
+from echomq_django.core.job import TOO_DEEP_CHARS
 from echomq_django.core.queue import now_ms
 from echomq_django.mirror import sync_queue
 from echomq_django.models import FailedJob, JobRecord, MirrorCursor, StalledJob
@@ -123,20 +124,27 @@ def test_job_timestamps_out_of_range_are_mirrored_without_them(queue, value):
     assert (row.created_at, row.processed_at) == (None, None)
 
 
-def test_a_row_the_database_refuses_is_skipped_and_logged_not_the_others(queue, caplog):
+def test_a_counter_no_column_holds_is_clamped_and_the_other_rows_are_written(queue):
     healthy = fail_jobs(queue, 3)
-    # Counters no database column holds, and data nested deeper than SQLite's JSON
-    # check allows (on Pythons whose decoder goes that deep; others keep it as text).
     queue.client.hset(queue.keys.job("huge-count"), mapping={"name": "odd", "atm": str(10**20)})
-    queue.client.hset(queue.keys.job("deep"), mapping={"name": "odd", "data": "[" * 2100 + "]" * 2100})
-    queue.client.zadd(queue.keys.failed, {"huge-count": now_ms(), "deep": now_ms()})
+    queue.client.zadd(queue.keys.failed, {"huge-count": now_ms()})
     sync_queue(queue)
     assert set(healthy) <= set(FailedJob.objects.values_list("job_id", flat=True))
     assert FailedJob.objects.get(job_id="huge-count").attempts_made == 2**31 - 1, "clamped to the column"
-    if not FailedJob.objects.filter(job_id="deep").exists():
-        assert "deep" in caplog.text and "skipped" in caplog.text
-    sync_queue(queue)  # and again: the refused row does not stop later syncs
-    assert set(healthy) <= set(FailedJob.objects.values_list("job_id", flat=True))
+
+
+@pytest.mark.parametrize("depth", [1_000, 100_000])
+@pytest.mark.parametrize("field", ["data", "stacktrace"])
+def test_a_deeply_nested_field_is_mirrored_as_the_start_of_its_text_beside_the_others(queue, field, depth):
+    healthy = fail_jobs(queue, 5)
+    queue.client.hset(queue.keys.job("deep"), mapping={"name": "odd", field: "[" * depth + "]" * depth})
+    queue.client.zadd(queue.keys.failed, {"deep": now_ms()})
+    for _ in range(2):  # and again: the next sync goes on as well
+        sync_queue(queue)
+        assert set(FailedJob.objects.values_list("job_id", flat=True)) == {*healthy, "deep"}
+    stored = getattr(FailedJob.objects.get(job_id="deep"), field)
+    text = stored[0] if field == "stacktrace" else stored
+    assert isinstance(text, str) and text.startswith("[[[") and len(text) <= TOO_DEEP_CHARS, "flat, and cut"
 
 
 def fail_at(queue, *scores_ms):

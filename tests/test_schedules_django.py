@@ -164,7 +164,7 @@ def test_a_row_is_checked_by_the_same_rules_on_the_fields_they_concern(with_sche
     with pytest.raises(ValidationError) as raised:
         row.full_clean()
     errors = raised.value.message_dict
-    assert "cannot import" in " ".join(errors["task"])
+    assert "is not a registered @job or echomq @task" in " ".join(errors["task"])
     assert "exactly one of CRON and EVERY" in " ".join(errors["cron"])
     assert "must be a list" in " ".join(errors["args"])
     assert "not in ECHOMQ['QUEUES']" in " ".join(errors["queue"])

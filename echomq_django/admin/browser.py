@@ -38,7 +38,7 @@ from .common import JOB_ERRORS, REDIS_ERRORS, configured_queue, confirmation, co
 from .mirror_lists import live_jobs
 
 PAGE_SIZE = 50
-# The newest log lines a job's page shows: at 10,000 characters a line, 1 MB of text (4 MB escaped) at most.
+# The newest log lines a job's page shows, each cut at MAX_LOG_LINE_CHARS as Job.log writes them (log_line).
 PAGE_LOG_LINES = 100
 # A Redis list or sorted set holds fewer than 2**32 items, so a page past that is past the end of
 # any state; capping the position keeps the LRANGE argument a number Redis takes.

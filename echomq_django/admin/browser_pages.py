@@ -10,7 +10,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
-from ..core import Entry, InvalidNameError, Job, LiveJob, datetime_from_ms, validate_stored_id
+from ..core import Entry, InvalidNameError, Job, LiveJob, TooDeep, datetime_from_ms, log_line, validate_stored_id
 from .common import exact_time, pretty_json
 from .mirror_lists import lock_ttl, seconds
 
@@ -88,7 +88,9 @@ def job_sections(job: Job, state: str | None, due_ms: float | None, live: LiveJo
     """What a job's page shows, section by section, from what Redis holds now."""
     # Both lists keep the newest failures, one entry each: pairing them from the newest end keeps a
     # class with its traceback even when one list is shorter (written before `errc` existed).
-    errors = list(zip_longest(reversed(job.error_classes), reversed(job.stacktrace), fillvalue=""))[::-1]
+    errors = [(error_class, trace, TooDeep.note if isinstance(trace, TooDeep) else "")
+              for error_class, trace in zip_longest(reversed(job.error_classes), reversed(job.stacktrace),
+                                                    fillvalue="")][::-1]
     return {
         "name": job.name, "failed_reason": job.failed_reason, "errors": errors,
         "timeline": [("created", moment(job.timestamp)), *([("due", moment(due_ms))] if state == "delayed" else []),
@@ -103,7 +105,8 @@ def job_sections(job: Job, state: str | None, due_ms: float | None, live: LiveJo
                       if job.cancel_reason else [])]
         if live else [],
         "progress": None if job.progress is None else pretty_json(job.progress), "percent": percent(job.progress),
-        "logs": job.logs, "log_count": job.log_count, "first_log_line": job.log_count - len(job.logs) + 1,
+        "logs": [log_line(line) for line in job.logs], "log_count": job.log_count,
+        "first_log_line": job.log_count - len(job.logs) + 1,
         "returnvalue": pretty_json(job.returnvalue) if state == "completed" or job.returnvalue is not None else None,
         "data": pretty_json(job.data), "options": pretty_json(job.opts.to_json()),
     }

@@ -23,6 +23,7 @@ from ..core import (
     JobLockedError,
     Queue,
     QueueStateError,
+    TooDeep,
     datetime_from_ms,
     validate_name,
 )
@@ -42,6 +43,8 @@ def redis_problem(error: Exception) -> str:
 
 
 def pretty_json(value: Any) -> str:
+    if isinstance(value, TooDeep):
+        return format_html('<p class="help">{}</p><pre>{}</pre>', TooDeep.note, value)
     # Lone surrogates (valid JSON from another client, not encodable as UTF-8) stay escaped.
     text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
     return format_html("<pre>{}</pre>", text.encode("utf-8", "backslashreplace").decode("utf-8"))
@@ -95,7 +98,10 @@ def row_facts(row: JobRecord) -> list[tuple[str, Any]]:
 
 def traces(stacktrace: Any) -> str:
     items = stacktrace if isinstance(stacktrace, list) else [stacktrace] if stacktrace else []
-    return format_html("<pre>{}</pre>", "\n\n".join(map(str, items))) if items else "-"
+    if not items:
+        return "-"
+    note = format_html('<p class="help">{}</p>', TooDeep.note) if any(isinstance(i, TooDeep) for i in items) else ""
+    return format_html("{}<pre>{}</pre>", note, "\n\n".join(map(str, items)))
 
 
 def configured_queue(queue_name: str) -> Queue:

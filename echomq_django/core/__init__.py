@@ -51,7 +51,7 @@ from .inspection import (
     inspect_jobs,
     read_jobs,
 )
-from .job import MAX_DELAY_MS, Backoff, Job, JobOptions, datetime_from_ms, encode_json
+from .job import MAX_DELAY_MS, Backoff, Job, JobOptions, TooDeep, datetime_from_ms, encode_json, log_line
 from .keys import ALPHABET, COUNTED, STATES, QueueKeys, validate_job_id, validate_name, validate_stored_id
 from .metrics import Minute, oldest_waiting_age_ms, recent_minutes, totals
 from .pool import POOLS, Handler, class_path
@@ -67,10 +67,10 @@ __all__ = [
     "zone", "EchoMQError", "Entry", "Handler", "InvalidNameError", "Job", "JobCancelled", "JobLockedError",
     "JobNotFoundError", "JobOptions", "LiveJob", "LockLostError", "Minute", "NewJob", "NotConfirmedError", "Page",
     "PayloadError", "Queue", "QueueKeys", "QueueStateError", "RateLimit", "RateLimited", "RedisURLError", "Retention",
-    "Scripts", "SoftTimeLimitExceeded", "SweepReport", "SweepTarget", "Sweeper", "TimeLimitExceeded",
+    "Scripts", "SoftTimeLimitExceeded", "SweepReport", "SweepTarget", "Sweeper", "TimeLimitExceeded", "TooDeep",
     "UnrecoverableError", "Worker", "browse", "class_path", "connect", "count_failed_older_than",
     "count_failed_since", "datetime_from_ms", "defaults", "encode_json", "fail_for_good", "failed_by_rank",
-    "failed_count", "failed_since", "inspect_jobs", "last_sweep", "now_ms", "oldest_waiting_age_ms",
+    "failed_count", "failed_since", "inspect_jobs", "last_sweep", "log_line", "now_ms", "oldest_waiting_age_ms",
     "parse_redis_url", "read_jobs", "recent_minutes", "redacted_url", "totals", "validate_job_id", "validate_name",
     "validate_stored_id", "FlowState", "GroupState", "flow_state",
 ]

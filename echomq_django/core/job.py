@@ -26,6 +26,9 @@ MAX_JSON_DEPTH = 100
 # a line: these bound what a chatty job can put in Redis.
 MAX_PROGRESS_BYTES = 64 * 1024
 MAX_LOG_LINE_CHARS = 10_000
+# What a reader keeps of a field nested deeper than MAX_JSON_DEPTH, which only
+# another client can have written: its text, cut here (see TooDeep).
+TOO_DEEP_CHARS = 10_000
 
 
 def whole_number(value: Any, what: str, low: int, high: int) -> int:
@@ -202,13 +205,36 @@ def _options_from_text(text: str | None) -> JobOptions:
     return options_from_json(_json(text, {}))
 
 
+class TooDeep(str):
+    """A job field nested deeper than MAX_JSON_DEPTH (another client's), kept as the start of its JSON text.
+
+    Decoded, it would break whatever walks it (json.dumps, the mirror's copy,
+    the database's JSON checks, Python's recursion limit) on the admin's
+    pages and in the mirror; as text it is flat, and cut at TOO_DEEP_CHARS.
+    """
+
+    note = (f"nested more than {MAX_JSON_DEPTH} levels deep, so it is not decoded: "
+            f"its JSON text is shown instead (at most {TOO_DEEP_CHARS:,} characters)")
+
+    @classmethod
+    def of(cls, text: str) -> TooDeep:
+        """`text`, cut at TOO_DEEP_CHARS."""
+        return cls(text if len(text) <= TOO_DEEP_CHARS else text[:TOO_DEEP_CHARS - 1] + "…")
+
+
 def _json(value: str | None, default: Any) -> Any:
     if value in (None, ""):
         return default
     try:
-        return json.loads(value)
-    except (ValueError, RecursionError):
-        return value  # not JSON (or nested too deeply to decode): shown as the text it is
+        decoded = json.loads(value)
+    except RecursionError:
+        return TooDeep.of(value)
+    except ValueError:
+        return value  # not JSON: shown as the text it is
+    # Only a text with many brackets can be too deep, and only that one is walked.
+    if value.count("[") + value.count("{") > MAX_JSON_DEPTH and _deeper_than(decoded, MAX_JSON_DEPTH):
+        return TooDeep.of(value)
+    return decoded
 
 
 @functools.lru_cache(maxsize=256)
@@ -327,12 +353,7 @@ class Job:
         """
         reporter = self._running("log")
         self.check()
-        line = str(message)
-        if not line.isascii():  # a lone surrogate (a file name os.listdir decoded) as its escape, not an error
-            line = line.encode("utf-8", "backslashreplace").decode("utf-8")
-        if len(line) > MAX_LOG_LINE_CHARS:
-            line = line[:MAX_LOG_LINE_CHARS - 1] + "…"
-        return reporter.log(self, line)
+        return reporter.log(self, log_line(message))
 
     @classmethod
     def from_hash(cls, queue: str, job_id: str, fields: Mapping[str, str], *, strict: bool = False) -> Job:
@@ -372,6 +393,18 @@ class Job:
     def from_flat(cls, queue: str, job_id: str, flat: list[str], *, strict: bool = False) -> Job:
         """Decode the flat field/value list a script returns (`strict` as for `from_hash`)."""
         return cls.from_hash(queue, job_id, dict(zip(flat[::2], flat[1::2])), strict=strict)
+
+
+def log_line(message: Any) -> str:
+    """str() of `message` as a job's log keeps it: cut at MAX_LOG_LINE_CHARS, a lone surrogate as its escape.
+
+    Job.log writes lines so; the admin's job page shows each line read so too,
+    since another client may have written any length straight into Redis.
+    """
+    line = str(message)
+    if not line.isascii():  # a lone surrogate (a file name os.listdir decoded) as its escape, not an error
+        line = line.encode("utf-8", "backslashreplace").decode("utf-8")
+    return line if len(line) <= MAX_LOG_LINE_CHARS else line[:MAX_LOG_LINE_CHARS - 1] + "…"
 
 
 def datetime_from_ms(ms: int | None) -> datetime | None:
