@@ -34,8 +34,7 @@ from django.db import DEFAULT_DB_ALIAS, transaction
 from django.utils import timezone as django_timezone
 from django.utils.module_loading import import_string
 
-from .checks import echomq_settings_readable
-from .conf import get_settings
+from .conf import get_settings, own_time_limits_ms, settings_readable, unserved_queue
 from .core import (
     Backoff,
     InvalidNameError,
@@ -52,7 +51,6 @@ from .core import (
     validate_job_id,
     validate_name,
 )
-from .jobs import own_time_limits_ms, unserved_queue
 from .queues import get_queue
 from .tasks_compat import (
     BaseTaskBackend,
@@ -245,7 +243,7 @@ class EchoMQBackend(BaseTaskBackend):
                 messages.append(checks.Error(f"{where}['QUEUES']: {error}.", id="echomq.E010",
                                              hint="Queue names become part of Redis keys."))
                 continue
-            if echomq_settings_readable() and (problem := unserved_queue(queue)):
+            if settings_readable() and (problem := unserved_queue(queue)):
                 messages.append(checks.Error(
                     f"{where}['QUEUES'] lists {queue!r}: {problem}, and enqueue refuses it.", id="echomq.E014",
                     hint=f"Add {queue!r} to ECHOMQ['QUEUES'], or remove it from {where}['QUEUES'] "

@@ -8,7 +8,17 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 
-from .conf import Problem, get_settings, settings_problems, short_token_problem
+from .conf import (
+    Problem,
+    get_settings,
+    settings_problems,
+    settings_readable,
+    short_token_problem,
+    threads_time_limit_warning,
+    unserved_queue,
+)
+from .jobs import discover_jobs, registered_jobs
+from .schedules import schedules_problems
 
 
 def as_check(problem: Problem) -> checks.CheckMessage:
@@ -25,24 +35,17 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
 @checks.register("echomq")
 def check_metrics_token(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Warn of a short METRICS_TOKEN under DEBUG (echomq.W015); refuse it in production (echomq.E023)."""
-    if not echomq_settings_readable():
+    if not settings_readable():
         return []
     problem = short_token_problem(get_settings().metrics_token, debug=settings.DEBUG)
     return [as_check(problem)] if problem else []
-
-
-def echomq_settings_readable() -> bool:
-    """Whether ECHOMQ has no errors, so the checks that need its queues can read them."""
-    return not any(not problem.warning for problem in settings_problems())
 
 
 # A tag of its own: this check imports every app's jobs.py, which checks of the setting alone need not do.
 @checks.register("echomq_jobs")
 def check_job_queues(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Refuse each @job whose queue is not in ECHOMQ["QUEUES"]: its jobs would never run."""
-    from .jobs import discover_jobs, registered_jobs, unserved_queue
-
-    if not echomq_settings_readable():
+    if not settings_readable():
         return []  # check_settings reports why
     discover_jobs()  # as echomq_worker does, so every @job is registered
     return [
@@ -63,11 +66,9 @@ def check_time_limits(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
     jobs.py, a urls.py...): a check does not import modules that Django itself
     does not, since an app's tasks.py may well fail outside the project it serves.
     """
-    from .backends import time_limited_tasks
-    from .conf import threads_time_limit_warning
-    from .jobs import discover_jobs, registered_jobs
+    from .backends import time_limited_tasks  # the Tasks framework, only here
 
-    if not echomq_settings_readable():
+    if not settings_readable():
         return []
     discover_jobs()
     limited = [(f"@job {name} has a time_limit of {function.time_limit:g} s", function.queue)
@@ -87,11 +88,5 @@ def check_time_limits(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
 @checks.register("echomq_schedules")
 def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Report every problem of ECHOMQ["SCHEDULES"]: a bad cron, an unknown task, arguments that are not JSON..."""
-    from .jobs import discover_jobs
-    from .schedules import schedules_problems
-
     discover_jobs()
-    return [
-        as_check(problem)
-        for problem in schedules_problems()
-    ]
+    return [as_check(problem) for problem in schedules_problems()]

@@ -31,7 +31,7 @@ def setup(verbosity: int | None = None) -> None:
 
     from django.db import connections
 
-    from .jobs import discover_jobs
+    from .discovery import discover_jobs
 
     if verbosity is not None:
         _show_echomq_logs(verbosity)

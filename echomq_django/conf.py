@@ -25,6 +25,7 @@ settings raises ImproperlyConfigured with the first.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,8 @@ from .core import (
     Backoff,
     Confirm,
     InvalidNameError,
+    JobOptions,
+    PayloadError,
     RateLimit,
     RedisURLError,
     Retention,
@@ -459,6 +462,48 @@ def _cached() -> tuple[EchoMQSettings, list[Problem]]:
 def settings_problems() -> list[Problem]:
     """Every problem in the current ECHOMQ setting (for the system checks)."""
     return _cached()[1]
+
+
+_NO_TIME_LIMITS: dict[str, int | None] = {"time_limit_ms": None, "soft_time_limit_ms": None}
+
+
+def time_limits_ms(time_limit: Any, soft_time_limit: Any) -> dict[str, int | None]:
+    """A job's own time limits, given in seconds, as JobOptions.overridden takes them (None: the queue's).
+
+    PayloadError for a limit that is not a positive number of seconds up to ten
+    years, or a soft limit not shorter than the hard one.
+    """
+    if time_limit is None and soft_time_limit is None:
+        return _NO_TIME_LIMITS  # most jobs: nothing to check (callers only unpack it)
+    limits: dict[str, int | None] = {}
+    for key, what, seconds in (("time_limit_ms", "time_limit", time_limit),
+                               ("soft_time_limit_ms", "soft_time_limit", soft_time_limit)):
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+                                    or not 0 < seconds <= MAX_DELAY_MS / 1000 or not math.isfinite(seconds)):
+            raise PayloadError(f"{what} must be a positive number of seconds up to ten years, or None, "
+                               f"not {seconds!r}")
+        limits[key] = None if seconds is None else max(1, round(seconds * 1000))
+    JobOptions(time_limit_ms=limits["time_limit_ms"] or 0,
+               soft_time_limit_ms=limits["soft_time_limit_ms"] or 0)  # the soft limit is the shorter
+    return limits
+
+
+def own_time_limits_ms(target: Any) -> dict[str, int | None]:
+    """The time limits (ms, for JobOptions.overridden) a @job function or an EchoMQTask sets for its jobs."""
+    return time_limits_ms(getattr(target, "time_limit", None), getattr(target, "soft_time_limit", None))
+
+
+def unserved_queue(queue: str) -> str | None:
+    """Why jobs sent to `queue` would never run (it is not in ECHOMQ["QUEUES"]), or None when they would."""
+    if queue in get_settings().queues:
+        return None
+    return (f"queue {queue!r} is not in ECHOMQ['QUEUES'], so no echomq_worker serves it "
+            "(without --queue, workers and sweepers take only the configured queues)")
+
+
+def settings_readable() -> bool:
+    """Whether ECHOMQ has no errors, so what needs its queues (a check, a backend's) can read them."""
+    return not any(not problem.warning for problem in settings_problems())
 
 
 def get_settings() -> EchoMQSettings:

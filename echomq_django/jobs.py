@@ -25,17 +25,16 @@ task's module only from inside an installed app.)
 from __future__ import annotations
 
 import contextvars
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections
-from django.utils.module_loading import autodiscover_modules
 
-from .conf import get_settings
-from .core import MAX_DELAY_MS, Backoff, Job, JobOptions, PayloadError, UnrecoverableError
+from .conf import own_time_limits_ms, time_limits_ms, unserved_queue
+from .core import Backoff, Job, JobOptions, UnrecoverableError
+from .discovery import discover_jobs  # noqa: F401  (public here: echomq_django.jobs.discover_jobs)
 from .queues import get_queue
 
 _current_job: contextvars.ContextVar[Job | None] = contextvars.ContextVar("echomq_current_job", default=None)
@@ -57,48 +56,6 @@ def current_job() -> Job | None:
     if job is not None:
         job.check()
     return job
-
-
-def discover_jobs() -> None:
-    """Import every installed app's `jobs` module, so each @job in it is registered (as workers need)."""
-    autodiscover_modules("jobs")
-
-
-_NO_TIME_LIMITS: dict[str, int | None] = {"time_limit_ms": None, "soft_time_limit_ms": None}
-
-
-def time_limits_ms(time_limit: Any, soft_time_limit: Any) -> dict[str, int | None]:
-    """A job's own time limits, given in seconds, as JobOptions.overridden takes them (None: the queue's).
-
-    PayloadError for a limit that is not a positive number of seconds up to ten
-    years, or a soft limit not shorter than the hard one.
-    """
-    if time_limit is None and soft_time_limit is None:
-        return _NO_TIME_LIMITS  # most jobs: nothing to check (callers only unpack it)
-    limits: dict[str, int | None] = {}
-    for key, what, seconds in (("time_limit_ms", "time_limit", time_limit),
-                               ("soft_time_limit_ms", "soft_time_limit", soft_time_limit)):
-        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
-                                    or not 0 < seconds <= MAX_DELAY_MS / 1000 or not math.isfinite(seconds)):
-            raise PayloadError(f"{what} must be a positive number of seconds up to ten years, or None, "
-                               f"not {seconds!r}")
-        limits[key] = None if seconds is None else max(1, round(seconds * 1000))
-    JobOptions(time_limit_ms=limits["time_limit_ms"] or 0,
-               soft_time_limit_ms=limits["soft_time_limit_ms"] or 0)  # the soft limit is the shorter
-    return limits
-
-
-def own_time_limits_ms(target: Any) -> dict[str, int | None]:
-    """The time limits (ms, for JobOptions.overridden) a @job function or an EchoMQTask sets for its jobs."""
-    return time_limits_ms(getattr(target, "time_limit", None), getattr(target, "soft_time_limit", None))
-
-
-def unserved_queue(queue: str) -> str | None:
-    """Why jobs sent to `queue` would never run (it is not in ECHOMQ["QUEUES"]), or None when they would."""
-    if queue in get_settings().queues:
-        return None
-    return (f"queue {queue!r} is not in ECHOMQ['QUEUES'], so no echomq_worker serves it "
-            "(without --queue, workers and sweepers take only the configured queues)")
 
 
 @dataclass

@@ -159,7 +159,7 @@ class Schedule(models.Model):
 
     def entry(self, *, importing: bool = False):  # -> schedules.Entry
         """The row read as a schedule; its TASK's module is imported only for the scheduler (see parse_schedule)."""
-        from .schedules import parse_schedule
+        from .schedule_parsing import parse_schedule
 
         since_ms = int(self.updated_at.timestamp() * 1000) if self.updated_at else 0
         return parse_schedule(self.name, self.options(), since_ms=since_ms, where=f"schedule {self.name!r}",
@@ -169,7 +169,7 @@ class Schedule(models.Model):
         """The errors parse_schedule finds, on the fields they are about; a name that settings use."""
         from django.core.exceptions import ImproperlyConfigured, ValidationError
 
-        from .schedules import FIELD_OF_OPTION, settings_entries
+        from .schedule_parsing import FIELD_OF_OPTION, settings_entries
 
         try:
             problems = self.entry().problems

@@ -574,8 +574,7 @@ def test_two_sigterms_to_the_command_kill_the_child_and_leave_no_process(queue, 
 # -- the README -----------------------------------------------------------------
 
 def test_the_readme_example_settings_and_job_limits_are_valid():
-    from echomq_django.conf import parse_settings
-    from echomq_django.jobs import time_limits_ms
+    from echomq_django.conf import parse_settings, time_limits_ms
 
     config, problems = parse_settings({"QUEUES": {
         "reports": {"POOL": "processes", "CONCURRENCY": 4, "TIME_LIMIT": 300, "SOFT_TIME_LIMIT": 270}}})

@@ -97,3 +97,46 @@ def test_the_django_layer_uses_only_what_core_exports():
             elif module.startswith("core.") or module == "" and any(a.name == "core" for a in node.names):
                 wrong.append(f"{path.name}: imports {node.module or 'core'}")
     assert wrong == [], "import these from echomq_django.core, and export them in its __all__"
+
+
+def package_imports() -> dict[str, set[str]]:
+    """Each module of the package -> the modules of the package it imports, at its top or inside a function."""
+    import ast
+
+    package = ROOT / "echomq_django"
+    modules = {}
+    for path in package.rglob("*.py"):
+        if "migrations" not in path.parts:
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+            modules[name] = path
+    imports: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        package_of = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package_of.split(".")
+                    base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+                # `from . import child` imports the module child; `from .conf import x`, the module conf.
+                submodules = [f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in modules]
+                found = submodules if len(submodules) == len(node.names) else [base, *submodules]
+            else:
+                continue
+            imports[name] |= {module for module in found if module in modules and module != name}
+    return imports
+
+
+def test_the_package_has_no_import_circle():
+    """Each module imports only modules below it (a function-level import counts too), so the layers read
+    bottom to top: a circle is held together by import order alone and breaks when it changes."""
+    import graphlib
+
+    try:
+        order = list(graphlib.TopologicalSorter(package_imports()).static_order())
+    except graphlib.CycleError as error:
+        # graphlib lists the circle from each module to one that imports it: reversed, "a imports b imports ..."
+        pytest.fail(f"an import circle: {' imports '.join(reversed(error.args[1]))}")
+    assert "echomq_django.core.keys" in order
