@@ -1,0 +1,141 @@
+"""core.signals.run_until_signalled: signals recorded by a handler that does nothing, acted on by the main thread.
+
+Each case runs a child process of its own and sends it real signals, in bursts
+where the old design hung: handlers landing inside a stop(), inside a wait,
+inside the end of run().
+"""
+
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from echomq_django.core import run_until_signalled
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A runner whose run() waits for its stop (or, "deaf", ignores it as a call to a frozen Redis would),
+# whose stop() takes a lock and logs, as Worker's may, and which reports who called what.
+CHILD = textwrap.dedent("""
+    import logging, os, random, signal, sys, threading, time
+    from echomq_django.core import run_until_signalled
+
+    logging.basicConfig(level=logging.INFO)
+    case, count = sys.argv[1], int(sys.argv[2])
+
+    class Runner:
+        def __init__(self):
+            self.stopping, self.aborted, self.lock = threading.Event(), threading.Event(), threading.Lock()
+            self.calls = []
+            self.started = threading.Event()
+
+        def run(self):
+            self.started.set()
+            if case == "raises":
+                raise LookupError("from run")
+            if case == "deaf":
+                time.sleep(60)
+            (self.aborted if case == "finishing" else self.stopping).wait(30)
+            return case
+
+        def stop(self):
+            with self.lock:
+                logging.info("stop")
+                self.calls.append(("stop", threading.current_thread() is threading.main_thread()))
+                time.sleep(0.01)  # the next signal of a burst lands in here
+                self.stopping.set()
+
+        def abort(self):
+            with self.lock:
+                self.calls.append(("abort", threading.current_thread() is threading.main_thread()))
+                self.aborted.set()
+
+    runners = [Runner(), Runner()]
+
+    def burst():
+        for runner in runners:
+            runner.started.wait(10)
+        time.sleep(0.05)
+        for _ in range(count):
+            os.kill(os.getpid(), random.choice([signal.SIGTERM, signal.SIGINT]))
+            time.sleep(random.random() * 0.003)
+
+    threading.Thread(target=burst, daemon=True).start()
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), signal.set_wakeup_fd(-1)
+    started = time.monotonic()
+    try:
+        print("returned", run_until_signalled(*runners, grace_s=0.5), flush=True)
+    except LookupError as error:
+        print("raised", error, flush=True)
+    print("calls", [runner.calls for runner in runners], flush=True)
+    print("restored", before == (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM),
+                                 signal.set_wakeup_fd(-1)), flush=True)
+""")
+
+
+def run_child(case: str, signals: int, timeout_s: float = 30) -> dict[str, str]:
+    """The child's lines, keyed by their first word; {"hung": ...} when it outlived the timeout."""
+    process = subprocess.Popen([sys.executable, "-c", CHILD, case, str(signals)], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return {"hung": process.communicate()[1][-2000:]}
+    lines = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+    return {**lines, "stderr": err[-2000:]}
+
+
+@pytest.mark.slow
+def test_one_signal_stops_every_runner_once_from_the_main_thread():
+    lines = run_child("stopping", 1)
+    assert lines.get("returned") == "['stopping', 'stopping']", lines
+    assert lines["calls"] == "[[('stop', True)], [('stop', True)]]", lines
+    assert lines["restored"] == "True"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attempt", range(5))
+def test_a_burst_of_signals_stops_then_aborts_every_runner_once(attempt):
+    lines = run_child("finishing", 2 + attempt * 7)  # "finishing" runners return only on abort()
+    assert lines.get("returned") == "['finishing', 'finishing']", lines
+    assert lines["calls"] == "[[('stop', True), ('abort', True)], [('stop', True), ('abort', True)]]", lines
+    assert lines["restored"] == "True"
+
+
+@pytest.mark.slow
+def test_a_runner_deaf_to_its_abort_is_left_behind_after_the_grace():
+    lines = run_child("deaf", 2)
+    assert lines.get("returned") == "[None, None]", lines  # their run() never returned
+    assert lines["restored"] == "True"
+
+
+@pytest.mark.slow
+def test_what_a_run_raises_is_raised_to_the_caller():
+    lines = run_child("raises", 0)
+    assert lines.get("raised") == "from run", lines
+
+
+def test_it_refuses_to_run_off_the_main_thread():
+    refused: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            run_until_signalled()
+        except RuntimeError as error:
+            refused.append(error)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    thread.join()
+    assert refused and "main thread" in str(refused[0])
+
+
+def test_no_runner_returns_at_once_and_restores_the_handlers():
+    before = signal.getsignal(signal.SIGTERM)
+    assert run_until_signalled() == []
+    assert signal.getsignal(signal.SIGTERM) is before
