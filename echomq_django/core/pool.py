@@ -98,6 +98,11 @@ def cancelled(job: Job) -> Finish:
     return ended(job, "cancelled", JobCancelled, final=True)
 
 
+def soft_limit_exceeded(soft_ms: int) -> SoftTimeLimitExceeded:
+    """What a job past its soft limit gets, the same on both pools."""
+    return SoftTimeLimitExceeded(f"soft time limit of {seconds_text(soft_ms)} s exceeded")
+
+
 def over_limit(job: Job, hard_ms: int) -> Finish:
     return ended(job, f"time limit of {seconds_text(hard_ms)} s exceeded", TimeLimitExceeded)
 
@@ -134,7 +139,7 @@ class ThreadSlot:
         threading.Thread(target=target, name=f"echomq-job-{job.id}", daemon=True).start()
         started = time.monotonic()
         if soft_ms and not done.wait(soft_ms / 1000):
-            job.interrupt(SoftTimeLimitExceeded(f"soft time limit of {seconds_text(soft_ms)} s exceeded"))
+            job.interrupt(soft_limit_exceeded(soft_ms))
         if not done.wait(max(hard_ms / 1000 - (time.monotonic() - started), 0) if hard_ms else None):
             job.interrupt(TimeLimitExceeded(f"time limit of {seconds_text(hard_ms)} s exceeded"))
             logger.error("job %s of queue %s ran past its time limit of %s s: its attempt failed; the thread "
@@ -319,7 +324,7 @@ class ProcessSlot:
         assert process is not None and conn is not None
         started = time.monotonic()
         try:
-            conn.send(replace(job))  # the copy has no reporter: the child attaches its own
+            conn.send((replace(job), soft_ms))  # the copy has no reporter: the child attaches its own
         except (OSError, ValueError):
             pass  # it died meanwhile: the wait below sees it
         soft_at = started + soft_ms / 1000 if soft_ms else None
@@ -442,6 +447,7 @@ class _Child:
         self.asking = False  # the main thread waits for a report's answer: a soft limit waits too
         self.soft_pending = False
         self.soft_raised = False
+        self.soft_ms = 0  # the running job's soft limit, for its message
 
     def progress(self, job: Job, progress_json: str) -> bool:
         return self._ask(job, "progress", progress_json)
@@ -477,7 +483,7 @@ class _Child:
 
     def _raise_soft(self) -> None:
         self.soft_raised = True
-        raise SoftTimeLimitExceeded("soft time limit exceeded")
+        raise soft_limit_exceeded(self.soft_ms)
 
     def call(self, job: Job) -> Any:
         """The handler, marked as running only inside run_handler's try (a late signal fails the job, at worst)."""
@@ -490,11 +496,12 @@ class _Child:
     def serve(self) -> None:
         while True:
             try:
-                job = self.conn.recv()
+                sent = self.conn.recv()
             except (EOFError, OSError):
                 return  # the worker is gone
-            if job is None:
+            if sent is None:
                 return
+            job, self.soft_ms = sent
             job.attach(self)
             threads, self.soft_raised, self.soft_pending = threading.active_count(), False, False
             with self.pipe:
