@@ -486,6 +486,41 @@ def test_a_redis_restart_mid_run_loses_no_job_and_runs_none_twice(own_redis, tmp
     assert set(completions.values()) == {1}, "each job completed once"
 
 
+@pytest.mark.slow
+@pytest.mark.own_servers
+@pytest.mark.parametrize("report", ["progress", "log"])
+def test_a_hard_limit_holds_while_the_jobs_report_waits_for_a_frozen_redis(tmp_path, report):
+    server = RedisServer()
+    server.start()
+    # The worker's client as connect() makes it: against a frozen server each try waits out its
+    # socket timeout, and it tries again for minutes. The job is killed at its limit all the same.
+    client = connect(server.url)
+    queue = Queue("q", client, prefix="frozen")
+    runs_file, go = tmp_path / "runs", tmp_path / "go"
+    job_id = queue.add("report_when_told", {"file": str(runs_file), "go": str(go), "report": report},
+                       opts=JobOptions(attempts=1, time_limit_ms=5000))
+    entries = lambda: runs_file.read_text().split() if runs_file.exists() else []  # noqa: E731
+    try:
+        with running(make_worker(queue, "processes")):
+            assert wait_until(entries, 15), "the job started"
+            [started] = entries()
+            child = int(started.split(":")[1])
+            server.process.send_signal(signal.SIGSTOP)
+            try:
+                go.touch()
+                assert wait_until(lambda: f"{job_id}:{child}:reporting" in entries(), 5), entries()
+                assert wait_until(lambda: gone(child), 60), "the child outlived its limit while its report waited"
+            finally:
+                server.process.send_signal(signal.SIGCONT)
+            assert wait_until(state(queue, job_id, "failed"), 30)
+        assert queue.get_job(job_id).failed_reason == "time limit of 5 s exceeded"
+        assert f"{job_id}:{child}:reported" not in entries()
+    finally:
+        client.close()
+        server.stop()
+        server.workdir.cleanup()
+
+
 # -- 8. what the processes pool refuses -------------------------------------------------------
 
 def test_the_processes_pool_refuses_a_handler_it_cannot_send_to_a_child(queue):

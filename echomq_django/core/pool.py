@@ -11,7 +11,8 @@ and never raises for the job's sake:
   thread to run out unobserved (a thread cannot be killed).
 - ProcessSlot keeps one child process, started once and reused, and sends it
   one job at a time over a pipe. The child only runs the handler; its progress
-  and log reports come back through the pipe, and the worker writes them. A
+  and log reports come back through the pipe, and a thread of the slot writes
+  them, so that a write waiting for Redis never holds off a time limit. A
   soft limit is a SIGUSR1 that raises SoftTimeLimitExceeded wherever the job
   is; a hard limit, a cancel or a child that dies ends the attempt at once,
   and the next job gets a new child.
@@ -25,6 +26,7 @@ import math
 import multiprocessing
 import os
 import pickle
+import queue as threadqueue
 import resource
 import signal
 import sys
@@ -185,6 +187,11 @@ class ProcessSlot:
         self._current: Job | None = None
         self._closed = False
         self._lock = threading.Lock()  # guards _process, _conn, _current and _closed across threads
+        # The reports of the slot's jobs go to a writer thread of their own (see _ask).
+        self._reports: threadqueue.SimpleQueue[tuple[int, Job, str, str] | None] = threadqueue.SimpleQueue()
+        self._answers: Connection | None = None  # where the writer's answers come back
+        self._asks = 0  # reports asked for so far, each one's number
+        self._asked = 0  # the number of the report the running job waits for; 0: none
 
     # -- the child's life --------------------------------------------------
 
@@ -235,6 +242,7 @@ class ProcessSlot:
 
         A child that runs a job (a second stop) is killed, and reaped by the thread that watches it.
         """
+        self._reports.put(None)  # the report writer's last
         with self._lock:
             self._closed = True
             process, conn = self._process, self._conn
@@ -329,36 +337,74 @@ class ProcessSlot:
             pass  # it died meanwhile: the wait below sees it
         soft_at = started + soft_ms / 1000 if soft_ms else None
         hard_at = started + hard_ms / 1000 if hard_ms else None
-        while True:
-            deadline = min((t for t in (soft_at, hard_at) if t is not None), default=None)
-            timeout = None if deadline is None else max(deadline - time.monotonic(), 0)
-            ready = wait([conn, process.sentinel], timeout)
-            if conn in ready:
-                try:
-                    message = conn.recv()
-                except (EOFError, OSError):
+        try:
+            while True:
+                deadline = min((t for t in (soft_at, hard_at) if t is not None), default=None)
+                timeout = None if deadline is None else max(deadline - time.monotonic(), 0)
+                answers = self._answers if self._asked else None
+                ready = wait([conn, process.sentinel, *([answers] if answers else [])], timeout)
+                if conn in ready:
+                    try:
+                        message = conn.recv()
+                    except (EOFError, OSError):
+                        return self._died(job)
+                    except Exception as error:  # not what a child of ours sends: it cannot be trusted
+                        logger.error("job %s of queue %s: its child process sent what cannot be read (%s)",
+                                     job.id, job.queue, error)
+                        return self._died(job, wait=False)
+                    if message[0] == "done":
+                        _kind, finish, peak_kb, tainted = message
+                        self._done(peak_kb, tainted)
+                        return cast(Finish, finish)
+                    if hard_at is None or time.monotonic() < hard_at:  # else it is killed below, unwritten
+                        self._ask(job, message[0], message[1])
+                elif process.sentinel in ready:
                     return self._died(job)
-                except Exception as error:  # not what a child of ours sends: it cannot be trusted
-                    logger.error("job %s of queue %s: its child process sent what cannot be read (%s)",
-                                 job.id, job.queue, error)
-                    return self._died(job, wait=False)
-                if message[0] == "done":
-                    _kind, finish, peak_kb, tainted = message
-                    self._done(peak_kb, tainted)
-                    return cast(Finish, finish)
+                if answers is not None and answers in ready:
+                    number, written = answers.recv()
+                    if number == self._asked:
+                        self._asked = 0
+                        with contextlib.suppress(OSError, ValueError):
+                            conn.send(written)
+                # Looked at whatever the wait returned for: a job that reports without a pause is not
+                # a reason to outlive a limit either.
+                now = time.monotonic()
+                if hard_at is not None and now >= hard_at:
+                    logger.error("job %s of queue %s ran past its time limit of %s s: its child process is killed",
+                                 job.id, job.queue, seconds_text(hard_ms))
+                    self._discard()
+                    return over_limit(job, hard_ms)
+                if soft_at is not None and now >= soft_at:
+                    soft_at = None
+                    with contextlib.suppress(OSError):
+                        os.kill(process.pid, signal.SIGUSR1)
+        finally:
+            self._asked = 0  # a report of this attempt not written yet never will be
+
+    def _ask(self, job: Job, kind: str, text: str) -> None:
+        """Have a report of the child's job written off this thread; its answer comes back on _answers.
+
+        The thread that runs the job must stay free to end it: a write that waits for Redis
+        (an outage, a frozen server: the client's retries take minutes) would hold a time
+        limit off for as long. One writer per slot keeps a job's reports in order.
+        """
+        if self._answers is None:
+            self._answers, answers = multiprocessing.Pipe(duplex=False)
+            threading.Thread(target=self._write_reports, args=(answers,), name=f"{self.name}-reports",
+                             daemon=True).start()
+        self._asks += 1
+        self._asked = self._asks
+        self._reports.put((self._asks, job, kind, text))
+
+    def _write_reports(self, answers: Connection) -> None:
+        """The slot's report writer: each report the job still waits for, written and answered in turn."""
+        while (report := self._reports.get()) is not None:
+            number, job, kind, text = report
+            if number == self._asked:  # else its attempt ended meanwhile
+                written = self._report(job, kind, text)
                 with contextlib.suppress(OSError, ValueError):
-                    conn.send(self._report(job, message[0], message[1]))
-            elif ready:
-                return self._died(job)
-            elif hard_at is not None and time.monotonic() >= hard_at:
-                logger.error("job %s of queue %s ran past its time limit of %s s: its child process is killed",
-                             job.id, job.queue, seconds_text(hard_ms))
-                self._discard()
-                return over_limit(job, hard_ms)
-            elif soft_at is not None:
-                soft_at = None
-                with contextlib.suppress(OSError):
-                    os.kill(process.pid, signal.SIGUSR1)
+                    answers.send((number, written))
+        answers.close()
 
     def _report(self, job: Job, kind: str, text: str) -> bool:
         """Write a report of the child's job; False when it was not written (the job goes on)."""
