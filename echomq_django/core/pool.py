@@ -167,7 +167,7 @@ class ThreadSlot:
 
     def __init__(self, handler: Handler, abandoned: AbandonedThreads | None = None) -> None:
         self.handler = handler
-        self.abandoned = abandoned or AbandonedThreads()
+        self.abandoned = abandoned if abandoned is not None else AbandonedThreads()
 
     def run(self, job: Job, soft_ms: int, hard_ms: int) -> Finish:
         if end := stopped(job):  # stopped between its fetch and now
@@ -413,8 +413,8 @@ class ProcessSlot:
                         self._asked = 0
                         with contextlib.suppress(OSError, ValueError):
                             conn.send(written)
-                # Looked at whatever the wait returned for: a job that reports without a pause is not
-                # a reason to outlive a limit either.
+                # The deadlines, whatever the wait returned for: a job that reports without a pause
+                # must not outlive them either.
                 now = time.monotonic()
                 if hard_at is not None and now >= hard_at:
                     logger.error("job %s of queue %s ran past its time limit of %s s: its child process is killed",
