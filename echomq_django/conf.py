@@ -339,8 +339,8 @@ def threads_time_limit_warning(what: str, queue: str) -> Problem:
         "echomq.W017", f"{what}, but queue {queue!r} runs its jobs on threads (POOL \"threads\"), and a thread "
         "cannot be killed.",
         "At the limit the worker fails the attempt (retried per its attempts) and stops renewing its lock, but the "
-        "thread runs on, unobserved, until the job returns (or checks current_job()). Set the queue's POOL to "
-        "\"processes\" (or run echomq_worker --pool processes) to enforce the limit.",
+        "thread runs on, keeping its worker slot taken, until the job returns (or checks current_job()). Set the "
+        "queue's POOL to \"processes\" (or run echomq_worker --pool processes) to enforce the limit.",
         warning=True)
 
 

@@ -9,7 +9,17 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from .conf import QueueConfig, get_settings
-from .core import FlowState, Minute, Queue, QueueStateError, datetime_from_ms, flow_state, last_sweep, recent_minutes
+from .core import (
+    FlowState,
+    Minute,
+    Queue,
+    QueueStateError,
+    abandoned_threads,
+    datetime_from_ms,
+    flow_state,
+    last_sweep,
+    recent_minutes,
+)
 from .queues import get_queue
 
 # The complete minutes whose rates `echomq_status --json` reports (its key "last_5_minutes" says so too).
@@ -28,7 +38,10 @@ def queue_status(name: str, *, rates: bool = False, now: int | None = None) -> d
     try:
         status = {"queue": name, "paused": queue.is_paused(), "counts": queue.counts(),
                   "last_sweep": last_sweep(queue.client, queue.keys),
-                  "flow": flow_summary(flow_state(queue, config.rate_limit), config)}
+                  "flow": flow_summary(flow_state(queue, config.rate_limit), config),
+                  # Worker slots held by a thread past its hard limit (threads pool): no job starts in them.
+                  "abandoned_threads": [{"worker": worker, "job": job}
+                                        for worker, job in abandoned_threads(queue.client, queue.keys)]}
     except (QueueStateError, ResponseError) as error:  # a key another client gave another Redis type
         return {"queue": name, "error": str(error)}
     return {**status, **recent_rates(queue, now)} if rates else status
@@ -66,6 +79,15 @@ def minute_summary(minute: Minute) -> dict[str, Any]:
     return {"minute": start.isoformat() if start else None, "completed": minute.completed,
             "failed": minute.failed, "retried": minute.retried, "recovered": minute.recovered,
             "mean_wait_ms": minute.mean_wait_ms, "mean_run_ms": minute.mean_run_ms}
+
+
+def describe_abandoned(threads: list[dict[str, str]]) -> str:
+    """The slots held by abandoned threads in words ("" for none)."""
+    if not threads:
+        return ""
+    jobs = ", ".join(thread["job"] for thread in threads)
+    return (f"{len(threads)} worker slot(s) held by thread(s) running on past their time limit "
+            f"(job(s) {jobs}): no job starts in them until they end")
 
 
 def describe_sweep(sweep: Any) -> str:

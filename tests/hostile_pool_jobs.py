@@ -191,6 +191,20 @@ def never_checks(job: Job) -> str:
     return "late result"
 
 
+def counted(job: Job) -> str:
+    """Count itself in data["running"] while it runs, recording the count it joined ("start-N"); with
+    data["go"], wait for the test's go first (never calling job.check)."""
+    client = _client(job.data["url"])
+    record(job, f"start-{client.incr(job.data['running'])}")
+    try:
+        if "go" in job.data:
+            _wait_for_go(job)
+    finally:
+        client.decr(job.data["running"])
+    record(job, "end")
+    return "done"
+
+
 def leaves_a_thread(job: Job) -> str:
     """Start a non-daemon thread that outlives the job (a library's flusher, a fire-and-forget upload) and return."""
     threading.Thread(target=_wait_for_go, args=(job,), name="hostile-leftover").start()
@@ -269,7 +283,7 @@ def by_name(job: Job) -> Any:
 HANDLERS = {name: globals()[name] for name in (
     "sleeper", "noop", "gated", "chatty_soft", "async_soft", "segfault", "exits", "ignores_usr1",
     "big_return", "not_json", "many_logs", "never_checks", "careless_loop",
-    "leaves_a_thread")}
+    "leaves_a_thread", "counted")}
 
 
 def main() -> None:

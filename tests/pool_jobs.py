@@ -123,7 +123,22 @@ def die(job: Job) -> dict:
     return {"pid": os.getpid()}
 
 
-HANDLERS = {"noop": noop, "sleep": sleep, "soft": soft, "grow": grow, "storm": storm, "die": die}
+def report_when_told(job: Job) -> str:
+    """Wait for the file data["go"], then report (data["report"]: "progress" or "log"), recording either side."""
+    _record(job)
+    while not os.path.exists(job.data["go"]):
+        time.sleep(0.01)
+    _record(job, ":reporting")
+    if job.data["report"] == "progress":
+        job.update_progress(1)
+    else:
+        job.log("a line")
+    _record(job, ":reported")
+    return "reported"
+
+
+HANDLERS = {"noop": noop, "sleep": sleep, "soft": soft, "grow": grow, "storm": storm, "die": die,
+            "report_when_told": report_when_told}
 
 
 def by_name(job: Job) -> Any:

@@ -473,3 +473,13 @@ def test_counters_another_client_broke_read_as_nothing_not_an_error(superuser_cl
     queue.client.hset(queue.keys.meta, "limitedUntil", "1e20")
     page = content_block(page_of(superuser_client))
     assert "tenant-x" in page and "RateLimited" not in page
+
+
+# -- worker slots held by threads past their time limit -------------------------------------------
+
+def test_slots_held_by_threads_past_their_limit_are_shown_under_the_last_sweep(superuser_client, queue):
+    assert "echomq-abandoned" not in page_of(superuser_client)
+    queue.client.zadd(queue.keys.abandoned, {"report-7 host:1:abc:def": now_ms() + 60_000})  # as a worker writes it
+    page = content_block(page_of(superuser_client))
+    assert ('<p class="echomq-abandoned">1 worker slot(s) held by thread(s) running on past their time limit '
+            "(job(s) report-7): no job starts in them until they end</p>") in page

@@ -432,7 +432,8 @@ def test_a_thread_past_its_hard_limit_is_abandoned_and_its_late_writes_change_no
     hung = queue.add("never_checks", data(queue, redis_url, go=go, seconds=30),
                      opts=JobOptions(attempts=1, time_limit_ms=300))
     after = queue.add("never_checks", data(queue, redis_url, go=go, seconds=30), opts=JobOptions(attempts=1))
-    with running(make(queue, jobs.never_checks, pool="threads")):
+    # Two slots: the abandoned thread keeps its own taken until it ends.
+    with running(make(queue, jobs.never_checks, pool="threads", concurrency=2)):
         assert wait_until(lambda: queue.get_state(hung) == "failed", 10)
         assert queue.get_job(hung).failed_reason == "time limit of 0.3 s exceeded"
         assert wait_until(lambda: queue.get_state(after) == "active", 10), "the worker did not move on"
@@ -448,6 +449,32 @@ def test_a_thread_past_its_hard_limit_is_abandoned_and_its_late_writes_change_no
     assert queue.get_job(hung).logs == [] and queue.get_job(hung).progress is None
     assert queue.get_job(after).progress == {"late": True} and queue.get_job(after).logs == ["late line"]
     assert queue.get_job(after).returnvalue == "late result"
+
+
+# Found: pool.py ThreadSlot.run: the slot took its next job as soon as it abandoned a thread at the hard limit,
+# while that thread ran on: at --concurrency 1 three job functions ran at once, and each retry of a hung job
+# started one more thread.
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_a_thread_past_its_hard_limit_keeps_its_slot_taken_until_it_ends(queue, redis_url, concurrency):
+    count = f"{queue.keys.prefix}:running"
+    go = [f"{queue.keys.prefix}:go:{n}" for n in range(concurrency)]
+    hung = [queue.add("counted", data(queue, redis_url, running=count, go=key, seconds=60),
+                      opts=JobOptions(attempts=2, time_limit_ms=300)) for key in go]
+    after = queue.add("counted", data(queue, redis_url, running=count), opts=JobOptions(attempts=1))
+    with running(make(queue, jobs.counted, pool="threads", concurrency=concurrency)):
+        # A failure is written in the round trip that takes the next jobs: once the worker wrote them all,
+        # it had taken what it was going to take for the slots they freed.
+        assert wait_until(lambda: all(queue.get_job(job_id).attempts_made == 1 for job_id in hung), 15)
+        assert queue.get_state(after) == "wait", "a slot whose thread runs on took another job"
+        assert sorted(runs(queue, "start-1") + runs(queue, "start-2") + runs(queue, "start-3")) == sorted(hung)
+        queue.client.rpush(go[0], "go", "go")  # one abandoned thread ends; the job's retry will not wait
+        assert wait_until(lambda: queue.get_state(after) == "completed", 15), records(queue)
+        for key in go[1:]:
+            queue.client.rpush(key, "go", "go")
+        assert wait_until(lambda: finished(queue, hung), 15), records(queue)
+    joined = [int(entry.split(":")[0].removeprefix("start-")) for entry in records(queue) if entry.startswith("start-")]
+    assert len(joined) == 2 * concurrency + 1 and max(joined) <= concurrency, records(queue)
+    assert [queue.get_state(job_id) for job_id in hung] == ["completed"] * concurrency
 
 
 def test_children_that_crash_exit_or_misbehave_fail_their_attempt_and_the_pool_goes_on(queue, redis_url):

@@ -91,7 +91,8 @@ def test_a_hard_limit_on_threads_warns_and_says_why():
     assert warning.id == "echomq.W017" and warning.level == checks.WARNING
     assert "ECHOMQ['QUEUES']['a']['TIME_LIMIT'] is 30 s" in warning.msg and "queue 'a'" in warning.msg
     assert "a thread cannot be killed" in warning.msg
-    for words in ("fails the attempt", "stops renewing its lock", "runs on, unobserved", '"processes"'):
+    for words in ("fails the attempt", "stops renewing its lock", "runs on, keeping its worker slot taken",
+                  '"processes"'):
         assert words in warning.hint
     explicit = messages(["echomq"], QUEUES={"a": {"TIME_LIMIT": 30, "POOL": "threads"}})
     assert [message.id for message in explicit] == ["echomq.W017"]

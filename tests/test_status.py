@@ -8,8 +8,10 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 
-from echomq_django.core import COUNTED, JobOptions, now_ms
+from echomq_django.core import COUNTED, JobOptions, Worker, now_ms
 from echomq_django.status import describe_sweep, queue_status
+from tests import hostile_pool_jobs
+from tests.helpers import running, wait_until
 from tests.test_prometheus import run_known_jobs
 
 pytestmark = pytest.mark.django_db
@@ -93,3 +95,37 @@ def test_a_run_counts_once_its_minute_is_complete(echomq_settings, queue):
     assert busy and all(entry["mean_run_ms"] is not None and entry["mean_wait_ms"] is not None for entry in busy)
     idle = [entry for entry, start in zip(minutes, minute_starts(minutes)) if start < started // 60_000 * 60_000]
     assert len(idle) >= 3 and all(entry["mean_run_ms"] is None and entry["completed"] == 0 for entry in idle)
+
+
+def status_lines(*args: str) -> str:
+    out = StringIO()
+    call_command("echomq_status", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_slots_held_by_threads_past_their_limit_are_shown_until_the_threads_end(echomq_settings, queue, redis_url):
+    go, count = f"{queue.keys.prefix}:go", f"{queue.keys.prefix}:running"
+    hung = queue.add("counted", {"url": redis_url, "running": count, "go": go, "seconds": 60},
+                     opts=JobOptions(attempts=1, time_limit_ms=300))
+    worker = Worker(queue.name, hostile_pool_jobs.counted, queue.client, prefix=queue.keys.prefix, pool="threads",
+                    lock_duration_ms=2000, block_timeout_s=0.2)
+    with running(worker):
+        assert wait_until(lambda: queue_status("q")["abandoned_threads"], 15), "the worker showed its held slot"
+        assert queue_status("q")["abandoned_threads"] == [{"worker": worker.worker_id, "job": hung}]
+        [status] = json.loads(status_lines("--json"))
+        assert status["abandoned_threads"] == [{"worker": worker.worker_id, "job": hung}]
+        _header, line = status_lines().splitlines()
+        assert line.endswith(f"; 1 worker slot(s) held by thread(s) running on past their time limit (job(s) {hung}): "
+                             "no job starts in them until they end"), line
+        queue.client.rpush(go, "go")  # the thread ends: its slot is free again
+        assert wait_until(lambda: queue_status("q")["abandoned_threads"] == [], 15)
+    assert queue.client.exists(queue.keys.abandoned) == 0
+
+
+def test_held_slots_of_a_worker_that_stopped_writing_them_count_no_more(echomq_settings, queue):
+    # As a worker that died leaves them (scored by when they lapse), and what another client wrote.
+    now = now_ms()
+    queue.client.zadd(queue.keys.abandoned, {"7 host:1:abc:def": now + 60_000, "8 host:2:abc:def": now - 1,
+                                             "\x1b[2J host:3:abc:def": now + 60_000})
+    assert queue_status("q")["abandoned_threads"] == [{"worker": "host:1:abc", "job": "7"}]
+    assert "\x1b" not in status_lines()

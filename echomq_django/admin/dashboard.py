@@ -34,7 +34,7 @@ from ..core import (
 from ..mirror import sync_queue
 from ..models import Queue as QueueModel
 from ..queues import get_queue, make_sweeper
-from ..status import describe_sweep, queue_status
+from ..status import describe_abandoned, describe_sweep, queue_status
 from .charts_context import HOUR, SPANS, Span, queue_charts, slot_metrics
 from .common import REDIS_ERRORS, configured_queue, confirmation, confirmed, redis_problem
 
@@ -139,7 +139,8 @@ class QueueAdmin(admin.ModelAdmin):
                                             "groups_waiting", "groups_active"))
         return {"name": name, "counts": counts, "paused": status["paused"],
                 "cells": [{"state": state, "count": counts[state]} for state in COUNTED],
-                "last_sweep": describe_sweep(status["last_sweep"]), "flow": flow if limited else None}
+                "last_sweep": describe_sweep(status["last_sweep"]), "flow": flow if limited else None,
+                "abandoned": describe_abandoned(status["abandoned_threads"])}
 
     def queue_charts(self, name: str, counts: dict[str, int], span: Span, read_minutes: int) -> dict[str, Any]:
         """A queue's charts over `span`, from one pipelined read of its metrics; `charts_error` when unread."""

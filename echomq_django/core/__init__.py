@@ -59,7 +59,7 @@ from .queue import Cancel, NewJob, Queue, now_ms
 from .scripts import MAX_RATE_WINDOW_MS, Confirm, RateLimit, Scripts
 from .signals import SECOND_STOP_GRACE_S, Runner, run_until_signalled
 from .sweeper import Sweeper, SweepReport, SweepTarget, last_sweep
-from .worker import Retention, Worker
+from .worker import Retention, Worker, abandoned_threads
 
 __all__ = [
     "ALPHABET", "BROWSABLE", "MAX_SCHEDULE_NAME", "MIN_EVERY_MS", "COUNTED", "DEFAULT_REDIS_URL", "MAX_DELAY_MS",
@@ -69,7 +69,7 @@ __all__ = [
     "JobNotFoundError", "JobOptions", "LiveJob", "LockLostError", "Minute", "NewJob", "NotConfirmedError", "Page",
     "PayloadError", "Queue", "QueueKeys", "QueueStateError", "RateLimit", "RateLimited", "RedisURLError", "Retention",
     "Scripts", "SoftTimeLimitExceeded", "SweepReport", "SweepTarget", "Sweeper", "TimeLimitExceeded", "TooDeep",
-    "UnrecoverableError", "Worker", "browse", "class_path", "connect", "count_failed_older_than",
+    "UnrecoverableError", "Worker", "abandoned_threads", "browse", "class_path", "connect", "count_failed_older_than",
     "count_failed_since", "datetime_from_ms", "defaults", "encode_json", "fail_for_good", "failed_by_rank",
     "failed_count", "failed_since", "inspect_jobs", "last_sweep", "log_line", "now_ms", "oldest_waiting_age_ms",
     "parse_redis_url", "read_jobs", "recent_minutes", "redacted_url", "totals", "validate_job_id", "validate_name",

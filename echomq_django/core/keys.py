@@ -240,6 +240,11 @@ class QueueKeys:
         return self.base + "limiter"
 
     @property
+    def abandoned(self) -> str:
+        """The job threads past their hard limit that still run, each holding a worker's slot (ZSET); see Worker."""
+        return self.base + "threads:abandoned"
+
+    @property
     def id_counter(self) -> str:
         return self.base + "id"
 

@@ -29,12 +29,15 @@ class LockRenewer:
     to stop: `on_stop(job id, token, lost)` is called for one whose job was
     cancelled meanwhile (lost False) or whose ownership was lost (lost True: the
     sweeper recovered the job, which may run elsewhere now), at every renewal
-    until it is released.
+    until it is released. `beside()`, if given, is called after each renewal
+    (the worker's other periodic write).
     """
 
     def __init__(self, scripts: Scripts, keys: QueueKeys, lock_duration_ms: int, renew_interval_ms: int,
-                 worker_id: str, on_stop: Callable[[str, str, bool], None] | None = None) -> None:
+                 worker_id: str, on_stop: Callable[[str, str, bool], None] | None = None,
+                 beside: Callable[[], None] | None = None) -> None:
         self.scripts, self.keys, self.worker_id, self.on_stop = scripts, keys, worker_id, on_stop
+        self.beside = beside
         self.lock_duration_ms, self.renew_interval_ms = lock_duration_ms, renew_interval_ms
         self._held: set[tuple[str, str]] = set()
         self._held_lock = threading.Lock()
@@ -65,6 +68,8 @@ class LockRenewer:
             if self._stopped.is_set():
                 return
             pause = self.renew_interval_ms / 1000 if self.renew() else RETRY_PAUSE_S
+            if self.beside is not None:
+                self.beside()
 
     def renew(self) -> bool:
         """Renew every held lock in one call; False when the call failed."""

@@ -7,11 +7,13 @@ and never raises for the job's sake:
 - ThreadSlot runs the handler on the slot's thread. A job with a time limit
   runs on a thread of its own, which the slot watches: past the soft limit the
   job is asked to raise SoftTimeLimitExceeded at its next check (Job.check);
-  past the hard limit the attempt fails and the slot moves on, leaving the
-  thread to run out unobserved (a thread cannot be killed).
+  past the hard limit the attempt fails, and the thread, which cannot be
+  killed, runs on: it counts among the AbandonedThreads, and keeps a slot of
+  the worker taken until it ends.
 - ProcessSlot keeps one child process, started once and reused, and sends it
   one job at a time over a pipe. The child only runs the handler; its progress
-  and log reports come back through the pipe, and the worker writes them. A
+  and log reports come back through the pipe, and a thread of the slot writes
+  them, so that a write waiting for Redis never holds off a time limit. A
   soft limit is a SIGUSR1 that raises SoftTimeLimitExceeded wherever the job
   is; a hard limit, a cancel or a child that dies ends the attempt at once,
   and the next job gets a new child.
@@ -25,6 +27,7 @@ import math
 import multiprocessing
 import os
 import pickle
+import queue as threadqueue
 import resource
 import signal
 import sys
@@ -98,6 +101,11 @@ def cancelled(job: Job) -> Finish:
     return ended(job, "cancelled", JobCancelled, final=True)
 
 
+def soft_limit_exceeded(soft_ms: int) -> SoftTimeLimitExceeded:
+    """What a job past its soft limit gets, the same on both pools."""
+    return SoftTimeLimitExceeded(f"soft time limit of {seconds_text(soft_ms)} s exceeded")
+
+
 def over_limit(job: Job, hard_ms: int) -> Finish:
     return ended(job, f"time limit of {seconds_text(hard_ms)} s exceeded", TimeLimitExceeded)
 
@@ -111,11 +119,55 @@ def stopped(job: Job) -> Finish | None:
     return None
 
 
+class AbandonedThreads:
+    """The job threads of a worker that a hard limit gave up on and that still run (threads pool).
+
+    A thread cannot be killed, so each keeps its slot taken until it ends: the
+    worker takes that many jobs fewer (see Worker._loop), and never runs more
+    job functions at once than its concurrency. `on_change` is called when one
+    is added or ends.
+    """
+
+    def __init__(self, on_change: Callable[[], None] = lambda: None) -> None:
+        self._on_change = on_change
+        self._lock = threading.Lock()
+        self._running: dict[tuple[str, str], float] = {}  # (job id, token) -> when it was abandoned
+
+    @property
+    def count(self) -> int:
+        return len(self._running)
+
+    def jobs(self) -> list[tuple[str, str]]:
+        """(job id, token) of the attempt each one runs."""
+        with self._lock:
+            return list(self._running)
+
+    def abandon(self, job: Job, done: threading.Event) -> bool:
+        """Count the thread running `job` as abandoned, unless it is done (False) by now."""
+        with self._lock:
+            if done.is_set():
+                return False
+            self._running[(job.id, job.token or "")] = time.monotonic()
+        self._on_change()
+        return True
+
+    def finished(self, job: Job, done: threading.Event) -> None:
+        """The thread running `job` ends: set `done`, and give its slot back if it was abandoned."""
+        with self._lock:
+            done.set()
+            since = self._running.pop((job.id, job.token or ""), None)
+        if since is not None:
+            logger.warning("job %s of queue %s: the thread that ran past its time limit ended %.1f s later; "
+                           "its slot takes jobs again", job.id, job.queue, time.monotonic() - since)
+            self._on_change()
+
+
 class ThreadSlot:
     """Runs jobs on the calling thread; a job with a time limit on a watched thread of its own."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, abandoned: AbandonedThreads | None = None) -> None:
         self.handler = handler
+        self.abandoned = abandoned if abandoned is not None else AbandonedThreads()
 
     def run(self, job: Job, soft_ms: int, hard_ms: int) -> Finish:
         if end := stopped(job):  # stopped between its fetch and now
@@ -129,17 +181,19 @@ class ThreadSlot:
             try:
                 outcome.append(run_handler(self.handler, job))
             finally:
-                done.set()
+                self.abandoned.finished(job, done)
 
         threading.Thread(target=target, name=f"echomq-job-{job.id}", daemon=True).start()
         started = time.monotonic()
         if soft_ms and not done.wait(soft_ms / 1000):
-            job.interrupt(SoftTimeLimitExceeded(f"soft time limit of {seconds_text(soft_ms)} s exceeded"))
+            job.interrupt(soft_limit_exceeded(soft_ms))
         if not done.wait(max(hard_ms / 1000 - (time.monotonic() - started), 0) if hard_ms else None):
             job.interrupt(TimeLimitExceeded(f"time limit of {seconds_text(hard_ms)} s exceeded"))
-            logger.error("job %s of queue %s ran past its time limit of %s s: its attempt failed; the thread "
-                         "running it cannot be killed and runs on unobserved", job.id, job.queue, seconds_text(hard_ms))
-            return over_limit(job, hard_ms)
+            if self.abandoned.abandon(job, done):
+                logger.error("job %s of queue %s ran past its time limit of %s s: its attempt failed; the thread "
+                             "running it cannot be killed and runs on, its slot taken until it ends", job.id,
+                             job.queue, seconds_text(hard_ms))
+                return over_limit(job, hard_ms)
         return outcome[0]
 
     def stop(self, job: Job) -> None:
@@ -180,6 +234,11 @@ class ProcessSlot:
         self._current: Job | None = None
         self._closed = False
         self._lock = threading.Lock()  # guards _process, _conn, _current and _closed across threads
+        # The reports of the slot's jobs go to a writer thread of their own (see _ask).
+        self._reports: threadqueue.SimpleQueue[tuple[int, Job, str, str] | None] = threadqueue.SimpleQueue()
+        self._answers: Connection | None = None  # where the writer's answers come back
+        self._asks = 0  # reports asked for so far, each one's number
+        self._asked = 0  # the number of the report the running job waits for; 0: none
 
     # -- the child's life --------------------------------------------------
 
@@ -230,6 +289,7 @@ class ProcessSlot:
 
         A child that runs a job (a second stop) is killed, and reaped by the thread that watches it.
         """
+        self._reports.put(None)  # the report writer's last
         with self._lock:
             self._closed = True
             process, conn = self._process, self._conn
@@ -319,41 +379,79 @@ class ProcessSlot:
         assert process is not None and conn is not None
         started = time.monotonic()
         try:
-            conn.send(replace(job))  # the copy has no reporter: the child attaches its own
+            conn.send((replace(job), soft_ms))  # the copy has no reporter: the child attaches its own
         except (OSError, ValueError):
             pass  # it died meanwhile: the wait below sees it
         soft_at = started + soft_ms / 1000 if soft_ms else None
         hard_at = started + hard_ms / 1000 if hard_ms else None
-        while True:
-            deadline = min((t for t in (soft_at, hard_at) if t is not None), default=None)
-            timeout = None if deadline is None else max(deadline - time.monotonic(), 0)
-            ready = wait([conn, process.sentinel], timeout)
-            if conn in ready:
-                try:
-                    message = conn.recv()
-                except (EOFError, OSError):
+        try:
+            while True:
+                deadline = min((t for t in (soft_at, hard_at) if t is not None), default=None)
+                timeout = None if deadline is None else max(deadline - time.monotonic(), 0)
+                answers = self._answers if self._asked else None
+                ready = wait([conn, process.sentinel, *([answers] if answers else [])], timeout)
+                if conn in ready:
+                    try:
+                        message = conn.recv()
+                    except (EOFError, OSError):
+                        return self._died(job)
+                    except Exception as error:  # not what a child of ours sends: it cannot be trusted
+                        logger.error("job %s of queue %s: its child process sent what cannot be read (%s)",
+                                     job.id, job.queue, error)
+                        return self._died(job, wait=False)
+                    if message[0] == "done":
+                        _kind, finish, peak_kb, tainted = message
+                        self._done(peak_kb, tainted)
+                        return cast(Finish, finish)
+                    if hard_at is None or time.monotonic() < hard_at:  # else it is killed below, unwritten
+                        self._ask(job, message[0], message[1])
+                elif process.sentinel in ready:
                     return self._died(job)
-                except Exception as error:  # not what a child of ours sends: it cannot be trusted
-                    logger.error("job %s of queue %s: its child process sent what cannot be read (%s)",
-                                 job.id, job.queue, error)
-                    return self._died(job, wait=False)
-                if message[0] == "done":
-                    _kind, finish, peak_kb, tainted = message
-                    self._done(peak_kb, tainted)
-                    return cast(Finish, finish)
+                if answers is not None and answers in ready:
+                    number, written = answers.recv()
+                    if number == self._asked:
+                        self._asked = 0
+                        with contextlib.suppress(OSError, ValueError):
+                            conn.send(written)
+                # The deadlines, whatever the wait returned for: a job that reports without a pause
+                # must not outlive them either.
+                now = time.monotonic()
+                if hard_at is not None and now >= hard_at:
+                    logger.error("job %s of queue %s ran past its time limit of %s s: its child process is killed",
+                                 job.id, job.queue, seconds_text(hard_ms))
+                    self._discard()
+                    return over_limit(job, hard_ms)
+                if soft_at is not None and now >= soft_at:
+                    soft_at = None
+                    with contextlib.suppress(OSError):
+                        os.kill(process.pid, signal.SIGUSR1)
+        finally:
+            self._asked = 0  # a report of this attempt not written yet never will be
+
+    def _ask(self, job: Job, kind: str, text: str) -> None:
+        """Have a report of the child's job written off this thread; its answer comes back on _answers.
+
+        The thread that runs the job must stay free to end it: a write that waits for Redis
+        (an outage, a frozen server: the client's retries take minutes) would hold a time
+        limit off for as long. One writer per slot keeps a job's reports in order.
+        """
+        if self._answers is None:
+            self._answers, answers = multiprocessing.Pipe(duplex=False)
+            threading.Thread(target=self._write_reports, args=(answers,), name=f"{self.name}-reports",
+                             daemon=True).start()
+        self._asks += 1
+        self._asked = self._asks
+        self._reports.put((self._asks, job, kind, text))
+
+    def _write_reports(self, answers: Connection) -> None:
+        """The slot's report writer: each report the job still waits for, written and answered in turn."""
+        while (report := self._reports.get()) is not None:
+            number, job, kind, text = report
+            if number == self._asked:  # else its attempt ended meanwhile
+                written = self._report(job, kind, text)
                 with contextlib.suppress(OSError, ValueError):
-                    conn.send(self._report(job, message[0], message[1]))
-            elif ready:
-                return self._died(job)
-            elif hard_at is not None and time.monotonic() >= hard_at:
-                logger.error("job %s of queue %s ran past its time limit of %s s: its child process is killed",
-                             job.id, job.queue, seconds_text(hard_ms))
-                self._discard()
-                return over_limit(job, hard_ms)
-            elif soft_at is not None:
-                soft_at = None
-                with contextlib.suppress(OSError):
-                    os.kill(process.pid, signal.SIGUSR1)
+                    answers.send((number, written))
+        answers.close()
 
     def _report(self, job: Job, kind: str, text: str) -> bool:
         """Write a report of the child's job; False when it was not written (the job goes on)."""
@@ -442,6 +540,7 @@ class _Child:
         self.asking = False  # the main thread waits for a report's answer: a soft limit waits too
         self.soft_pending = False
         self.soft_raised = False
+        self.soft_ms = 0  # the running job's soft limit, for its message
 
     def progress(self, job: Job, progress_json: str) -> bool:
         return self._ask(job, "progress", progress_json)
@@ -477,7 +576,7 @@ class _Child:
 
     def _raise_soft(self) -> None:
         self.soft_raised = True
-        raise SoftTimeLimitExceeded("soft time limit exceeded")
+        raise soft_limit_exceeded(self.soft_ms)
 
     def call(self, job: Job) -> Any:
         """The handler, marked as running only inside run_handler's try (a late signal fails the job, at worst)."""
@@ -490,11 +589,12 @@ class _Child:
     def serve(self) -> None:
         while True:
             try:
-                job = self.conn.recv()
+                sent = self.conn.recv()
             except (EOFError, OSError):
                 return  # the worker is gone
-            if job is None:
+            if sent is None:
                 return
+            job, self.soft_ms = sent
             job.attach(self)
             threads, self.soft_raised, self.soft_pending = threading.active_count(), False, False
             with self.pipe:

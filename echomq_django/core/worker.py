@@ -18,11 +18,11 @@ from redis.exceptions import ResponseError
 
 from . import defaults
 from .connection import UNREACHABLE, socket_timeout
-from .errors import JobCancelled, JobNotFoundError, LockLostError, QueueStateError
+from .errors import InvalidNameError, JobCancelled, JobNotFoundError, LockLostError, QueueStateError
 from .job import Job, JobOptions
-from .keys import QueueKeys
+from .keys import QueueKeys, validate_stored_id
 from .locks import RETRY_PAUSE_S, LockRenewer
-from .pool import POOLS, ChildStartError, Handler, ProcessSlot, ThreadSlot, class_path
+from .pool import POOLS, AbandonedThreads, ChildStartError, Handler, ProcessSlot, ThreadSlot, class_path
 from .queue import now_ms
 from .scripts import Confirm, Finish, RateLimit, Scripts, Wait
 from .stopping import Flag, TwoStages, one_ctrl_c
@@ -83,6 +83,24 @@ class Retention:
     age_ms: int = 0
 
 
+def abandoned_threads(client: Any, keys: QueueKeys, now: int | None = None) -> list[tuple[str, str]]:
+    """(worker id, job id) of each job thread past its hard limit that still runs and holds a slot of its worker.
+
+    As the workers write them (Worker._show_abandoned), oldest first; those
+    of a worker that stopped writing (it died) count until `now` (ms) is past them.
+    """
+    members = client.zrangebyscore(keys.abandoned, now_ms() if now is None else now, "+inf")
+    found = []
+    for member in members:
+        job_id, _, token = member.partition(" ")
+        try:
+            validate_stored_id(job_id)
+        except InvalidNameError:  # not a worker's: another client wrote it
+            continue
+        found.append((token.rpartition(":")[0] or token, job_id))  # a token is "<worker id>:<hex>"
+    return found
+
+
 class Worker:
     """Runs the jobs of one queue, `concurrency` at a time, until stopped.
 
@@ -107,7 +125,8 @@ class Worker:
     `time_limit_ms` and `soft_time_limit_ms`. Past the soft limit the job
     gets SoftTimeLimitExceeded; past the hard one its attempt fails ("time
     limit of N s exceeded") and is retried per its attempts and backoff: a
-    child is killed, a thread is left to run out unobserved. A job cancelled
+    child is killed; a thread, which cannot be, runs on and keeps its slot
+    taken until it ends (AbandonedThreads; shown in keys.abandoned). A job cancelled
     while it runs (Queue.cancel) is seen at the next renewal: its child is
     killed, or its thread gets JobCancelled at its next check (Job.check).
 
@@ -177,11 +196,14 @@ class Worker:
         self._stopping, self._aborted = self._stages.stopping, self._stages.aborted
         self._done = threading.Event()
         self._broken: ChildStartError | None = None  # a child could not be started mid-run: the worker stops
+        self._abandoned = AbandonedThreads(on_change=self._abandoned_changed)
+        self._shown_abandoned: set[str] = set()  # the members of keys.abandoned this worker wrote last
+        self._show_abandoned_lock = threading.Lock()
         try:
             self._slots: list[ThreadSlot | ProcessSlot] = [
                 ProcessSlot(handler, self._reporter, child_init=child_init, max_jobs=max_jobs_per_child,
                             max_memory_kb=max_memory_per_child_kb, name=f"echomq-child-{i}", aborted=self._aborted)
-                if pool == "processes" else ThreadSlot(handler) for i in range(concurrency)]
+                if pool == "processes" else ThreadSlot(handler, self._abandoned) for i in range(concurrency)]
         except (pickle.PicklingError, TypeError, AttributeError) as error:  # ProcessSlot pickles the handler
             raise ValueError(f"the processes pool needs a handler it can send to a child process "
                              f"(a module-level function): {error}") from None
@@ -189,7 +211,7 @@ class Worker:
         self._in_hand: dict[tuple[str, str], tuple[Job, ThreadSlot | ProcessSlot | None]] = {}
         self._in_hand_lock = threading.Lock()
         self._locks = LockRenewer(self.scripts, self.keys, lock_duration_ms, renew_interval_ms, self.worker_id,
-                                  on_stop=self._stop_attempt)
+                                  on_stop=self._stop_attempt, beside=self._show_abandoned)
         self._running = 0  # jobs fetched and not yet written back; only the loop changes it
         # One job at a time on threads: the loop runs it on its own thread, not on a job thread, which
         # saves the two hand-offs per job between them (a thread's wake-up each); run() then runs the
@@ -324,14 +346,16 @@ class Worker:
         while not self._aborted.is_set():
             if self._inline:
                 self._run_inline(ended)  # the job the last round trip took, if it took one
-            want = 0
+            want = held = 0
             if not self._stopping.is_set():
                 # Writing the ended jobs' results frees their slots in the same round trip.
                 want = self.concurrency - self._running + len(ended)
                 if max_jobs is not None:
                     want = min(want, max_jobs - fetched)
+                held = min(self._abandoned.count, want)  # slots whose thread ran past its limit, still running
             if not want and not self._running and not ended and not self._unanswered_token:
                 break  # stopping, or max_jobs reached, and nothing left to write
+            want -= held  # (the thread's end wakes the loop: see _abandoned_changed)
             wrote = bool(ended)
             got = 0
             if (want and not waited) or ended or self._unanswered_token:
@@ -380,6 +404,8 @@ class Worker:
         self._idle.clear()
         self._done.set()
         self._locks.stop()
+        if not self._aborted.is_set():  # (a second stop returns at once: they go within a lock duration)
+            self._show_abandoned()  # none: the worker's slots are gone
         self._marker_wanted.set()
         # The children first, while the job threads that started some still live (a child is
         # killed when the thread that started it ends); a second stop kills those of jobs left running.
@@ -715,6 +741,36 @@ class Worker:
             with self._in_hand_lock:
                 self._in_hand.pop(key, None)
         return _Outcome(job, finish)
+
+    def _abandoned_changed(self) -> None:
+        """A thread past its hard limit was abandoned, or one ended: show it now, and let the loop count its slots."""
+        self._locks.renew_soon()  # whose round goes on to _show_abandoned
+        self._events.put(None)
+
+    def _show_abandoned(self) -> None:
+        """Write this worker's abandoned threads (or that it has none left) to keys.abandoned, if that changed.
+
+        Each is a member "<job id> <token>" scored by when it stops counting
+        unless written again (this worker's clock): the renewer writes them
+        at each round, so those of a worker that died go within a lock duration.
+        """
+        with self._show_abandoned_lock:
+            shown = set() if self._done.is_set() else {f"{job_id} {token}" for job_id, token in self._abandoned.jobs()}
+            if not shown and not self._shown_abandoned:
+                return
+            until = now_ms() + self.lock_duration_ms
+            pipe = self.client.pipeline(transaction=False)
+            if gone := self._shown_abandoned - shown:
+                pipe.zrem(self.keys.abandoned, *gone)
+            if shown:
+                pipe.zadd(self.keys.abandoned, dict.fromkeys(shown, until))
+            pipe.zremrangebyscore(self.keys.abandoned, "-inf", f"({now_ms()}")  # left by workers that died
+            try:
+                pipe.execute()
+            except (*UNREACHABLE, ResponseError) as error:
+                logger.warning("worker %s: could not show its abandoned threads (%s)", self.worker_id, error)
+                return
+            self._shown_abandoned = shown
 
     def _limits(self, job: Job) -> tuple[int, int]:
         """(soft, hard) time limit of a job in ms, 0 for none: its own, else the worker's."""

@@ -1,4 +1,5 @@
-"""`manage.py echomq_status`: jobs per state, marks and the last sweep of each queue.
+"""`manage.py echomq_status`: jobs per state, marks, the last sweep of each queue, and the worker slots
+held by threads past their time limit, if any.
 
 `--json` adds each queue's last five complete minutes and its mean rates per minute over them.
 """
@@ -10,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from echomq_django.core import COUNTED, UNREACHABLE, InvalidNameError, now_ms
 from echomq_django.queues import queue_names
-from echomq_django.status import describe_sweep, queue_status
+from echomq_django.status import describe_abandoned, describe_sweep, queue_status
 
 COLUMN = 2 + max(len(state) for state in COUNTED)  # so that no two headers run together
 
@@ -48,5 +49,6 @@ def status_line(status: dict[str, Any]) -> str:
     if "error" in status:
         return f"{status['queue']:<20}  error: {status['error']}"
     name = status["queue"] + (" (paused)" if status["paused"] else "")
+    abandoned = describe_abandoned(status["abandoned_threads"])
     return (f"{name:<20}" + "".join(f"{status['counts'][s]:>{COLUMN}}" for s in COUNTED)
-            + "  " + describe_sweep(status["last_sweep"]))
+            + "  " + describe_sweep(status["last_sweep"]) + (f"; {abandoned}" if abandoned else ""))
