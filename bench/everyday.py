@@ -257,13 +257,12 @@ async def process(job, token):
 
 # The worker processes. argv: the tasks module's folder, its name, the concurrency.
 _ECHOMQ_WORKER = """
-import importlib, signal, sys
+import importlib, sys
 sys.path.insert(0, sys.argv[1])
 tasks = importlib.import_module(sys.argv[2])
-from echomq_django.core import Worker, connect
+from echomq_django.core import Worker, connect, run_until_signalled
 worker = Worker("q", tasks.handle, connect(tasks.URL), prefix=tasks.TAG, concurrency=int(sys.argv[3]))
-signal.signal(signal.SIGTERM, lambda *_: worker.stop())
-worker.run()
+run_until_signalled(worker)
 """
 
 _RQ_WORKER = """

@@ -28,7 +28,15 @@ import threading
 import time
 from typing import Any
 
-from echomq_django.core import Job, Retention, SoftTimeLimitExceeded, TimeLimitExceeded, Worker, connect
+from echomq_django.core import (
+    Job,
+    Retention,
+    SoftTimeLimitExceeded,
+    TimeLimitExceeded,
+    Worker,
+    connect,
+    run_until_signalled,
+)
 
 _clients: dict[str, Any] = {}
 
@@ -305,10 +313,8 @@ def main() -> None:
     worker = Worker(args.queue, jobs.HANDLERS[args.handler], connect(args.url), prefix=args.prefix, pool=args.pool,
                     concurrency=args.concurrency, lock_duration_ms=args.lock_ms, block_timeout_s=0.2,
                     keep_completed=Retention(), time_limit_ms=args.time_limit_ms, child_init=child_init)
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: worker.stop())
     print("ready", flush=True)
-    worker.run()
+    run_until_signalled(worker)
     sys.stdout.flush()
 
 

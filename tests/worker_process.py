@@ -19,11 +19,10 @@ control (RateLimit, max_active, group_max_active).
 import argparse
 import os
 import random
-import signal
 import time
 import uuid
 
-from echomq_django.core import UNREACHABLE, Job, RateLimit, RateLimited, Retention, Worker, connect
+from echomq_django.core import UNREACHABLE, Job, RateLimit, RateLimited, Retention, Worker, connect, run_until_signalled
 
 
 def main() -> None:
@@ -65,10 +64,8 @@ def main() -> None:
     worker = Worker(queue, handler, client, prefix=prefix, concurrency=concurrency,
                     lock_duration_ms=lock_ms, block_timeout_s=args.block_timeout, keep_completed=Retention(),
                     rate_limit=args.rate, max_active=args.max_active, group_max_active=args.group_max_active)
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: worker.stop())
     print("ready", flush=True)
-    worker.run()
+    run_until_signalled(worker)
 
 
 if __name__ == "__main__":

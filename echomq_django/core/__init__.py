@@ -57,7 +57,7 @@ from .metrics import Minute, oldest_waiting_age_ms, recent_minutes, totals
 from .pool import POOLS, Handler, class_path
 from .queue import Cancel, NewJob, Queue, now_ms
 from .scripts import MAX_RATE_WINDOW_MS, Confirm, RateLimit, Scripts
-from .signals import SECOND_STOP_GRACE_S, Runner, run_until_signalled
+from .signals import SECOND_STOP_GRACE_S, RecordedSignals, Runner, run_until_signalled
 from .sweeper import Sweeper, SweepReport, SweepTarget, last_sweep
 from .worker import Retention, Worker, abandoned_threads
 
@@ -73,6 +73,6 @@ __all__ = [
     "count_failed_since", "datetime_from_ms", "defaults", "encode_json", "fail_for_good", "failed_by_rank",
     "failed_count", "failed_since", "inspect_jobs", "last_sweep", "log_line", "now_ms", "oldest_waiting_age_ms",
     "parse_redis_url", "read_jobs", "recent_minutes", "redacted_url", "totals", "validate_job_id", "validate_name",
-    "validate_stored_id", "FlowState", "GroupState", "flow_state", "Runner", "SECOND_STOP_GRACE_S",
+    "validate_stored_id", "FlowState", "GroupState", "flow_state", "RecordedSignals", "Runner", "SECOND_STOP_GRACE_S",
     "run_until_signalled",
 ]

@@ -31,7 +31,7 @@ from .job import MAX_DELAY_MS, JobOptions, encode_json
 from .keys import QueueKeys, validate_job_id, validate_job_name, validate_name
 from .queue import now_ms
 from .scripts import Call, Scripts
-from .stopping import Flag, TwoStages
+from .stopping import TwoStages
 
 logger = logging.getLogger("echomq.beat")
 
@@ -274,9 +274,9 @@ class Beat:
         self._seen_on: dict[str, set[str]] = {}  # the queues this beat saw each schedule on
         self._due_at: dict[str, int] = {}  # when this beat next sends a call for the schedule
         self._reload_at = 0
-        self._stages = TwoStages()  # what stop() sets, also from a signal handler
+        self._stages = TwoStages()  # what stop() and abort() set
         self._stopping, self._aborted = self._stages.stopping, self._stages.aborted
-        self._wake = Flag()  # set by stop() and by a reading that has ended
+        self._wake = threading.Event()  # set by stop() and by a reading that has ended
         # run() reads the schedules on a thread of its own, so a slow or locked database (a
         # SQLite write lock waits out its 5 s timeout) never holds a tick back; `close_reader`
         # runs on that thread as it ends (Django: connections.close_all, that thread's own).
@@ -512,11 +512,20 @@ class Beat:
             self._apply(loaded)
 
     def stop(self) -> None:
-        """First call: finish the round of calls in progress, then return. Second call: return now."""
+        """First call: finish the round of calls in progress, then return. A second call aborts.
+
+        Thread-safe, not signal-safe: from a signal, use run_until_signalled (signals.py).
+        """
         if self._stages.stop():
-            logger.warning("scheduler: second stop, leaving now")
-        else:
-            logger.info("scheduler: stopping after the round of calls in progress (stop again to leave now)")
+            self.abort()
+            return
+        logger.info("scheduler: stopping after the round of calls in progress (stop again to leave now)")
+        self._wake.set()
+
+    def abort(self) -> None:
+        """Return now; a tick whose call is in flight is decided once, by that call or another scheduler's."""
+        if self._stages.abort():
+            logger.warning("scheduler: leaving now")
         self._wake.set()
 
 
@@ -527,7 +536,7 @@ class _Reader:
     bug in a loader): firing what is known beats firing nothing.
     """
 
-    def __init__(self, load: Callable[[], Iterable[Schedule]], done: Flag,
+    def __init__(self, load: Callable[[], Iterable[Schedule]], done: threading.Event,
                  close: Callable[[], None] | None) -> None:
         self._load, self._done, self._close = load, done, close
         self._asked = threading.Event()

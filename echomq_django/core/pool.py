@@ -51,7 +51,7 @@ from .errors import (
 )
 from .job import Job, Reporter, encode_json
 from .scripts import Finish
-from .stopping import Flag
+from .signals import SOFT_LIMIT_SIGNAL, leave_stop_signals_to_the_parent, on_soft_limit_signal
 
 logger = logging.getLogger("echomq.worker")
 
@@ -221,12 +221,12 @@ class ProcessSlot:
 
     def __init__(self, handler: Handler, reporter: Reporter, *, child_init: Callable[[], None] | None = None,
                  max_jobs: int = 0, max_memory_kb: int = 0, name: str = "echomq-child",
-                 aborted: Flag | None = None) -> None:
+                 aborted: threading.Event | None = None) -> None:
         self._handler = pickle.dumps(handler)  # unpickled in the child after child_init (Django set up)
         self._reporter = reporter
         self._child_init = child_init
         self.max_jobs, self.max_memory_kb, self.name = max_jobs, max_memory_kb, name
-        self._aborted = aborted or Flag()  # the worker's second stop: give up a child's start
+        self._aborted = aborted or threading.Event()  # the worker's second stop: give up a child's start
         self._process: Any = None  # multiprocessing's SpawnProcess
         self._conn: Connection | None = None
         self._jobs = 0  # jobs the current child has run
@@ -259,7 +259,7 @@ class ProcessSlot:
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
-    def wait_ready(self, give_up: Flag) -> None:
+    def wait_ready(self, give_up: threading.Event) -> None:
         """Wait for the launched child to be set up; ChildStartError (and no child) when it died first.
 
         Also gives up when `give_up` is set (the worker stops), however long the set-up takes.
@@ -424,7 +424,7 @@ class ProcessSlot:
                 if soft_at is not None and now >= soft_at:
                     soft_at = None
                     with contextlib.suppress(OSError):
-                        os.kill(process.pid, signal.SIGUSR1)
+                        os.kill(process.pid, SOFT_LIMIT_SIGNAL)
         finally:
             self._asked = 0  # a report of this attempt not written yet never will be
 
@@ -606,10 +606,6 @@ class _Child:
                 self.conn.send(("done", finish, _peak_rss_kb(), tainted))
 
 
-def _ignore(signum: int, frame: Any) -> None:
-    """A signal the worker handles for its children (see _child_main)."""
-
-
 def _die_with(parent_pid: int) -> None:
     """Have the kernel kill this child when the worker dies (Linux), so a job never runs on without it."""
     if sys.platform.startswith("linux"):
@@ -644,12 +640,8 @@ def _peak_rss_kb() -> int:
 def _child_main(conn: Connection, handler_blob: bytes, child_init: Callable[[], None] | None,
                 parent_pid: int) -> None:
     # Signals are the worker's business: a SIGTERM to the whole cgroup (systemd)
-    # must not break a child's job. They came blocked (see launch); with a
-    # handler that does nothing, they can be let through. (Not SIG_IGN, which
-    # a process the job starts would inherit: exec resets a handler instead.)
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, _ignore)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    # must not break a child's job. They came blocked (see launch).
+    leave_stop_signals_to_the_parent()
     # A group of its own, so a kill (time limit, cancel) takes whatever the job started too.
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)
@@ -657,6 +649,6 @@ def _child_main(conn: Connection, handler_blob: bytes, child_init: Callable[[], 
     if child_init is not None:
         child_init()
     child = _Child(conn, pickle.loads(handler_blob))
-    signal.signal(signal.SIGUSR1, child.on_soft_limit)
+    on_soft_limit_signal(child.on_soft_limit)
     conn.send("ready")
     child.serve()

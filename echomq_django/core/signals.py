@@ -1,4 +1,4 @@
-"""The one place that handles SIGINT and SIGTERM: run workers, sweepers and beats until signalled.
+"""The one place that handles signals: run workers, sweepers and beats until signalled, and a child's.
 
 A signal handler runs on the main thread between two of its steps, maybe
 while that thread holds a lock the handler would need. So the handlers here
@@ -17,6 +17,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -37,10 +38,53 @@ class Runner(Protocol):
 
 
 def _record(signum: int, frame: Any) -> None:
-    """The signals' Python handler: nothing (the wake-up fd has recorded the signal already)."""
+    """The stop signals' Python handler: nothing (a wake-up fd, where there is one, recorded the signal)."""
 
 
-def run_until_signalled(*runners: Runner, grace_s: float = SECOND_STOP_GRACE_S) -> list[Any]:
+class RecordedSignals:
+    """SIGINT and SIGTERM recorded, not acted on, from its `with` on: read by run_until_signalled.
+
+    Entered early (a command's start-up), a signal that lands before the
+    runners start is not lost, nor does it kill the process half set up:
+    run_until_signalled acts on it as soon as they run.
+    """
+
+    def __init__(self) -> None:
+        self._read, self._write = socket.socketpair()
+        self._write.setblocking(False)  # the interpreter's write from a signal must never block
+        self._before_fd: int | None = None
+        self._before: dict[int, Any] = {}
+
+    def __enter__(self) -> RecordedSignals:
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("signals can be recorded on the main thread only, where Python handles them")
+        self._before_fd = signal.set_wakeup_fd(self._write.fileno(), warn_on_full_buffer=False)
+        self._before = {signum: signal.signal(signum, _record) for signum in STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        signal.set_wakeup_fd(self._before_fd if self._before_fd is not None else -1)
+        for signum, handler in self._before.items():
+            signal.signal(signum, handler)
+        self._read.close()
+        self._write.close()
+
+    def returned(self) -> None:
+        """Wake the reader: a runner's run() has returned (called on that runner's thread)."""
+        try:
+            self._write.send(_RETURNED)
+        except OSError:  # closed: the reader left already (after a second signal's grace)
+            pass
+
+    def wait(self, timeout: float | None) -> list[int]:
+        """The signals recorded since the last call, waiting up to `timeout` for one or a runner's return."""
+        if not select.select([self._read], [], [], timeout)[0]:
+            return []
+        return [byte for byte in self._read.recv(64) if byte in STOP_SIGNALS]
+
+
+def run_until_signalled(*runners: Runner, grace_s: float = SECOND_STOP_GRACE_S,
+                        recorded: RecordedSignals | None = None) -> list[Any]:
     """Run each runner's run() on a thread of its own until every one returns; return what each returned.
 
     The first SIGINT or SIGTERM calls every runner's stop(), the second their
@@ -49,13 +93,13 @@ def run_until_signalled(*runners: Runner, grace_s: float = SECOND_STOP_GRACE_S) 
     leaving its daemon thread behind. What a run() raised is raised here once
     every runner has returned. Call it on the main thread (Python handles
     signals there only); the handlers from before come back when it returns.
+    `recorded`: signals recorded since earlier (a command's start-up), acted on first.
     """
-    if threading.current_thread() is not threading.main_thread():
-        raise RuntimeError("run_until_signalled must be called on the main thread, where Python handles signals")
+    if recorded is None:
+        with RecordedSignals() as own:
+            return run_until_signalled(*runners, grace_s=grace_s, recorded=own)
     results: list[Any] = [None] * len(runners)
     raised: list[BaseException] = []
-    wake_read, wake_write = socket.socketpair()
-    wake_write.setblocking(False)  # the interpreter's write from a signal must never block
 
     def run(index: int, runner: Runner) -> None:
         try:
@@ -63,31 +107,20 @@ def run_until_signalled(*runners: Runner, grace_s: float = SECOND_STOP_GRACE_S) 
         except BaseException as error:  # raised on the main thread below
             raised.append(error)
         finally:
-            try:
-                wake_write.send(_RETURNED)
-            except OSError:  # the helper returned already (after a second signal's grace)
-                pass
+            recorded.returned()
 
     threads = [threading.Thread(target=run, args=(index, runner), name=f"echomq-{type(runner).__name__.lower()}",
                                 daemon=True) for index, runner in enumerate(runners)]
-    before_fd = signal.set_wakeup_fd(wake_write.fileno(), warn_on_full_buffer=False)
-    before = {signum: signal.signal(signum, _record) for signum in STOP_SIGNALS}
-    try:
-        for thread in threads:
-            thread.start()
-        _wait(threads, runners, wake_read, grace_s)
-    finally:
-        signal.set_wakeup_fd(before_fd)
-        for signum, handler in before.items():
-            signal.signal(signum, handler)
-        wake_read.close()
-        wake_write.close()
+    for thread in threads:
+        thread.start()
+    _wait(threads, runners, recorded, grace_s)
     if raised:
         raise raised[0]
     return results
 
 
-def _wait(threads: list[threading.Thread], runners: tuple[Runner, ...], wake: socket.socket, grace_s: float) -> None:
+def _wait(threads: list[threading.Thread], runners: tuple[Runner, ...], recorded: RecordedSignals,
+          grace_s: float) -> None:
     """Until the runners' threads have ended, or `grace_s` after a second signal: stop them, then abort them."""
     received = 0
     deadline: float | None = None
@@ -95,11 +128,7 @@ def _wait(threads: list[threading.Thread], runners: tuple[Runner, ...], wake: so
         timeout = None if deadline is None else deadline - time.monotonic()
         if timeout is not None and timeout <= 0:
             return
-        if not select.select([wake], [], [], timeout)[0]:
-            continue
-        for byte in wake.recv(64):
-            if byte == _RETURNED[0] or byte not in STOP_SIGNALS:
-                continue
+        for _ in recorded.wait(timeout):
             received += 1
             for runner in runners:
                 if received == 1:
@@ -108,3 +137,25 @@ def _wait(threads: list[threading.Thread], runners: tuple[Runner, ...], wake: so
                     runner.abort()
             if received == 2:
                 deadline = time.monotonic() + grace_s
+
+
+# -- in a child process of the processes pool (see pool.py) ------------------------------------
+
+SOFT_LIMIT_SIGNAL = signal.SIGUSR1  # what the worker sends a child whose job reached its soft time limit
+
+
+def leave_stop_signals_to_the_parent() -> None:
+    """Make SIGINT and SIGTERM do nothing in this child, and let them through (they came blocked).
+
+    The worker decides what a stop does to its children's jobs. A handler that
+    does nothing, not SIG_IGN, which a process the job starts would inherit
+    (exec resets a handler, not an ignored signal).
+    """
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _record)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(STOP_SIGNALS))
+
+
+def on_soft_limit_signal(handler: Callable[[int, Any], None]) -> None:
+    """Call `handler` in this child when its job reaches its soft limit (it raises SoftTimeLimitExceeded in the job)."""
+    signal.signal(SOFT_LIMIT_SIGNAL, handler)

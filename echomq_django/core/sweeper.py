@@ -116,7 +116,7 @@ class Sweeper:
         self._keys = {target.queue: QueueKeys(target.queue, prefix) for target in self.targets}
         self.budget = budget
         self.scripts = scripts or Scripts(client)
-        self._stages = TwoStages()  # what stop() sets, also from a signal handler
+        self._stages = TwoStages()  # what stop() and abort() set
         self._stopping, self._aborted = self._stages.stopping, self._stages.aborted
 
     def sweep(self, target: SweepTarget, *, force: bool = False) -> SweepReport:
@@ -198,11 +198,19 @@ class Sweeper:
                 self._stopping.wait(max(0.0, min(due.values()) - time.monotonic()))
 
     def stop(self) -> None:
-        """First call: finish the sweep in progress, then return. Second call: return now."""
+        """First call: finish the sweep in progress, then return. A second call aborts.
+
+        Thread-safe, not signal-safe: from a signal, use run_until_signalled (signals.py).
+        """
         if self._stages.stop():
-            logger.warning("sweeper: second stop, leaving now")
+            self.abort()
         else:
             logger.info("sweeper: stopping after the sweep in progress (stop again to leave now)")
+
+    def abort(self) -> None:
+        """Return now, between two script calls of the sweep in progress (each handles whole jobs)."""
+        if self._stages.abort():
+            logger.warning("sweeper: leaving now")
 
 
 def last_sweep(client: Any, keys: QueueKeys) -> dict[str, Any] | None:

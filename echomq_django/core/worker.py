@@ -25,13 +25,13 @@ from .locks import RETRY_PAUSE_S, LockRenewer
 from .pool import POOLS, AbandonedThreads, ChildStartError, Handler, ProcessSlot, ThreadSlot, class_path
 from .queue import now_ms
 from .scripts import Confirm, Finish, RateLimit, Scripts, Wait
-from .stopping import Flag, TwoStages, one_ctrl_c
+from .stopping import TwoStages
 
 logger = logging.getLogger("echomq.worker")
 # How often a worker that found its queue at MAX_ACTIVE looks again (a job of its own that ends wakes it sooner).
 CAP_POLL_S = 0.25
 
-# How often run() at concurrency 1, which waits while its loop runs beside it, looks at signals.
+# How often run() at concurrency 1, which waits while its loop runs beside it, lets a Ctrl-C in.
 SIGNAL_CHECK_S = 0.5
 
 # moveToFinished's status codes for a failed attempt, in words.
@@ -192,7 +192,7 @@ class Worker:
         self._reporter = _Reporter(self.scripts, self.keys, max_log_lines)
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.processed = 0
-        self._stages = TwoStages()  # what stop() sets, also from a signal handler
+        self._stages = TwoStages()  # what stop() and abort() set
         self._stopping, self._aborted = self._stages.stopping, self._stages.aborted
         self._done = threading.Event()
         self._broken: ChildStartError | None = None  # a child could not be started mid-run: the worker stops
@@ -218,9 +218,7 @@ class Worker:
         # loop on a thread beside the caller's, so that a second stop can still return at once.
         self._inline = concurrency == 1 and pool == "threads"
         self._running_inline = False  # the loop runs a job (inline only)
-        # Why run() may return (inline only): "ended" (the loop, closed), or "left" (a second stop left a
-        # job running). A SimpleQueue, whose put() is safe in a signal handler that interrupted its get()
-        # on the same thread; an Event's set() there may wait forever for the lock the wait holds.
+        # Why run() may return (inline only): "ended" (the loop, closed), or "left" (an abort left a job running).
         self._left: threadqueue.SimpleQueue[str] = threadqueue.SimpleQueue()
         self._jobs: threadqueue.SimpleQueue[Job | None] = threadqueue.SimpleQueue()
         # What wakes the loop: an _Outcome from a job thread, or None (marker, stop).
@@ -229,7 +227,7 @@ class Worker:
         # The marker thread's connection while it blocks (its Redis client id), for the loop to end that wait.
         self._marker_blocking: int | None = None
         self._marker_wanted = threading.Event()  # the loop asks the marker thread to block
-        self._idle = Flag()  # the loop has free slots and found nothing to take (stop() clears it)
+        self._idle = threading.Event()  # the loop has free slots and found nothing to take (stop() clears it)
         self._marker_timeout_s = block_timeout_s
         # The token of a fetch whose reply never came: sent again with the next
         # fetch, so the script answers with the jobs it took (see moveToActive).
@@ -242,15 +240,24 @@ class Worker:
     # -- control ---------------------------------------------------------
 
     def stop(self) -> None:
-        """First call: finish running jobs, fetch no more. Second call: return at once."""
+        """First call: finish running jobs, fetch no more. A second call aborts.
+
+        Thread-safe, not signal-safe: from a signal, use run_until_signalled (signals.py).
+        """
         if self._stages.stop():
-            logger.warning("worker %s: second stop, leaving %d running job(s) to the sweeper",
-                           self.worker_id, self._running)
-            if self._running_inline:  # (the loop raises it before it looks at _aborted: see _run_inline)
-                self._left.put("left")  # run() returns now, leaving the job the loop runs
-        else:
-            logger.info("worker %s: stopping after %d running job(s)", self.worker_id, self._running)
-            self._idle.clear()
+            self.abort()
+            return
+        logger.info("worker %s: stopping after %d running job(s)", self.worker_id, self._running)
+        self._idle.clear()
+        self._wait.cut()
+        self._events.put(None)
+
+    def abort(self) -> None:
+        """Make run() return now (writing what it holds if Redis answers), leaving running jobs to the sweeper."""
+        if self._stages.abort():
+            logger.warning("worker %s: leaving now, %d running job(s) to the sweeper", self.worker_id, self._running)
+        if self._running_inline:  # (the loop raises it before it looks at _aborted: see _run_inline)
+            self._left.put("left")  # run() returns now, leaving the job the loop runs
         self._wait.cut()
         self._events.put(None)
 
@@ -260,11 +267,11 @@ class Worker:
         With the processes pool, the children start first: RuntimeError when
         one cannot, then or later (the jobs in hand are left to the sweeper: a
         worker that cannot start children must not fail job after job).
-        A Ctrl-C (Python's KeyboardInterrupt) is a second stop, raised; the
-        next ones, which would cut its cleanup short, are dropped (see `one_ctrl_c`).
+        A Ctrl-C (Python's KeyboardInterrupt) aborts, and is raised. (A script
+        that wants the two stages on its signals runs the worker through
+        run_until_signalled, which handles them.)
         """
-        with one_ctrl_c():
-            return self._run(burst, max_jobs)
+        return self._run(burst, max_jobs)
 
     def _run(self, burst: bool, max_jobs: int | None) -> int:
         if not self._start_children():
@@ -392,8 +399,8 @@ class Worker:
             self._exchange(ended, 0)
 
     def _abandon(self) -> None:
-        """A second stop that run() makes itself, on a Ctrl-C or an error: the running jobs are left."""
-        self._aborted.set()
+        """An abort that run() makes itself, on a Ctrl-C or an error: the running jobs are left."""
+        self._stages.abort()
         self._wait.cut()
         self._events.put(None)
         self._close()
@@ -706,8 +713,8 @@ class Worker:
         while not self._jobs.empty():
             job = self._jobs.get_nowait()
             assert job is not None  # only job threads get None
-            # Raised first, then _aborted read: a second stop either is seen here, or sees the flag raised
-            # and lets run() return (no lock: stop() may run in a signal handler, see _left).
+            # Raised first, then _aborted read: an abort either is seen here, or sees the flag raised
+            # and lets run() return.
             self._running_inline = True
             if self._aborted.is_set():
                 self._running_inline = False
@@ -732,8 +739,7 @@ class Worker:
                 logger.error("worker %s: %s; stopping, and leaving job %s to the sweeper", self.worker_id,
                              error, job.id)
                 self._broken = self._broken or error
-                self._stopping.set()
-                self._aborted.set()
+                self._stages.abort()
         except Exception:  # the thread must live on for the next job; the lock lapses
             logger.exception("worker %s: could not finish job %s; the sweeper will recover it",
                              self.worker_id, job.id)

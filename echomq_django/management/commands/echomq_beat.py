@@ -1,17 +1,18 @@
 """`manage.py echomq_beat`: the scheduler, which adds each tick of each schedule as one job."""
 
+import contextlib
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
 from echomq_django.conf import get_settings
-from echomq_django.core import Beat, Firing, transient
+from echomq_django.core import Beat, Firing, RecordedSignals, run_until_signalled, transient
 from echomq_django.jobs import discover_jobs
 from echomq_django.queues import SCHEDULER_CALL_TIMEOUT_S, scheduler_client
 from echomq_django.schedules import load_schedules
 
-from ._options import connect_or_fail, positive_seconds, run_stoppable
+from ._options import CommandRunner, connect_or_fail, positive_seconds
 from ._output import echomq_logs_shown
 
 
@@ -29,7 +30,13 @@ class Command(BaseCommand):
             help="Seconds between readings of the schedules: a change in the admin takes effect within this "
                  "(default: %(default)g).")
 
-    def handle(self, *, once: bool, interval: float, verbosity: int, **options: Any) -> None:
+    def handle(self, *, once: bool, **options: Any) -> None:
+        # The loop's signals are recorded from here on: one during start-up stops it as soon as it runs.
+        with contextlib.nullcontext() if once else RecordedSignals() as recorded:
+            self.fire(recorded, once=once, **options)
+
+    def fire(self, recorded: RecordedSignals | None, *, once: bool, interval: float, verbosity: int,
+             **options: Any) -> None:
         discover_jobs()  # the @job functions schedules name, as the worker imports them
         settings = get_settings()
         client, scripts = scheduler_client()
@@ -64,4 +71,4 @@ class Command(BaseCommand):
                         raise
                     raise CommandError(f"cannot reach Redis: {error}") from None
                 return
-            run_stoppable(lambda: beat.run(report), beat.stop, second_stop_grace_s=0)
+            run_until_signalled(CommandRunner(lambda: beat.run(report), beat), grace_s=0, recorded=recorded)

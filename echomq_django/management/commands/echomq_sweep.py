@@ -1,17 +1,26 @@
 """`manage.py echomq_sweep`: run the two-phase stalled-job sweep."""
 
+import contextlib
 import logging
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, close_old_connections
 
-from echomq_django.core import UNREACHABLE, InvalidNameError, QueueStateError, SweepReport, last_sweep
+from echomq_django.core import (
+    UNREACHABLE,
+    InvalidNameError,
+    QueueStateError,
+    RecordedSignals,
+    SweepReport,
+    last_sweep,
+    run_until_signalled,
+)
 from echomq_django.mirror import sync_queue
 from echomq_django.queues import get_queue, make_sweeper, queue_names
 from echomq_django.status import seconds_since
 
-from ._options import connect_or_fail, non_negative_int, positive_seconds, run_stoppable
+from ._options import CommandRunner, connect_or_fail, non_negative_int, positive_seconds
 from ._output import echomq_logs_shown
 
 logger = logging.getLogger("echomq.sweeper")
@@ -45,9 +54,14 @@ class Command(BaseCommand):
                  "MAX_STALLED_COUNT, 1 unless configured).",
         )
 
-    def handle(
-        self, *, queues: list[str] | None, once: bool, interval: float | None, force: bool,
-        max_stalled_count: int | None, verbosity: int, **options: Any,
+    def handle(self, *, once: bool, **options: Any) -> None:
+        # The loop's signals are recorded from here on: one during start-up stops it as soon as it runs.
+        with contextlib.nullcontext() if once else RecordedSignals() as recorded:
+            self.sweep(recorded, once=once, **options)
+
+    def sweep(
+        self, recorded: RecordedSignals | None, *, queues: list[str] | None, once: bool, interval: float | None,
+        force: bool, max_stalled_count: int | None, verbosity: int, **options: Any,
     ) -> None:
         try:
             sweeper = make_sweeper(
@@ -82,7 +96,8 @@ class Command(BaseCommand):
                 if verbosity >= 1:
                     self.stdout.write("sweeping " + ", ".join(
                         f"{target.queue} every {target.interval_ms / 1000:g} s" for target in sweeper.targets))
-                run_stoppable(lambda: sweeper.run(report, force=force), sweeper.stop, second_stop_grace_s=0)
+                run_until_signalled(CommandRunner(lambda: sweeper.run(report, force=force), sweeper), grace_s=0,
+                                    recorded=recorded)
             except QueueStateError as error:
                 raise CommandError(str(error)) from None
             except UNREACHABLE as error:  # only --once gets here: the loop waits out outages

@@ -2,18 +2,25 @@
 
 import functools
 import logging
-import threading
 import time
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from echomq_django import child
-from echomq_django.core import POOLS, InvalidNameError, Job, Worker, seconds_text
+from echomq_django.core import (
+    POOLS,
+    InvalidNameError,
+    Job,
+    RecordedSignals,
+    Worker,
+    run_until_signalled,
+    seconds_text,
+)
 from echomq_django.jobs import discover_jobs, registered_jobs, run_job
 from echomq_django.queues import make_worker, queue_names, worker_options
 
-from ._options import SECOND_STOP_GRACE_S, connect_or_fail, non_negative_int, positive_int, run_stoppable
+from ._options import CommandRunner, connect_or_fail, non_negative_int, positive_int
 from ._output import echomq_logs_shown
 
 logger = logging.getLogger("echomq.worker")
@@ -52,9 +59,13 @@ class Command(BaseCommand):
         parser.add_argument("--max-jobs", type=positive_int, default=None, metavar="N",
                             help="Exit after taking N jobs from each queue.")
 
-    def handle(self, *, queues: list[str] | None, concurrency: int | None, pool: str | None,
-               max_jobs_per_child: int | None, max_memory_per_child: int | None, burst: bool,
-               max_jobs: int | None, verbosity: int, **options: Any) -> None:
+    def handle(self, **options: Any) -> None:
+        with RecordedSignals() as recorded:  # a signal during start-up stops the workers as soon as they run
+            self.work(recorded, **options)
+
+    def work(self, recorded: RecordedSignals, *, queues: list[str] | None, concurrency: int | None,
+             pool: str | None, max_jobs_per_child: int | None, max_memory_per_child: int | None, burst: bool,
+             max_jobs: int | None, verbosity: int, **options: Any) -> None:
         discover_jobs()
         overrides = {"concurrency": concurrency, "pool": pool, "max_jobs_per_child": max_jobs_per_child,
                      "max_memory_per_child_kb": None if max_memory_per_child is None else max_memory_per_child * 1024,
@@ -74,7 +85,7 @@ class Command(BaseCommand):
             self.stdout.write(f"worker on {described}; job functions: {functions}")
 
         with echomq_logs_shown(self, verbosity):
-            processed, crashed = run_all(workers, burst=burst, max_jobs=max_jobs)
+            processed, crashed = run_all(workers, burst=burst, max_jobs=max_jobs, recorded=recorded)
         if crashed:
             raise CommandError(f"the worker of queue(s) {', '.join(crashed)} stopped on an error (logged above)")
         if verbosity >= 1:
@@ -118,36 +129,31 @@ def describe(options: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def run_all(workers: list[Worker], *, burst: bool, max_jobs: int | None) -> tuple[dict[str, int], list[str]]:
-    """Run each worker on a thread of its own until all return: (job attempts per queue, queues that crashed)."""
+def run_all(workers: list[Worker], *, burst: bool, max_jobs: int | None,
+            recorded: RecordedSignals | None = None) -> tuple[dict[str, int], list[str]]:
+    """Run each worker on a thread of its own until all return: (job attempts per queue, queues that crashed).
+
+    SIGINT and SIGTERM stop them in two stages (run_until_signalled); after the
+    second a worker still writes the results it holds, if Redis answers within the grace.
+    """
     processed: dict[str, int] = {}
     crashed: list[str] = []
 
-    def run(worker: Worker) -> None:
-        try:
-            processed[worker.keys.queue] = worker.run(burst=burst, max_jobs=max_jobs)
-        except BaseException:
-            # A worker that can no longer work must not look like one that
-            # finished: stop the others, then exit non-zero.
-            logger.exception("the worker of queue %s stopped on an error", worker.keys.queue)
-            crashed.append(worker.keys.queue)
-            stop_all()
+    def runner(worker: Worker) -> CommandRunner:
+        def run() -> None:
+            try:
+                processed[worker.keys.queue] = worker.run(burst=burst, max_jobs=max_jobs)
+            except BaseException:
+                # A worker that can no longer work must not look like one that
+                # finished: stop the others, then exit non-zero.
+                logger.exception("the worker of queue %s stopped on an error", worker.keys.queue)
+                crashed.append(worker.keys.queue)
+                for other in workers:
+                    other.stop()
 
-    def stop_all() -> None:
-        for worker in workers:
-            worker.stop()
+        return CommandRunner(run, worker)
 
-    threads = [threading.Thread(target=run, args=(worker,), name=f"echomq-worker-{worker.keys.queue}",
-                                daemon=True) for worker in workers]
-
-    def run_them() -> None:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-
-    # After a second stop a worker still writes the results it holds, if Redis answers within the grace.
-    run_stoppable(run_them, stop_all, second_stop_grace_s=SECOND_STOP_GRACE_S)
+    run_until_signalled(*[runner(worker) for worker in workers], recorded=recorded)
     return processed, crashed
 
 
