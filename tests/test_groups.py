@@ -174,3 +174,19 @@ def test_a_schedule_of_a_job_in_a_group_fires_its_job_into_the_group(queue):
     assert queue.client.lrange(queue.keys.group("tenant-a"), 0, -1) == [job_id]
     assert take(queue, "t1") == [job_id]
     consistent(queue)
+
+
+# Names on each side of every part of the rule: the first character, the rest, the length.
+NAME_EDGES = ["a", "Z", "0", "_", "_a", ".a", "-a", "@a", "+a", "=a", "a.b", "a-b", "a@b+c=d_e", "*", "", " a",
+              "a b", "a:b", "a{b}", "a/b", "a%b", "a]", "a^", "é", "a\x00", "..", "x" * 128, "x" * 129]
+
+
+def test_the_scripts_take_as_a_group_exactly_the_names_python_takes(queue):
+    from echomq_django.core.keys import is_name
+    from echomq_django.core.lua import assemble
+
+    probe = assemble('-- @include "groups"\nlocal taken = {}\n'
+                     'for i, raw in ipairs(ARGV) do taken[i] = groupOf(raw) and 1 or 0 end\nreturn taken')
+    in_lua = queue.client.eval(probe, 1, queue.keys.meta, *NAME_EDGES)  # (a key: routes it on a cluster)
+    assert dict(zip(NAME_EDGES, map(bool, in_lua))) == {name: is_name(name) for name in NAME_EDGES}
+    assert is_name("_a") and not is_name(".a") and not is_name("x" * 129), "the rule is the one keys.py states"

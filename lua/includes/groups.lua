@@ -13,6 +13,7 @@
 -- (ZSET) counts each group's waiting jobs, and meta `groupWaiting` all of
 -- them, for the counts and the dashboard. The keys are built from the prefix:
 -- a job's group is found inside its hash.
+-- @include "names"
 local GROUPS_PLAIN = "*"  -- not a group name: names use the id alphabet
 
 -- HINCRBY that cannot fail halfway through a script: a field another client
@@ -25,9 +26,10 @@ local function groupCount(countKey, field, by)
 end
 
 -- The group in a raw `grp` field, or nil when it has none (or one that could
--- not be a group's name, written by another client).
+-- not be a group's name, written by another client). The rule is keys.py's
+-- (the include "names" is written from it), so both sides take the same names.
 local function groupOf(raw)
-  if type(raw) ~= "string" or raw == "" or #raw > 128 or string.find(raw, "[^%w_%.@%+=%-]") then
+  if type(raw) ~= "string" or #raw > MAX_NAME_LENGTH or not string.find(raw, NAME_PATTERN) then
     return nil
   end
   return raw
