@@ -56,12 +56,20 @@
   turn is oldest first; a group with ARGV[11] jobs running sits out until one
   ends. Without groups the ring is empty and the order is as above.
 
-  Returns {nextDue, waitMs, id1, fields1, id2, fields2, ...}: nextDue is the
-  due time (ms) of the earliest delayed job, or false when none is delayed;
-  waitMs is 0, or when flow control held jobs back, how long until it lets
-  one start (ms, > 0) or -1 when the cap did (it frees when an active job
-  ends); each fieldsN is the job hash as a flat field/value list, after the
-  update. A paused queue yields no jobs.
+  A flow-control key another client broke (another type, a value no script
+  writes) stops only what it belongs to, and the fetch says so in `broken`:
+  `limiter`, every job (a fetch looks again a window later). A start in
+  `limiter` scored after Redis's clock counts until it is removed, but no wait
+  the reply gives is longer than the window.
+
+  Returns {nextDue, waitMs, broken, id1, fields1, id2, fields2, ...}: nextDue
+  is the due time (ms) of the earliest delayed job, or false when none is
+  delayed; waitMs is 0, or when flow control held jobs back, how long until it
+  lets one start (ms, > 0, at most ARGV[9] for the rate limit) or -1 when the
+  cap did (it frees when an active job ends); broken is a list of lines, one
+  for each broken key this fetch met (the worker reports each once); each
+  fieldsN is the job hash as a flat field/value list, after the update. A
+  paused queue yields no jobs.
 ]]
 -- @include "emitEvent"
 -- @include "pushReady"
@@ -78,7 +86,7 @@ local groupMax = tonumber(ARGV[11]) or 0
 
 promoteDue(prefix, KEYS[4], KEYS[1], KEYS[6], KEYS[3], KEYS[5], KEYS[8], now, 1000)
 
-local result = {false, 0}
+local result = {false, 0, {}}
 local first = redis.call("ZRANGE", KEYS[4], 0, 0, "WITHSCORES")
 if first[2] then result[1] = first[2] end
 
@@ -102,6 +110,20 @@ if redis.call("HEXISTS", KEYS[3], "paused") == 1 then
   return result
 end
 
+-- A line for the reply's `broken`, once per call.
+local reported = {}
+local function report(line)
+  if reported[line] then return end
+  reported[line] = true
+  result[3][#result[3] + 1] = line
+end
+-- `key` holds another type than `expected` (another client's key): say so, and what it stops.
+local function reportType(key, expected, stops)
+  if reported[key] then return end
+  reported[key] = true
+  report(key .. " holds a " .. redis.call("TYPE", key)["ok"] .. ", not a " .. expected .. ": " .. stops)
+end
+
 -- Flow control: how many jobs may start now.
 local startedAt = redisNowMs()
 local limitedUntil = tonumber(redis.call("HGET", KEYS[3], "limitedUntil") or "")
@@ -111,11 +133,19 @@ if limitedUntil and limitedUntil > startedAt and limitedUntil <= startedAt + 864
   return result
 end
 if rateMax > 0 then
-  redis.call("ZREMRANGEBYSCORE", KEYS[10], "-inf", startedAt - rateMs)
+  if type(redis.pcall("ZREMRANGEBYSCORE", KEYS[10], "-inf", startedAt - rateMs)) ~= "number" then
+    reportType(KEYS[10], "sorted set", "no job starts until it is deleted")
+    result[2] = rateMs
+    return result
+  end
   local room = rateMax - redis.call("ZCARD", KEYS[10])
   if room <= 0 then
-    local oldest = redis.call("ZRANGE", KEYS[10], 0, 0, "WITHSCORES")
-    result[2] = math.max(1, tonumber(oldest[2]) + rateMs - startedAt + 1)
+    local oldest = tonumber(redis.call("ZRANGE", KEYS[10], 0, 0, "WITHSCORES")[2])
+    if oldest > startedAt then
+      report(KEYS[10] .. " holds starts scored after Redis's clock (another client's): they count against " ..
+        "the rate limit until they are removed")
+    end
+    result[2] = math.min(rateMs, math.max(1, oldest + rateMs - startedAt + 1))
     return result
   end
   limit = math.min(limit, room)

@@ -102,7 +102,12 @@ class Scripts(ScriptClient):
             next_due = int(float(reply[0])) if reply[0] else None
         except (ValueError, OverflowError):  # a delayed score another client wrote (inf, nan)
             next_due = None
-        return next_due, int(reply[1]), list(zip(reply[2::2], reply[3::2]))
+        return next_due, int(reply[1]), list(zip(reply[3::2], reply[4::2]))
+
+    @staticmethod
+    def broken_keys(reply: list[Any]) -> list[str]:
+        """What a fetch found broken in the queue's flow-control keys (another client's writes), a line each."""
+        return list(reply[2])
 
     def lock_codes(self, keys: QueueKeys, held: Sequence[tuple[str, str]], lock_ms: int) -> list[int]:
         """Renew many locks, given as (job id, token) pairs, in one call; extendLocks' code per pair.
