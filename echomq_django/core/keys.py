@@ -81,6 +81,7 @@ DERIVED_KEYS: dict[str, str] = {
     "locks": "the lock index, kept by every script that moves jobs in or out of active",
     "prioritized": "the sweep's: the spec fixes its eight KEYS, and a recovered job may have a priority",
     "fetch:<token>": "moveToFinished's: one call finishes attempts of many fetches, each with its own record",
+    "failed": "where includes/groups.lua sends a job whose group's list is another type, from any script",
     "groups": "the ring of groups taking turns (includes/groups.lua): a job's group is found inside its hash",
     "group:<name>": "a group's waiting jobs, for the same reason",
     "group-active": "each group's running jobs, for the same reason",

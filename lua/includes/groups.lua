@@ -13,7 +13,12 @@
 -- (ZSET) counts each group's waiting jobs, and meta `groupWaiting` all of
 -- them, for the counts and the dashboard. The keys are built from the prefix:
 -- a job's group is found inside its hash.
+--
+-- Another client's key of another type, or value, stops only what it belongs
+-- to (a group's list: that group): these helpers never raise on one.
 -- @include "names"
+-- @include "jobFields"
+-- @include "lockIndex"
 local GROUPS_PLAIN = "*"  -- not a group name: names use the id alphabet
 
 -- HINCRBY that cannot fail halfway through a script: a field another client
@@ -35,20 +40,30 @@ local function groupOf(raw)
   return raw
 end
 
--- Put `group` in the ring at the end of the current round, unless it is there.
+-- Put `group` in the ring at the end of the current round, unless it is there
+-- (or the ring is another client's key of another type).
 local function groupEnterRing(prefix, metaKey, group)
   local ring = prefix .. "groups"
-  if not redis.call("ZSCORE", ring, group) then
+  if redis.pcall("ZSCORE", ring, group) == false then
     redis.call("ZADD", ring, groupCount(metaKey, "groupTurn", 1), group)
   end
 end
 
--- A ready job of `group` joins its group's list (at the front with `front`).
+-- A ready job of `group` joins its group's list (at the front with `front`);
+-- whether it could. A list another client made another type cannot take it:
+-- the job fails, saying why, rather than the script that made it ready
+-- raising halfway (a fetch, a batch of finishes, a sweep: other jobs' too).
 local function groupPush(prefix, metaKey, id, group, front)
-  redis.call(front and "RPUSH" or "LPUSH", prefix .. "group:" .. group, id)
+  local listKey = prefix .. "group:" .. group
+  if type(redis.pcall(front and "RPUSH" or "LPUSH", listKey, id)) ~= "number" then
+    moveToFailed(prefix, prefix .. "failed", id, "its group's list " .. listKey .. " holds a " ..
+      redis.call("TYPE", listKey)["ok"] .. ", not a list", redisNowMs())
+    return false
+  end
   redis.pcall("ZINCRBY", prefix .. "group-waiting", 1, group)
   groupCount(metaKey, "groupWaiting", 1)
   groupEnterRing(prefix, metaKey, group)
+  return true
 end
 
 -- One waiting job fewer in `group` (taken, cancelled or removed).
@@ -62,15 +77,18 @@ end
 
 -- Take a waiting job out of its group's list (a cancel, a removal); whether it was there.
 local function groupRemove(prefix, metaKey, id, group)
-  if redis.call("LREM", prefix .. "group:" .. group, 0, id) == 0 then return false end
+  local removed = redis.pcall("LREM", prefix .. "group:" .. group, 0, id)
+  if type(removed) ~= "number" or removed == 0 then return false end
   groupWaitingLess(prefix, metaKey, group)
   return true
 end
 
--- Job `id` of `group` starts: it counts against the group's cap until it leaves `active`.
+-- Job `id` of `group` starts: it counts against the group's cap until it
+-- leaves `active`. Whether `group-running` took it (false: the key is another
+-- client's of another type).
 local function groupStarted(prefix, id, group)
   groupCount(prefix .. "group-active", group, 1)
-  redis.pcall("HSET", prefix .. "group-running", id, group)
+  return type(redis.pcall("HSET", prefix .. "group-running", id, group)) == "number"
 end
 
 -- Job `id` left `active` (any job: one without a group is not in `group-running`):
