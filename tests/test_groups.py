@@ -6,6 +6,7 @@ group's running count is what `active` holds of it.
 """
 
 import logging
+import threading
 
 import pytest
 
@@ -251,4 +252,48 @@ def test_a_group_active_count_that_is_no_whole_number_does_not_hold_its_group(qu
             running(worker_of(queue, done, group_max_active=1)):
         assert wait_until(lambda: set(a) <= set(done), 20)
     assert len(reports(caplog, "counts 1e3 running for group a")) == 1
+    consistent(queue)
+
+
+def test_a_broken_entry_of_group_running_leaks_no_slot_for_good(queue, caplog):
+    gate = threading.Event()
+    first = queue.add("work", {"wait": True}, opts=JobOptions(group="a"))
+    rest = add(queue, "a", 2)
+    done: list[str] = []
+    with caplog.at_level(logging.WARNING, logger="echomq.sweeper"), \
+            running(worker_of(queue, done, group_max_active=1, concurrency=2, gate=gate)):
+        assert wait_until(lambda: queue.client.hget(queue.keys.group_running, first) == "a", 20)
+        queue.client.hset(queue.keys.group_running, first, "no:group")  # another client's
+        gate.set()
+        assert wait_until(lambda: first in done and not queue.client.hexists(queue.keys.group_running, first), 20)
+        others = add(queue, "b", 2) + queue.add_bulk([NewJob("work") for _ in range(2)])
+        assert wait_until(lambda: set(others) <= set(done), 20), "other groups and plain jobs run"
+        assert queue.client.hget(queue.keys.group_active, "a") == "1", "a's slot leaked: the entry named no group"
+        assert not set(rest) & set(done)
+        sweep(queue)
+        assert wait_until(lambda: set(rest) <= set(done), 20), "the sweep gave it back, the worker not restarted"
+        sweep(queue)
+    [report] = reports(caplog, "repaired")
+    assert "group a: group-active counted 1 running, group-running names 0" in report
+    consistent(queue)
+
+
+@pytest.mark.parametrize("key, starts", [("groups", False), ("group_active", False), ("group_running", True)])
+def test_a_groups_key_of_another_type_stops_no_job_without_a_group_and_the_groups_go_on_once_it_is_deleted(
+        queue, key, starts):
+    a = add(queue, "a", 2)
+    plain = queue.add_bulk([NewJob("work") for _ in range(2)])
+    name = getattr(queue.keys, key)
+    queue.client.delete(name)
+    queue.client.set(name, "another client's")
+    taken, broken = take_saying(queue, "t1", count=10, group_cap=1)
+    assert set(plain) <= set(taken), "the jobs without a group start"
+    assert (a[0] in taken) == starts, "the jobs of groups wait, unless only their record is lost"
+    assert [line for line in broken if line.startswith(f"{name} holds a string, not a hash")
+            or line.startswith(f"{name} holds a string, not a sorted set")], broken
+    queue.client.delete(name)
+    for job_id in taken:
+        finish(queue, job_id, "t1")
+    sweep(queue)  # puts right what the broken key left: a's turn, a's count
+    assert take(queue, "t2", count=10, group_cap=1) == [a[1] if starts else a[0]]
     consistent(queue)

@@ -151,18 +151,20 @@ class Scripts(ScriptClient):
         self, keys: QueueKeys, *, max_stalled_count: int, now: int, interval_ms: int,
         phase: str, cursor: int, budget: int, default_attempts: int, force: bool, lock_ms: int,
         metrics_minutes: int = defaults.METRICS_MINUTES,
-    ) -> tuple[str, int, int, int, int, int]:
-        """One call of the sweep: (phase, cursor, marked, recovered, failed, unmarked).
+    ) -> tuple[str, int, int, int, int, int, list[str]]:
+        """One call of the sweep: (phase, cursor, marked, recovered, failed, unmarked, repairs).
 
         Phase "held": sweeps stopped for a while (Redis was away), and for
-        `cursor` more ms no sweep marks or recovers anything.
+        `cursor` more ms no sweep marks or recovers anything. `repairs`: a
+        line for each repair of the groups' bookkeeping (another client's
+        writes had left it wrong).
         """
         reply = self._run(
             "moveStalledJobsToWait-8", keys.for_script("moveStalledJobsToWait-8"),
             [keys.base, max_stalled_count, now, interval_ms, phase, cursor, budget,
              default_attempts, "1" if force else "0", lock_ms, metrics_minutes],
         )
-        return (reply[0], int(reply[1]), int(reply[2]), int(reply[3]), int(reply[4]), int(reply[5]))
+        return (reply[0], int(reply[1]), int(reply[2]), int(reply[3]), int(reply[4]), int(reply[5]), list(reply[6]))
 
     def retry_call(self, keys: QueueKeys, job_id: str) -> Call:
         """The retryJob call for one job.

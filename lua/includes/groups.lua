@@ -15,7 +15,8 @@
 -- a job's group is found inside its hash.
 --
 -- Another client's key of another type, or value, stops only what it belongs
--- to (a group's list: that group): these helpers never raise on one.
+-- to (a group's list: that group): these helpers never raise on one, and the
+-- sweep's groupRepair puts right what it left behind once it is gone.
 -- @include "names"
 -- @include "jobFields"
 -- @include "lockIndex"
@@ -41,7 +42,8 @@ local function groupOf(raw)
 end
 
 -- Put `group` in the ring at the end of the current round, unless it is there
--- (or the ring is another client's key of another type).
+-- (or the ring is another client's key of another type: groupRepair puts the
+-- group back once it is gone).
 local function groupEnterRing(prefix, metaKey, group)
   local ring = prefix .. "groups"
   if redis.pcall("ZSCORE", ring, group) == false then
@@ -85,7 +87,7 @@ end
 
 -- Job `id` of `group` starts: it counts against the group's cap until it
 -- leaves `active`. Whether `group-running` took it (false: the key is another
--- client's of another type).
+-- client's of another type; groupRepair recounts the slot once it is gone).
 local function groupStarted(prefix, id, group)
   groupCount(prefix .. "group-active", group, 1)
   return type(redis.pcall("HSET", prefix .. "group-running", id, group)) == "number"
@@ -107,4 +109,59 @@ local function groupRelease(prefix, metaKey, id, markerKey)
     groupEnterRing(prefix, metaKey, group)
     if markerKey then redis.call("ZADD", markerKey, 0, "0") end
   end
+end
+
+-- The sweep's repair of what another client's writes left wrong in the
+-- bookkeeping (the scripts keep it exact otherwise; a key of another type
+-- stops the sweep before this runs): each group's count in `group-active`
+-- becomes what `group-running` holds of it, and a group with jobs in its list,
+-- none running and no turn in the ring (it left at a cap its count held wrong,
+-- or the ring was lost) takes a turn again. Returns a line for each repair.
+local function groupRepair(prefix, metaKey, markerKey)
+  local running, repairs = {}, {}
+  for _, raw in ipairs(redis.call("HVALS", prefix .. "group-running")) do
+    local group = groupOf(raw)
+    if group then running[group] = (running[group] or 0) + 1 end
+  end
+  local countKey, counted = prefix .. "group-active", {}
+  local stored = redis.call("HGETALL", countKey)
+  for i = 1, #stored, 2 do counted[stored[i]] = stored[i + 1] end
+  local recounted = {}
+  local function repaired(group, was, count)
+    recounted[group] = true
+    repairs[#repairs + 1] = "group " .. string.sub(group, 1, 200) .. ": group-active counted " ..
+      string.sub(was, 1, 40) .. " running, group-running names " .. count
+  end
+  for group, count in pairs(counted) do
+    if not running[group] then
+      redis.call("HDEL", countKey, group)
+      repaired(group, count, 0)
+    end
+  end
+  for group, count in pairs(running) do
+    if counted[group] ~= tostring(count) then
+      redis.call("HSET", countKey, group, count)
+      repaired(group, counted[group] or 0, count)
+    end
+  end
+  -- The groups with jobs waiting and no turn: those at their caps, and any the ring lost. Looked
+  -- for when the ring is the shorter (a member whose list emptied since its turn may hide one
+  -- until that turn comes: a sweep later, then).
+  local waitingKey, ring, entered, missing = prefix .. "group-waiting", prefix .. "groups", false, {}
+  if redis.call("ZCARD", ring) < redis.call("ZCARD", waitingKey) then
+    missing = redis.call("ZDIFF", 2, waitingKey, ring)
+  end
+  for _, group in ipairs(missing) do
+    local listed = not running[group] and groupOf(group) and redis.pcall("LLEN", prefix .. "group:" .. group)
+    if type(listed) == "number" and listed > 0 then
+      groupEnterRing(prefix, metaKey, group)
+      entered = true
+      if not recounted[group] then  -- (else it left the ring at the cap its count held wrong: said above)
+        repairs[#repairs + 1] = "group " .. group .. " had " .. listed .. " job(s) waiting and no turn in the " ..
+          "ring: it takes turns again"
+      end
+    end
+  end
+  if entered then redis.call("ZADD", markerKey, 0, "0") end
+  return repairs
 end
