@@ -189,7 +189,8 @@ local ringKey, groupActiveKey = prefix .. "groups", prefix .. "group-active"
 local ringType = redis.call("TYPE", ringKey)["ok"]
 local ringed = ringType == "zset"
 if ringType ~= "none" and not ringed then
-  reportType(ringKey, "sorted set", "no job of a group starts until it is deleted")
+  reportType(ringKey, "sorted set", "no job of a group starts until it is deleted (and a sweep gives the " ..
+    "groups their turns back)")
 end
 if ringed and not redis.call("ZSCORE", ringKey, GROUPS_PLAIN)
     and (redis.call("LLEN", KEYS[1]) > 0 or redis.call("EXISTS", KEYS[8]) == 1) then
