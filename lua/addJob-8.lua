@@ -85,6 +85,7 @@ for i = 5, #ARGV, 7 do
       wake = true  -- a worker shortens its sleep to this job's due time
       emitEvent(prefix, "delayed", id, "due", timestamp + delay)
     else
+      emitEvent(prefix, "added", id)  -- (before a "failed" that groupPush may emit)
       if group then
         groupPush(prefix, KEYS[3], id, group)
       elseif priority ~= 0 then
@@ -94,7 +95,6 @@ for i = 5, #ARGV, 7 do
         if #ready == 1000 then flushReady() end
       end
       wake = wake or not paused
-      emitEvent(prefix, "added", id)
     end
   end
   result[#result + 1] = id

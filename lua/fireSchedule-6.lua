@@ -82,8 +82,8 @@ local function addJob(id)
   elseif priority ~= 0 then
     redis.call("HSET", jobKey, "pri", priority)
   end
+  emitEvent(prefix, "added", id)  -- (before a "failed" that pushReady may emit)
   pushReady(prefix, KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], id)
-  emitEvent(prefix, "added", id)
 end
 
 -- The tick's job id may already name a key: a job (this tick's, added before its record was

@@ -64,12 +64,18 @@
           every call counts the jobs it recovered and failed
           (includes/metrics.lua)
 
-  Returns {phase, cursor, marked, recovered, failed, unmarked}: phase is
+  The call that passes the gate also repairs the groups' bookkeeping where
+  another client's writes left it wrong (includes/groups.lua, groupRepair):
+  each group's running count is recounted from `group-running`, and a group
+  with jobs waiting, none running and no turn in the ring takes a turn again.
+
+  Returns {phase, cursor, marked, recovered, failed, unmarked, repairs}: phase is
   "skipped" (the gate was closed: another sweep ran within the interval),
   "held" (the hold above: cursor is how many ms it still lasts),
   "recover", "mark" or "lapsed" (call again with this phase and cursor), or
   "done".
-  The counts are for this call only.
+  The counts are for this call only; repairs is a list of lines, one for each
+  repair of the groups' bookkeeping (empty except in the call that passed the gate).
   Errors: "ERR echomq wrong type ..." (before any write) when a queue key
   holds the wrong Redis type.
 ]]
@@ -95,7 +101,7 @@ local TOMBSTONE = "{recovered}"
 -- the lock index and the event stream (emitEvent).
 local prioritizedKey = prefix .. "prioritized"
 local locksKey = prefix .. "locks"
-local marked, recovered, failed, unmarked = 0, 0, 0, 0
+local marked, recovered, failed, unmarked, repairs = 0, 0, 0, 0, {}
 
 if phase == "start" then
   local wrong = checkKeyTypes({{activeKey, "list"}, {waitKey, "list"}, {pausedKey, "list"},
@@ -115,7 +121,7 @@ if phase == "start" then
   if ARGV[9] == "1" then
     redis.call("SET", gateKey, now, "PX", ARGV[4])
   elseif not redis.call("SET", gateKey, now, "NX", "PX", ARGV[4]) then
-    return {"skipped", 0, 0, 0, 0, 0}
+    return {"skipped", 0, 0, 0, 0, 0, repairs}
   end
   phase, cursor = "recover", 0
   -- One sample per sweep interval, whichever sweeper runs it: the depth the
@@ -123,9 +129,10 @@ if phase == "start" then
   sampleMetric("waiting", redis.call("LLEN", waitKey) + redis.call("ZCARD", prioritizedKey)
     + redis.call("LLEN", pausedKey))
   flushMetrics(prefix, now, keepMetrics)
+  repairs = groupRepair(prefix, metaKey, markerKey)
 end
 if redisNow < holdUntil then
-  return {"held", holdUntil - redisNow, 0, 0, 0, 0}
+  return {"held", holdUntil - redisNow, 0, 0, 0, 0, repairs}
 end
 
 -- Where recovered jobs go: the queue's pause state cannot change during this call.
@@ -294,4 +301,4 @@ end
 if recovered > 0 then countMetric("recovered", recovered) end
 if failed > 0 then countMetric("failed", failed) end
 flushMetrics(prefix, now, keepMetrics)
-return {phase, cursor, marked, recovered, failed, unmarked}
+return {phase, cursor, marked, recovered, failed, unmarked, repairs}

@@ -56,12 +56,23 @@
   turn is oldest first; a group with ARGV[11] jobs running sits out until one
   ends. Without groups the ring is empty and the order is as above.
 
-  Returns {nextDue, waitMs, id1, fields1, id2, fields2, ...}: nextDue is the
-  due time (ms) of the earliest delayed job, or false when none is delayed;
-  waitMs is 0, or when flow control held jobs back, how long until it lets
-  one start (ms, > 0) or -1 when the cap did (it frees when an active job
-  ends); each fieldsN is the job hash as a flat field/value list, after the
-  update. A paused queue yields no jobs.
+  A flow-control key another client broke (another type, a value no script
+  writes) stops only what it belongs to, and the fetch says so in `broken`: a
+  group's list, that group (it keeps its turn, so it goes on once the key is
+  deleted or a list again); `groups`, the jobs of groups; `group-active` when
+  ARGV[11] caps groups, the jobs of groups (a count that is no whole number
+  counts as 0); `limiter`, every job (a fetch looks again a window later).
+  A start in `limiter` scored after Redis's clock counts until it is removed,
+  but no wait the reply gives is longer than the window.
+
+  Returns {nextDue, waitMs, broken, id1, fields1, id2, fields2, ...}: nextDue
+  is the due time (ms) of the earliest delayed job, or false when none is
+  delayed; waitMs is 0, or when flow control held jobs back, how long until it
+  lets one start (ms, > 0, at most ARGV[9] for the rate limit) or -1 when the
+  cap did (it frees when an active job ends); broken is a list of lines, one
+  for each broken key this fetch met (the worker reports each once); each
+  fieldsN is the job hash as a flat field/value list, after the update. A
+  paused queue yields no jobs.
 ]]
 -- @include "emitEvent"
 -- @include "pushReady"
@@ -78,7 +89,7 @@ local groupMax = tonumber(ARGV[11]) or 0
 
 promoteDue(prefix, KEYS[4], KEYS[1], KEYS[6], KEYS[3], KEYS[5], KEYS[8], now, 1000)
 
-local result = {false, 0}
+local result = {false, 0, {}}
 local first = redis.call("ZRANGE", KEYS[4], 0, 0, "WITHSCORES")
 if first[2] then result[1] = first[2] end
 
@@ -102,6 +113,20 @@ if redis.call("HEXISTS", KEYS[3], "paused") == 1 then
   return result
 end
 
+-- A line for the reply's `broken`, once per call.
+local reported = {}
+local function report(line)
+  if reported[line] then return end
+  reported[line] = true
+  result[3][#result[3] + 1] = line
+end
+-- `key` holds another type than `expected` (another client's key): say so, and what it stops.
+local function reportType(key, expected, stops)
+  if reported[key] then return end
+  reported[key] = true
+  report(key .. " holds a " .. redis.call("TYPE", key)["ok"] .. ", not a " .. expected .. ": " .. stops)
+end
+
 -- Flow control: how many jobs may start now.
 local startedAt = redisNowMs()
 local limitedUntil = tonumber(redis.call("HGET", KEYS[3], "limitedUntil") or "")
@@ -111,11 +136,19 @@ if limitedUntil and limitedUntil > startedAt and limitedUntil <= startedAt + 864
   return result
 end
 if rateMax > 0 then
-  redis.call("ZREMRANGEBYSCORE", KEYS[10], "-inf", startedAt - rateMs)
+  if type(redis.pcall("ZREMRANGEBYSCORE", KEYS[10], "-inf", startedAt - rateMs)) ~= "number" then
+    reportType(KEYS[10], "sorted set", "no job starts until it is deleted")
+    result[2] = rateMs
+    return result
+  end
   local room = rateMax - redis.call("ZCARD", KEYS[10])
   if room <= 0 then
-    local oldest = redis.call("ZRANGE", KEYS[10], 0, 0, "WITHSCORES")
-    result[2] = math.max(1, tonumber(oldest[2]) + rateMs - startedAt + 1)
+    local oldest = tonumber(redis.call("ZRANGE", KEYS[10], 0, 0, "WITHSCORES")[2])
+    if oldest > startedAt then
+      report(KEYS[10] .. " holds starts scored after Redis's clock (another client's): they count against " ..
+        "the rate limit until they are removed")
+    end
+    result[2] = math.min(rateMs, math.max(1, oldest + rateMs - startedAt + 1))
     return result
   end
   limit = math.min(limit, room)
@@ -153,30 +186,64 @@ end
 -- With groups: the next ready id by the ring's turns, moved to `active`, and
 -- its group (nil for a job without one); nil when nothing is ready.
 local ringKey, groupActiveKey = prefix .. "groups", prefix .. "group-active"
-local ringed = redis.call("EXISTS", ringKey) == 1
+local ringType = redis.call("TYPE", ringKey)["ok"]
+local ringed = ringType == "zset"
+if ringType ~= "none" and not ringed then
+  reportType(ringKey, "sorted set", "no job of a group starts until it is deleted (and a sweep gives the " ..
+    "groups their turns back)")
+end
 if ringed and not redis.call("ZSCORE", ringKey, GROUPS_PLAIN)
     and (redis.call("LLEN", KEYS[1]) > 0 or redis.call("EXISTS", KEYS[8]) == 1) then
   groupEnterRing(prefix, KEYS[3], GROUPS_PLAIN)  -- jobs without a group take their turn too
 end
+-- Whether `group` is at its cap (a `group-active` of another type: every group is).
+local function atCap(group)
+  if groupMax == 0 then return false end
+  local raw = redis.pcall("HGET", groupActiveKey, group)
+  if type(raw) == "table" then
+    reportType(groupActiveKey, "hash", "no job of a group starts until it is deleted (and a sweep gives the " ..
+      "groups their turns back)")
+    return true
+  end
+  local count = parseCounter(raw, "")
+  if not count then
+    report(groupActiveKey .. " counts " .. string.sub(raw, 1, 40) .. " running for group " .. group ..
+      ", not a whole number: counted as 0")
+  end
+  return (count or 0) >= groupMax
+end
+local taken = 0
+-- A group whose list is broken sits out its turns: how many jobs this call had
+-- taken when it last did. Met again with none taken since, nothing else can give.
+local satOutAt = {}
 local function takeByTurn()
   while true do
     local group = redis.call("ZRANGE", ringKey, 0, 0)[1]
     if not group then return takeNext(), nil end  -- the ring emptied during this call
+    if satOutAt[group] == taken then return nil end
     local id
     if group == GROUPS_PLAIN then
       id = takeNext()
-    elseif groupMax == 0 or (tonumber(redis.pcall("HGET", groupActiveKey, group)) or 0) < groupMax then
+    elseif not atCap(group) then
       -- (at its cap the group leaves the ring; groupRelease brings it back)
-      id = redis.call("LMOVE", prefix .. "group:" .. group, KEYS[2], "RIGHT", "LEFT")
-      if id then groupWaitingLess(prefix, KEYS[3], group) end
+      local listKey = prefix .. "group:" .. group
+      id = redis.pcall("LMOVE", listKey, KEYS[2], "RIGHT", "LEFT")
+      if type(id) == "table" then
+        reportType(listKey, "list", "the jobs of group " .. group .. " wait until it is deleted or a list again")
+        satOutAt[group], id = taken, nil
+        redis.call("ZADD", ringKey, "XX", groupCount(KEYS[3], "groupTurn", 1), group)
+      elseif id then
+        groupWaitingLess(prefix, KEYS[3], group)
+      end
     end
     -- A group that gave a job takes the next turn (its jobs left or not: an empty
     -- list leaves at its next turn); one that could not give one leaves the ring.
     if id then
       redis.call("ZADD", ringKey, "XX", groupCount(KEYS[3], "groupTurn", 1), group)
       return id, group ~= GROUPS_PLAIN and group or nil
+    elseif satOutAt[group] ~= taken then
+      redis.call("ZREM", ringKey, group)
     end
-    redis.call("ZREM", ringKey, group)
   end
 end
 
@@ -192,7 +259,7 @@ local function setFlat(flat, field, value)
   flat[#flat + 1] = value
 end
 
-local taken, takenIds = 0, {}
+local takenIds = {}
 while taken < limit do
   local id, group
   if ringed then id, group = takeByTurn() else id = takeNext() end
@@ -233,7 +300,10 @@ while taken < limit do
       if readyAt then timeMetric("wait", now - readyAt) end
     end
     redis.call("HSET", jobKey, unpack(update))
-    if group then groupStarted(prefix, id, group) end
+    if group and not groupStarted(prefix, id, group) then
+      reportType(prefix .. "group-running", "hash", "the jobs of groups started meanwhile hold their slots " ..
+        "until a sweep after it is deleted")
+    end
     for i = 1, #update, 2 do setFlat(flat, update[i], tostring(update[i + 1])) end
     emitEvent(prefix, "active", id)
     result[#result + 1] = id
@@ -258,7 +328,7 @@ end
 -- The marker was consumed by whoever woke us; leave one behind while work
 -- remains so another blocked worker wakes too.
 if taken > 0 and (redis.call("LLEN", KEYS[1]) > 0 or redis.call("ZCARD", KEYS[8]) > 0
-    or redis.call("EXISTS", ringKey) == 1) then
+    or ringed and redis.call("EXISTS", ringKey) == 1) then
   redis.call("ZADD", KEYS[5], 0, "0")
 end
 return result

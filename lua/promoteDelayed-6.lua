@@ -33,8 +33,8 @@ if id then
   end
   -- Only on a job hash: HSET would make one of a missing key (the fetch fails such an id).
   if redis.call("TYPE", prefix .. id)["ok"] == "hash" then redis.call("HSET", prefix .. id, "due", ARGV[2]) end
+  emitEvent(prefix, "promoted", id)  -- (before a "failed" that pushReady may emit)
   pushReady(prefix, KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], id)
-  emitEvent(prefix, "promoted", id)
   return 1
 end
 return promoteDue(prefix, KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6],

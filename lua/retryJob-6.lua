@@ -33,6 +33,6 @@ if not key or redis.call("TYPE", key)["ok"] ~= "hash" then
 end
 redis.call("ZREM", KEYS[1], id)
 redis.call("HDEL", key, "finishedOn", "failedReason", "processedOn", "cxl")
+emitEvent(prefix, "retried", id, "by", "retryJob")  -- (before a "failed" that pushReady may emit)
 pushReady(prefix, KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], id)
-emitEvent(prefix, "retried", id, "by", "retryJob")
 return 1

@@ -5,6 +5,8 @@ moveToActive and moveToFinished, so they hold for any number of workers.
 (tests/test_flow_processes.py runs them with worker processes.)
 """
 
+import logging
+
 import pytest
 
 from echomq_django.core import JobOptions, NewJob, RateLimit, RateLimited, Worker
@@ -15,11 +17,16 @@ from tests.helpers import kill_lock, running, sweep, wait_until
 
 def take(queue, token, count=10, *, rate=None, cap=0, lock_ms=30_000):
     """One fetch with flow control: (wait ms, [job ids])."""
+    return take_saying(queue, token, count, rate=rate, cap=cap, lock_ms=lock_ms)[:2]
+
+
+def take_saying(queue, token, count=10, *, rate=None, cap=0, lock_ms=30_000):
+    """One fetch with flow control: (wait ms, [job ids], what it said was broken)."""
     call = queue.scripts.fetch_call(queue.keys, token, lock_ms, now_ms(), count, "w", rate_limit=rate,
                                     max_active=cap)
     [reply] = queue.scripts.run_batch([call], raise_on_error=True)
     _due, wait, jobs = queue.scripts.fetched(reply)
-    return wait, [job_id for job_id, _ in jobs]
+    return wait, [job_id for job_id, _ in jobs], queue.scripts.broken_keys(reply)
 
 
 def end(queue, job_id, token, *, limited_ms=None, completed=True):
@@ -177,3 +184,36 @@ def test_a_rate_limited_job_with_a_priority_goes_back_ahead_of_its_priority(queu
     assert take(queue, "t1", count=1)[1] == [first]
     assert end(queue, first, "t1", limited_ms=10) == 6
     assert queue.client.zrange(queue.keys.prioritized, 0, -1) == [first, second]
+
+
+@pytest.mark.parametrize("score", ["an hour ahead", "+inf"])
+def test_starts_scored_ahead_of_redis_hold_a_worker_a_window_at_most_reported_once(queue, caplog, score):
+    rate = RateLimit(max=1, duration_ms=500)
+    foreign = {"another client's": now_ms() + 3_600_000 if score == "an hour ahead" else score}
+    queue.client.zadd(queue.keys.limiter, foreign)
+    ids = queue.add_bulk([NewJob("work") for _ in range(3)])
+    wait, taken, broken = take_saying(queue, "t1", rate=rate)
+    assert taken == [] and 0 < wait <= 500, "never a wait longer than the window"
+    assert broken == [f"{queue.keys.limiter} holds starts scored after Redis's clock (another client's): they "
+                      "count against the rate limit until they are removed"]
+    done: list[str] = []
+    worker = Worker(queue.name, lambda job: done.append(job.id), queue.client, prefix=queue.keys.prefix,
+                    block_timeout_s=0.1, rate_limit=rate)
+    with caplog.at_level(logging.ERROR, logger="echomq.worker"), running(worker):
+        for _ in range(3):  # three fetches, each seen by the start it drops from the window
+            queue.client.zadd(queue.keys.limiter, {"left the window": 1})
+            assert wait_until(lambda: queue.client.zscore(queue.keys.limiter, "left the window") is None, 20)
+        assert done == []
+        queue.client.zrem(queue.keys.limiter, "another client's")
+        assert wait_until(lambda: set(ids) <= set(done), 20), "the jobs run once it is gone, the worker not restarted"
+    assert len([record for record in caplog.records if "scored after Redis's clock" in record.getMessage()]) == 1
+
+
+def test_a_limiter_of_another_type_holds_the_queue_a_window_at_a_time_until_it_is_deleted(queue):
+    rate = RateLimit(max=5, duration_ms=400)
+    queue.client.set(queue.keys.limiter, "another client's")
+    ids = queue.add_bulk([NewJob("work") for _ in range(2)])
+    assert take_saying(queue, "t1", rate=rate) == (400, [], [
+        f"{queue.keys.limiter} holds a string, not a sorted set: no job starts until it is deleted"])
+    queue.client.delete(queue.keys.limiter)
+    assert take(queue, "t2", rate=rate) == (0, ids)

@@ -5,11 +5,14 @@ count is the length of its list, the queue's total is their sum, and each
 group's running count is what `active` holds of it.
 """
 
+import logging
+import threading
+
 import pytest
 
-from echomq_django.core import JobOptions, NewJob, PayloadError
+from echomq_django.core import JobOptions, NewJob, PayloadError, Worker
 from echomq_django.core.queue import now_ms
-from tests.helpers import finish, kill_lock, sweep, wait_until
+from tests.helpers import finish, kill_lock, running, sweep, wait_until
 
 
 def add(queue, group, n, **options):
@@ -17,9 +20,14 @@ def add(queue, group, n, **options):
 
 
 def take(queue, token, count=1, group_cap=0):
+    return take_saying(queue, token, count, group_cap)[0]
+
+
+def take_saying(queue, token, count=1, group_cap=0):
+    """One fetch: the ids it took, and what it said was broken."""
     call = queue.scripts.fetch_call(queue.keys, token, 30_000, now_ms(), count, "w", group_max_active=group_cap)
     [reply] = queue.scripts.run_batch([call], raise_on_error=True)
-    return [job_id for job_id, _ in queue.scripts.fetched(reply)[2]]
+    return [job_id for job_id, _ in queue.scripts.fetched(reply)[2]], queue.scripts.broken_keys(reply)
 
 
 def group_of(queue, job_id):
@@ -173,4 +181,119 @@ def test_a_schedule_of_a_job_in_a_group_fires_its_job_into_the_group(queue):
     assert group_of(queue, job_id) == "tenant-a"
     assert queue.client.lrange(queue.keys.group("tenant-a"), 0, -1) == [job_id]
     assert take(queue, "t1") == [job_id]
+    consistent(queue)
+
+
+# Names on each side of every part of the rule: the first character, the rest, the length.
+NAME_EDGES = ["a", "Z", "0", "_", "_a", ".a", "-a", "@a", "+a", "=a", "a.b", "a-b", "a@b+c=d_e", "*", "", " a",
+              "a b", "a:b", "a{b}", "a/b", "a%b", "a]", "a^", "é", "a\x00", "..", "x" * 128, "x" * 129]
+
+
+def test_the_scripts_take_as_a_group_exactly_the_names_python_takes(queue):
+    from echomq_django.core.keys import is_name
+    from echomq_django.core.lua import assemble
+
+    probe = assemble('-- @include "groups"\nlocal taken = {}\n'
+                     'for i, raw in ipairs(ARGV) do taken[i] = groupOf(raw) and 1 or 0 end\nreturn taken')
+    in_lua = queue.client.eval(probe, 1, queue.keys.meta, *NAME_EDGES)  # (a key: routes it on a cluster)
+    assert dict(zip(NAME_EDGES, map(bool, in_lua))) == {name: is_name(name) for name in NAME_EDGES}
+    assert is_name("_a") and not is_name(".a") and not is_name("x" * 129), "the rule is the one keys.py states"
+
+
+# -- another client's keys and values in the groups' bookkeeping ----------------
+
+def worker_of(queue, done, **options):
+    """A worker that records the id of each job it runs (after `gate`, when given, is set)."""
+    gate = options.pop("gate", None)
+
+    def handler(job):
+        if gate is not None and job.data == {"wait": True}:
+            gate.wait(30)
+        done.append(job.id)
+
+    return Worker(queue.name, handler, queue.client, prefix=queue.keys.prefix, block_timeout_s=0.1, **options)
+
+
+def reports(caplog, words):
+    return [record.getMessage() for record in caplog.records if words in record.getMessage()]
+
+
+def turns(queue) -> int:
+    return int(queue.client.hget(queue.keys.meta, "groupTurn") or 0)
+
+
+def test_a_group_list_of_another_type_stops_that_group_alone_is_reported_once_and_goes_on_once_deleted(
+        queue, caplog):
+    add(queue, "a", 2)
+    others = add(queue, "b", 3) + queue.add_bulk([NewJob("work") for _ in range(3)])
+    queue.client.delete(queue.keys.group("a"))
+    queue.client.set(queue.keys.group("a"), "another client's")
+    done: list[str] = []
+    with caplog.at_level(logging.ERROR, logger="echomq.worker"), running(worker_of(queue, done)):
+        assert wait_until(lambda: set(others) <= set(done), 20), "the other group and the plain jobs ran"
+        # Group a sits out a turn at every fetch that meets it (each one a turn more): many fetches, one report.
+        seen = turns(queue)
+        assert wait_until(lambda: turns(queue) >= seen + 5, 20)
+        refused = queue.add("work", opts=JobOptions(group="a"))
+        assert queue.get_state(refused) == "failed", "a job of a made ready meanwhile fails, saying why"
+        assert "holds a string, not a list" in queue.client.hget(queue.keys.job(refused), "failedReason")
+        queue.client.delete(queue.keys.group("a"))
+        again = add(queue, "a", 2)
+        assert wait_until(lambda: set(again) <= set(done), 20), "group a runs again, the worker not restarted"
+    [report] = reports(caplog, queue.keys.group("a"))
+    assert "the jobs of group a wait until it is deleted" in report
+
+
+def test_a_group_active_count_that_is_no_whole_number_does_not_hold_its_group(queue, caplog):
+    queue.client.hset(queue.keys.group_active, "a", "1e3")
+    a = add(queue, "a", 3)
+    done: list[str] = []
+    with caplog.at_level(logging.ERROR, logger="echomq.worker"), \
+            running(worker_of(queue, done, group_max_active=1)):
+        assert wait_until(lambda: set(a) <= set(done), 20)
+    assert len(reports(caplog, "counts 1e3 running for group a")) == 1
+    consistent(queue)
+
+
+def test_a_broken_entry_of_group_running_leaks_no_slot_for_good(queue, caplog):
+    gate = threading.Event()
+    first = queue.add("work", {"wait": True}, opts=JobOptions(group="a"))
+    rest = add(queue, "a", 2)
+    done: list[str] = []
+    with caplog.at_level(logging.WARNING, logger="echomq.sweeper"), \
+            running(worker_of(queue, done, group_max_active=1, concurrency=2, gate=gate)):
+        assert wait_until(lambda: queue.client.hget(queue.keys.group_running, first) == "a", 20)
+        queue.client.hset(queue.keys.group_running, first, "no:group")  # another client's
+        gate.set()
+        assert wait_until(lambda: first in done and not queue.client.hexists(queue.keys.group_running, first), 20)
+        others = add(queue, "b", 2) + queue.add_bulk([NewJob("work") for _ in range(2)])
+        assert wait_until(lambda: set(others) <= set(done), 20), "other groups and plain jobs run"
+        assert queue.client.hget(queue.keys.group_active, "a") == "1", "a's slot leaked: the entry named no group"
+        assert not set(rest) & set(done)
+        sweep(queue)
+        assert wait_until(lambda: set(rest) <= set(done), 20), "the sweep gave it back, the worker not restarted"
+        sweep(queue)
+    [report] = reports(caplog, "repaired")
+    assert "group a: group-active counted 1 running, group-running names 0" in report
+    consistent(queue)
+
+
+@pytest.mark.parametrize("key, starts", [("groups", False), ("group_active", False), ("group_running", True)])
+def test_a_groups_key_of_another_type_stops_no_job_without_a_group_and_the_groups_go_on_once_it_is_deleted(
+        queue, key, starts):
+    a = add(queue, "a", 2)
+    plain = queue.add_bulk([NewJob("work") for _ in range(2)])
+    name = getattr(queue.keys, key)
+    queue.client.delete(name)
+    queue.client.set(name, "another client's")
+    taken, broken = take_saying(queue, "t1", count=10, group_cap=1)
+    assert set(plain) <= set(taken), "the jobs without a group start"
+    assert (a[0] in taken) == starts, "the jobs of groups wait, unless only their record is lost"
+    assert [line for line in broken if line.startswith(f"{name} holds a string, not a hash")
+            or line.startswith(f"{name} holds a string, not a sorted set")], broken
+    queue.client.delete(name)
+    for job_id in taken:
+        finish(queue, job_id, "t1")
+    sweep(queue)  # puts right what the broken key left: a's turn, a's count
+    assert take(queue, "t2", count=10, group_cap=1) == [a[1] if starts else a[0]]
     consistent(queue)

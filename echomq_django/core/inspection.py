@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .job import MAX_ATTEMPTS, datetime_from_ms
+from .keys import is_name
 from .queue import JobRead, Queue, now_ms, read_jobs
 
 __all__ = [
@@ -37,8 +38,6 @@ NOTHING = "nothing"
 
 # The fields of a job hash the sweep decides on, in the order HMGET asks for them.
 SWEEP_FIELDS = ("atm", "stc", "opts", "pri", "cxl", "grp")
-# What the scripts take for a group's name in a `grp` field (groupOf); anything else is no group.
-_GROUP = re.compile(r"[A-Za-z0-9_.@+=-]{1,128}")
 # The queue keys whose type the sweep checks before it writes anything (named as
 # QueueKeys names them), and the type each must have: the script's `expected`
 # list, which tests/test_inspection.py compares with this one.
@@ -157,7 +156,7 @@ def _recover_verdict(probe: JobProbe, max_stalled_count: int, default_attempts: 
         return SweepVerdict(FAIL, f"attempt ceiling ({attempts_made} of {ceiling})")
     if stalls > max_stalled_count:
         return SweepVerdict(FAIL, f"stall ceiling ({stalls} stalls, max {max_stalled_count})")
-    if group and _GROUP.fullmatch(group):  # lua/includes/groups.lua's groupOf
+    if group and is_name(group):  # lua/includes/groups.lua's groupOf: the same rule
         return SweepVerdict(RECOVER, f"group {group}")
     if _priority(pri) != 0:
         return SweepVerdict(RECOVER, "prioritized")

@@ -23,7 +23,13 @@ MAX_NAME_LENGTH = 128
 # ("/", "?", "#", "%", "." and ".." as a path segment), whitespace, control
 # characters and every non-ASCII character (bidi overrides, zero-width spaces,
 # look-alike letters).
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@+=-]*")
+# The rule in one place for both languages: the first character from
+# NAME_FIRST, the rest from NAME_REST, each written to mean the same as a Python
+# regex class and a Lua pattern set (ranges and plain characters only). The
+# scripts get them from here (lua.py's generated include "names").
+NAME_FIRST = "A-Za-z0-9_"
+NAME_REST = "A-Za-z0-9_.@+=-"
+_NAME = re.compile(f"[{NAME_FIRST}][{NAME_REST}]*")
 ALPHABET = "ASCII letters, digits and _ . @ + = - (starting with a letter, a digit or _)"
 # Job names are never part of a key or a URL path, so any printable text
 # without whitespace goes (a dotted function path, "send-welcome",
@@ -75,6 +81,7 @@ DERIVED_KEYS: dict[str, str] = {
     "locks": "the lock index, kept by every script that moves jobs in or out of active",
     "prioritized": "the sweep's: the spec fixes its eight KEYS, and a recovered job may have a priority",
     "fetch:<token>": "moveToFinished's: one call finishes attempts of many fetches, each with its own record",
+    "failed": "where includes/groups.lua sends a job whose group's list is another type, from any script",
     "groups": "the ring of groups taking turns (includes/groups.lua): a job's group is found inside its hash",
     "group:<name>": "a group's waiting jobs, for the same reason",
     "group-active": "each group's running jobs, for the same reason",
@@ -90,6 +97,11 @@ RESERVED_IDS = frozenset(
      "stalled-check", "meta", "marker", "id", "events", "locks", "schedule", "limiter", "groups", "group-active",
      "group-waiting", "group-running"}
 )
+
+
+def is_name(value: str) -> bool:
+    """Whether `value` may be a name (a queue's, an id, a group's): the rule validate_name explains."""
+    return len(value) <= MAX_NAME_LENGTH and _NAME.fullmatch(value) is not None
 
 
 def validate_name(value: object, what: str) -> str:

@@ -16,7 +16,18 @@ import importlib.resources
 import re
 from pathlib import Path
 
+from .keys import MAX_NAME_LENGTH, NAME_FIRST, NAME_REST
+
 _INCLUDE = re.compile(r'^-- @include "([A-Za-z]+)"$', re.MULTILINE)
+
+# Includes written here rather than read from a file: facts the scripts share
+# with the Python side, defined once on that side. Constants, so a script's
+# text (and its SHA) is the same for every call.
+GENERATED_INCLUDES = {
+    # What may be a name: keys.py's rule, as a Lua pattern (groupOf in includes/groups.lua).
+    "names": (f'local NAME_PATTERN = "^[{NAME_FIRST}][{NAME_REST}]*$"\n'
+              f"local MAX_NAME_LENGTH = {MAX_NAME_LENGTH}\n"),
+}
 
 
 def scripts_dir() -> Path:
@@ -42,10 +53,15 @@ def script_names() -> tuple[str, ...]:
 @functools.cache
 def script_source(name: str) -> str:
     """The text of one script with its `-- @include` lines replaced by the includes."""
+    return assemble((scripts_dir() / f"{name}.lua").read_text(encoding="utf-8"))
+
+
+def assemble(text: str) -> str:
+    """Lua `text` with its `-- @include` lines replaced by the includes, each spliced in once."""
     directory = scripts_dir()
     spliced: set[str] = set()
 
-    def assemble(text: str) -> str:
+    def splice(text: str) -> str:
         return _INCLUDE.sub(include, text)
 
     def include(match: re.Match[str]) -> str:
@@ -53,6 +69,8 @@ def script_source(name: str) -> str:
         if part in spliced:
             return f"-- {part}: spliced in above"
         spliced.add(part)
-        return assemble((directory / "includes" / f"{part}.lua").read_text(encoding="utf-8"))
+        if part in GENERATED_INCLUDES:
+            return GENERATED_INCLUDES[part]
+        return splice((directory / "includes" / f"{part}.lua").read_text(encoding="utf-8"))
 
-    return assemble((directory / f"{name}.lua").read_text(encoding="utf-8"))
+    return splice(text)

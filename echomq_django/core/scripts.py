@@ -102,7 +102,12 @@ class Scripts(ScriptClient):
             next_due = int(float(reply[0])) if reply[0] else None
         except (ValueError, OverflowError):  # a delayed score another client wrote (inf, nan)
             next_due = None
-        return next_due, int(reply[1]), list(zip(reply[2::2], reply[3::2]))
+        return next_due, int(reply[1]), list(zip(reply[3::2], reply[4::2]))
+
+    @staticmethod
+    def broken_keys(reply: list[Any]) -> list[str]:
+        """What a fetch found broken in the queue's flow-control keys (another client's writes), a line each."""
+        return list(reply[2])
 
     def lock_codes(self, keys: QueueKeys, held: Sequence[tuple[str, str]], lock_ms: int) -> list[int]:
         """Renew many locks, given as (job id, token) pairs, in one call; extendLocks' code per pair.
@@ -146,18 +151,20 @@ class Scripts(ScriptClient):
         self, keys: QueueKeys, *, max_stalled_count: int, now: int, interval_ms: int,
         phase: str, cursor: int, budget: int, default_attempts: int, force: bool, lock_ms: int,
         metrics_minutes: int = defaults.METRICS_MINUTES,
-    ) -> tuple[str, int, int, int, int, int]:
-        """One call of the sweep: (phase, cursor, marked, recovered, failed, unmarked).
+    ) -> tuple[str, int, int, int, int, int, list[str]]:
+        """One call of the sweep: (phase, cursor, marked, recovered, failed, unmarked, repairs).
 
         Phase "held": sweeps stopped for a while (Redis was away), and for
-        `cursor` more ms no sweep marks or recovers anything.
+        `cursor` more ms no sweep marks or recovers anything. `repairs`: a
+        line for each repair of the groups' bookkeeping (another client's
+        writes had left it wrong).
         """
         reply = self._run(
             "moveStalledJobsToWait-8", keys.for_script("moveStalledJobsToWait-8"),
             [keys.base, max_stalled_count, now, interval_ms, phase, cursor, budget,
              default_attempts, "1" if force else "0", lock_ms, metrics_minutes],
         )
-        return (reply[0], int(reply[1]), int(reply[2]), int(reply[3]), int(reply[4]), int(reply[5]))
+        return (reply[0], int(reply[1]), int(reply[2]), int(reply[3]), int(reply[4]), int(reply[5]), list(reply[6]))
 
     def retry_call(self, keys: QueueKeys, job_id: str) -> Call:
         """The retryJob call for one job.

@@ -127,7 +127,7 @@ class Sweeper:
         calls, longest, started = 0, 0.0, time.perf_counter()
         while phase != "done" and not self._aborted.is_set():
             call_started = time.perf_counter()
-            phase, cursor, *counts = self.scripts.move_stalled_jobs_to_wait(
+            phase, cursor, *counts, repairs = self.scripts.move_stalled_jobs_to_wait(
                 keys, max_stalled_count=target.max_stalled_count, now=now_ms(),
                 interval_ms=target.interval_ms, phase=phase, cursor=cursor, budget=self.budget,
                 default_attempts=target.default_attempts, force=force, lock_ms=target.lock_duration_ms,
@@ -135,6 +135,9 @@ class Sweeper:
             )
             calls += 1
             longest = max(longest, (time.perf_counter() - call_started) * 1000)
+            for repair in repairs:  # made once: the next sweep finds it right
+                logger.warning("queue %s: another client's writes had left the groups wrong; repaired: %s",
+                               target.queue, repair)
             if phase == "skipped":
                 return SweepReport(target.queue, skipped=True, calls=calls, finished_at_ms=now_ms())
             if phase == "held":

@@ -236,6 +236,8 @@ class Worker:
         self._unreachable = False  # the last round trip failed to reach Redis
         # The last fetch's flow control: 0, ms until its rate limit or pause lets a job start, -1 capped.
         self._held_back_ms = 0
+        # What fetches found broken in the queue's flow-control keys, reported once each (a fetch says it again).
+        self._reported_broken: set[str] = set()
 
     # -- control ---------------------------------------------------------
 
@@ -529,6 +531,10 @@ class Worker:
             self._aborted.wait(1.0)
             return 0, None
         next_due, self._held_back_ms, jobs = self.scripts.fetched(reply)
+        for broken in self.scripts.broken_keys(reply):
+            if broken not in self._reported_broken:
+                self._reported_broken.add(broken)
+                logger.error("worker %s: queue %s: %s", self.worker_id, self.keys.queue, broken)
         # Redis took the jobs somewhen during the round trip (at its end, after a wait): a round trip
         # within half a lock leaves them half a lock at least, a longer one (the worker was frozen
         # meanwhile, say) maybe none.

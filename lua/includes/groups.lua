@@ -13,6 +13,13 @@
 -- (ZSET) counts each group's waiting jobs, and meta `groupWaiting` all of
 -- them, for the counts and the dashboard. The keys are built from the prefix:
 -- a job's group is found inside its hash.
+--
+-- Another client's key of another type, or value, stops only what it belongs
+-- to (a group's list: that group): these helpers never raise on one, and the
+-- sweep's groupRepair puts right what it left behind once it is gone.
+-- @include "names"
+-- @include "jobFields"
+-- @include "lockIndex"
 local GROUPS_PLAIN = "*"  -- not a group name: names use the id alphabet
 
 -- HINCRBY that cannot fail halfway through a script: a field another client
@@ -25,28 +32,40 @@ local function groupCount(countKey, field, by)
 end
 
 -- The group in a raw `grp` field, or nil when it has none (or one that could
--- not be a group's name, written by another client).
+-- not be a group's name, written by another client). The rule is keys.py's
+-- (the include "names" is written from it), so both sides take the same names.
 local function groupOf(raw)
-  if type(raw) ~= "string" or raw == "" or #raw > 128 or string.find(raw, "[^%w_%.@%+=%-]") then
+  if type(raw) ~= "string" or #raw > MAX_NAME_LENGTH or not string.find(raw, NAME_PATTERN) then
     return nil
   end
   return raw
 end
 
--- Put `group` in the ring at the end of the current round, unless it is there.
+-- Put `group` in the ring at the end of the current round, unless it is there
+-- (or the ring is another client's key of another type: groupRepair puts the
+-- group back once it is gone).
 local function groupEnterRing(prefix, metaKey, group)
   local ring = prefix .. "groups"
-  if not redis.call("ZSCORE", ring, group) then
+  if redis.pcall("ZSCORE", ring, group) == false then
     redis.call("ZADD", ring, groupCount(metaKey, "groupTurn", 1), group)
   end
 end
 
--- A ready job of `group` joins its group's list (at the front with `front`).
+-- A ready job of `group` joins its group's list (at the front with `front`);
+-- whether it could. A list another client made another type cannot take it:
+-- the job fails, saying why, rather than the script that made it ready
+-- raising halfway (a fetch, a batch of finishes, a sweep: other jobs' too).
 local function groupPush(prefix, metaKey, id, group, front)
-  redis.call(front and "RPUSH" or "LPUSH", prefix .. "group:" .. group, id)
+  local listKey = prefix .. "group:" .. group
+  if type(redis.pcall(front and "RPUSH" or "LPUSH", listKey, id)) ~= "number" then
+    moveToFailed(prefix, prefix .. "failed", id, "its group's list " .. listKey .. " holds a " ..
+      redis.call("TYPE", listKey)["ok"] .. ", not a list", redisNowMs())
+    return false
+  end
   redis.pcall("ZINCRBY", prefix .. "group-waiting", 1, group)
   groupCount(metaKey, "groupWaiting", 1)
   groupEnterRing(prefix, metaKey, group)
+  return true
 end
 
 -- One waiting job fewer in `group` (taken, cancelled or removed).
@@ -60,15 +79,18 @@ end
 
 -- Take a waiting job out of its group's list (a cancel, a removal); whether it was there.
 local function groupRemove(prefix, metaKey, id, group)
-  if redis.call("LREM", prefix .. "group:" .. group, 0, id) == 0 then return false end
+  local removed = redis.pcall("LREM", prefix .. "group:" .. group, 0, id)
+  if type(removed) ~= "number" or removed == 0 then return false end
   groupWaitingLess(prefix, metaKey, group)
   return true
 end
 
--- Job `id` of `group` starts: it counts against the group's cap until it leaves `active`.
+-- Job `id` of `group` starts: it counts against the group's cap until it
+-- leaves `active`. Whether `group-running` took it (false: the key is another
+-- client's of another type; groupRepair recounts the slot once it is gone).
 local function groupStarted(prefix, id, group)
   groupCount(prefix .. "group-active", group, 1)
-  redis.pcall("HSET", prefix .. "group-running", id, group)
+  return type(redis.pcall("HSET", prefix .. "group-running", id, group)) == "number"
 end
 
 -- Job `id` left `active` (any job: one without a group is not in `group-running`):
@@ -87,4 +109,59 @@ local function groupRelease(prefix, metaKey, id, markerKey)
     groupEnterRing(prefix, metaKey, group)
     if markerKey then redis.call("ZADD", markerKey, 0, "0") end
   end
+end
+
+-- The sweep's repair of what another client's writes left wrong in the
+-- bookkeeping (the scripts keep it exact otherwise; a key of another type
+-- stops the sweep before this runs): each group's count in `group-active`
+-- becomes what `group-running` holds of it, and a group with jobs in its list,
+-- none running and no turn in the ring (it left at a cap its count held wrong,
+-- or the ring was lost) takes a turn again. Returns a line for each repair.
+local function groupRepair(prefix, metaKey, markerKey)
+  local running, repairs = {}, {}
+  for _, raw in ipairs(redis.call("HVALS", prefix .. "group-running")) do
+    local group = groupOf(raw)
+    if group then running[group] = (running[group] or 0) + 1 end
+  end
+  local countKey, counted = prefix .. "group-active", {}
+  local stored = redis.call("HGETALL", countKey)
+  for i = 1, #stored, 2 do counted[stored[i]] = stored[i + 1] end
+  local recounted = {}
+  local function repaired(group, was, count)
+    recounted[group] = true
+    repairs[#repairs + 1] = "group " .. string.sub(group, 1, 200) .. ": group-active counted " ..
+      string.sub(was, 1, 40) .. " running, group-running names " .. count
+  end
+  for group, count in pairs(counted) do
+    if not running[group] then
+      redis.call("HDEL", countKey, group)
+      repaired(group, count, 0)
+    end
+  end
+  for group, count in pairs(running) do
+    if counted[group] ~= tostring(count) then
+      redis.call("HSET", countKey, group, count)
+      repaired(group, counted[group] or 0, count)
+    end
+  end
+  -- The groups with jobs waiting and no turn: those at their caps, and any the ring lost. Looked
+  -- for when the ring is the shorter (a member whose list emptied since its turn may hide one
+  -- until that turn comes: a sweep later, then).
+  local waitingKey, ring, entered, missing = prefix .. "group-waiting", prefix .. "groups", false, {}
+  if redis.call("ZCARD", ring) < redis.call("ZCARD", waitingKey) then
+    missing = redis.call("ZDIFF", 2, waitingKey, ring)
+  end
+  for _, group in ipairs(missing) do
+    local listed = not running[group] and groupOf(group) and redis.pcall("LLEN", prefix .. "group:" .. group)
+    if type(listed) == "number" and listed > 0 then
+      groupEnterRing(prefix, metaKey, group)
+      entered = true
+      if not recounted[group] then  -- (else it left the ring at the cap its count held wrong: said above)
+        repairs[#repairs + 1] = "group " .. group .. " had " .. listed .. " job(s) waiting and no turn in the " ..
+          "ring: it takes turns again"
+      end
+    end
+  end
+  if entered then redis.call("ZADD", markerKey, 0, "0") end
+  return repairs
 end

@@ -8,8 +8,8 @@ local function promoteDue(prefix, delayedKey, waitKey, pausedKey, metaKey, marke
   local due = redis.call("ZRANGEBYSCORE", delayedKey, "-inf", now, "LIMIT", 0, limit)
   for _, id in ipairs(due) do
     redis.call("ZREM", delayedKey, id)
+    emitEvent(prefix, "promoted", id)  -- (before a "failed" that pushReady may emit)
     pushReady(prefix, waitKey, pausedKey, metaKey, markerKey, prioritizedKey, id)
-    emitEvent(prefix, "promoted", id)
   end
   return #due
 end

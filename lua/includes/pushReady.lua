@@ -20,7 +20,8 @@ local function parsePriority(raw)
   return priority
 end
 
--- A job with a group goes to its group's list (includes/groups.lua).
+-- A job with a group goes to its group's list (includes/groups.lua), or to
+-- failed when that list is another client's key of another type.
 -- With `front`, the job goes ahead of the others of its priority instead of
 -- behind them (a job that gave way to a rate limit).
 local function pushReady(prefix, waitKey, pausedKey, metaKey, markerKey, prioritizedKey, id, front)
@@ -32,7 +33,8 @@ local function pushReady(prefix, waitKey, pausedKey, metaKey, markerKey, priorit
   local priority, group = parsePriority(raw[1]), groupOf(raw[2])
   local push = front and "RPUSH" or "LPUSH"  -- workers take from the right
   if group then
-    groupPush(prefix, metaKey, id, group, front)  -- paused or not: moveToActive takes nothing while paused
+    -- (paused or not: moveToActive takes nothing while paused)
+    if not groupPush(prefix, metaKey, id, group, front) then return end
   elseif priority ~= 0 then
     redis.call("ZADD", prioritizedKey, priorityScore(metaKey, priority, front), id)
   elseif paused then

@@ -10,7 +10,8 @@
 --   "ready"        to be pushed to wait/paused by the caller (one LPUSH for all)
 --   "prioritized"  already added to the prioritized set (it has a priority)
 --   "grouped"      already added to its group's list (it has a group)
---   "failed"       moved to failed (also when its hash is missing or malformed)
+--   "failed"       moved to failed (also when its hash is missing or malformed, or
+--                  its group's list is another client's key of another type)
 -- The caller takes the id out of `active`, `stalled` and the lock index.
 local function recoverJob(prefix, failedKey, metaKey, prioritizedKey, id, now, maxStalled, defaultAttempts)
   local jobKey = prefix .. id
@@ -52,8 +53,7 @@ local function recoverJob(prefix, failedKey, metaKey, prioritizedKey, id, now, m
   end
   emitEvent(prefix, "recovered", id, "atm", attemptsMade)
   if group then
-    groupPush(prefix, metaKey, id, group)
-    return "grouped"
+    return groupPush(prefix, metaKey, id, group) and "grouped" or "failed"
   end
   local priority = parsePriority(fields[4])
   if priority ~= 0 then
