@@ -64,6 +64,10 @@ CHILD = textwrap.dedent("""
             os.kill(os.getpid(), random.choice([signal.SIGTERM, signal.SIGINT]))
             time.sleep(random.random() * 0.003)
 
+    # The burst goes on after run_until_signalled returned: its handlers restored, a default
+    # one would kill this process (SIGTERM) or raise in it (SIGINT) before it reports.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda signum, frame: None)
     threading.Thread(target=burst, daemon=True).start()
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), signal.set_wakeup_fd(-1)
     started = time.monotonic()
@@ -139,3 +143,4 @@ def test_no_runner_returns_at_once_and_restores_the_handlers():
     before = signal.getsignal(signal.SIGTERM)
     assert run_until_signalled() == []
     assert signal.getsignal(signal.SIGTERM) is before
+
