@@ -144,3 +144,38 @@ def test_no_runner_returns_at_once_and_restores_the_handlers():
     assert run_until_signalled() == []
     assert signal.getsignal(signal.SIGTERM) is before
 
+
+# Found: signals.py _wait: it waited while a runner's thread was alive, and a thread sends its "returned"
+# byte before it ends: the main thread that read the byte could still find it alive and wait on
+# for a byte that never came (run() returning at once hung within a few hundred calls).
+INSTANT = textwrap.dedent("""
+    import sys
+    from echomq_django.core import run_until_signalled
+
+    class Instant:
+        def run(self):
+            return "ran"
+
+        def stop(self):
+            pass
+
+        def abort(self):
+            pass
+
+    for _ in range(int(sys.argv[1])):
+        assert run_until_signalled(Instant()) == ["ran"]
+    print("done", flush=True)
+""")
+
+
+@pytest.mark.slow
+def test_a_run_that_returns_at_once_never_leaves_it_waiting():
+    process = subprocess.Popen([sys.executable, "-c", INSTANT, "2000"], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = process.communicate(timeout=60)  # 2,000 calls take about a second
+    except subprocess.TimeoutExpired:
+        process.kill()  # SIGKILL: its SIGTERM would only be recorded
+        process.communicate()
+        pytest.fail("run_until_signalled waited on after its runner's run() had returned")
+    assert out == "done\n", err[-2000:]

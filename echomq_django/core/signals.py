@@ -54,6 +54,7 @@ def run_until_signalled(*runners: Runner, grace_s: float = SECOND_STOP_GRACE_S) 
         raise RuntimeError("run_until_signalled must be called on the main thread, where Python handles signals")
     results: list[Any] = [None] * len(runners)
     raised: list[BaseException] = []
+    returned: list[int] = []  # the runners whose run() has returned, noted before the byte that says so
     wake_read, wake_write = socket.socketpair()
     wake_write.setblocking(False)  # the interpreter's write from a signal must never block
 
@@ -63,6 +64,9 @@ def run_until_signalled(*runners: Runner, grace_s: float = SECOND_STOP_GRACE_S) 
         except BaseException as error:  # raised on the main thread below
             raised.append(error)
         finally:
+            # Noted first: the main thread that reads the byte may find this thread still alive
+            # (it is ending), and must not wait on for a byte that will not come.
+            returned.append(index)
             try:
                 wake_write.send(_RETURNED)
             except OSError:  # the helper returned already (after a second signal's grace)
@@ -75,7 +79,7 @@ def run_until_signalled(*runners: Runner, grace_s: float = SECOND_STOP_GRACE_S) 
     try:
         for thread in threads:
             thread.start()
-        _wait(threads, runners, wake_read, grace_s)
+        _wait(returned, runners, wake_read, grace_s)
     finally:
         signal.set_wakeup_fd(before_fd)
         for signum, handler in before.items():
@@ -87,11 +91,11 @@ def run_until_signalled(*runners: Runner, grace_s: float = SECOND_STOP_GRACE_S) 
     return results
 
 
-def _wait(threads: list[threading.Thread], runners: tuple[Runner, ...], wake: socket.socket, grace_s: float) -> None:
-    """Until the runners' threads have ended, or `grace_s` after a second signal: stop them, then abort them."""
+def _wait(returned: list[int], runners: tuple[Runner, ...], wake: socket.socket, grace_s: float) -> None:
+    """Until every run() has `returned`, or `grace_s` after a second signal: stop them, then abort them."""
     received = 0
     deadline: float | None = None
-    while any(thread.is_alive() for thread in threads):
+    while len(returned) < len(runners):
         timeout = None if deadline is None else deadline - time.monotonic()
         if timeout is not None and timeout <= 0:
             return
