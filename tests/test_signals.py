@@ -179,3 +179,49 @@ def test_a_run_that_returns_at_once_never_leaves_it_waiting():
         process.communicate()
         pytest.fail("run_until_signalled waited on after its runner's run() had returned")
     assert out == "done\n", err[-2000:]
+
+
+# Found: signals.py _wait: a stop() that raised went straight out of run_until_signalled: the runners
+# after it were never stopped, and the caller's exit killed their threads mid-job.
+RAISING_STOP = textwrap.dedent("""
+    import os, signal, threading
+    from echomq_django.core import run_until_signalled
+
+    class Runner:
+        def __init__(self, fails):
+            self.fails, self.started, self.stopping, self.calls = fails, threading.Event(), threading.Event(), []
+
+        def run(self):
+            self.started.set()
+            self.stopping.wait(30)
+            return "stopped" if self.stopping.is_set() else "never stopped"
+
+        def stop(self):
+            self.calls.append("stop")
+            self.stopping.set()
+            if self.fails:
+                raise LookupError("from stop")
+
+        def abort(self):
+            self.calls.append("abort")
+
+    runners = [Runner(fails=True), Runner(fails=False)]
+
+    def signal_once_running():  # their run() started: run_until_signalled's handler is in
+        for runner in runners:
+            runner.started.wait(30)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=signal_once_running, daemon=True).start()
+    try:
+        run_until_signalled(*runners)
+    except LookupError as error:
+        print("raised", error, flush=True)
+    print("calls", [runner.calls for runner in runners], flush=True)
+""")
+
+
+def test_a_stop_that_raises_still_stops_the_other_runners_and_is_raised_once_they_returned():
+    result = subprocess.run([sys.executable, "-c", RAISING_STOP], cwd=ROOT, capture_output=True, text=True,
+                            timeout=60)
+    assert result.stdout == "raised from stop\ncalls [['stop'], ['stop']]\n", result.stderr[-2000:]

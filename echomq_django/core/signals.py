@@ -46,8 +46,9 @@ def run_until_signalled(*runners: Runner, grace_s: float = SECOND_STOP_GRACE_S) 
     The first SIGINT or SIGTERM calls every runner's stop(), the second their
     abort(); `grace_s` after the second this returns even if some run() has
     not (a call waiting out a Redis outage would hold the exit for minutes),
-    leaving its daemon thread behind. What a run() raised is raised here once
-    every runner has returned. Call it on the main thread (Python handles
+    leaving its daemon thread behind. What a run() raised, or a stop() or an
+    abort() (the other runners are still told), is raised here once every
+    runner has returned. Call it on the main thread (Python handles
     signals there only); the handlers from before come back when it returns.
     """
     if threading.current_thread() is not threading.main_thread():
@@ -79,7 +80,7 @@ def run_until_signalled(*runners: Runner, grace_s: float = SECOND_STOP_GRACE_S) 
     try:
         for thread in threads:
             thread.start()
-        _wait(returned, runners, wake_read, grace_s)
+        _wait(returned, runners, wake_read, grace_s, raised)
     finally:
         signal.set_wakeup_fd(before_fd)
         for signum, handler in before.items():
@@ -91,7 +92,8 @@ def run_until_signalled(*runners: Runner, grace_s: float = SECOND_STOP_GRACE_S) 
     return results
 
 
-def _wait(returned: list[int], runners: tuple[Runner, ...], wake: socket.socket, grace_s: float) -> None:
+def _wait(returned: list[int], runners: tuple[Runner, ...], wake: socket.socket, grace_s: float,
+          raised: list[BaseException]) -> None:
     """Until every run() has `returned`, or `grace_s` after a second signal: stop them, then abort them."""
     received = 0
     deadline: float | None = None
@@ -105,10 +107,12 @@ def _wait(returned: list[int], runners: tuple[Runner, ...], wake: socket.socket,
             if byte == _RETURNED[0] or byte not in STOP_SIGNALS:
                 continue
             received += 1
+            if received > 2:
+                continue
             for runner in runners:
-                if received == 1:
-                    runner.stop()
-                elif received == 2:
-                    runner.abort()
+                try:
+                    runner.stop() if received == 1 else runner.abort()
+                except Exception as error:  # the others must still be told; raised once every run() returned
+                    raised.append(error)
             if received == 2:
                 deadline = time.monotonic() + grace_s
