@@ -10,6 +10,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -475,6 +476,30 @@ def test_a_thread_past_its_hard_limit_keeps_its_slot_taken_until_it_ends(queue, 
     joined = [int(entry.split(":")[0].removeprefix("start-")) for entry in records(queue) if entry.startswith("start-")]
     assert len(joined) == 2 * concurrency + 1 and max(joined) <= concurrency, records(queue)
     assert [queue.get_state(job_id) for job_id in hung] == ["completed"] * concurrency
+
+
+# Found: worker.py Worker._loop: a thread past its hard limit was taken off the jobs left to take
+# (max_jobs), not off the free slots: with a slot free, a worker one job short of its max_jobs took
+# nothing until the thread ended (for good, if it never does).
+def test_a_thread_past_its_hard_limit_holds_its_slot_not_the_jobs_left_to_take(queue, redis_url):
+    go, count = f"{queue.keys.prefix}:go", f"{queue.keys.prefix}:running"
+    hung = queue.add("counted", data(queue, redis_url, running=count, go=go, seconds=60),
+                     opts=JobOptions(attempts=1, time_limit_ms=300))
+    worker = make(queue, jobs.counted, pool="threads", concurrency=2)
+    processed: list[int] = []
+    run = threading.Thread(target=lambda: processed.append(worker.run(max_jobs=2)), daemon=True)
+    run.start()
+    try:
+        assert wait_until(lambda: queue.get_state(hung) == "failed", 15)
+        second = queue.add("counted", data(queue, redis_url, running=count), opts=JobOptions(attempts=1))
+        assert wait_until(lambda: queue.get_state(second) == "completed", 15), records(queue)
+        assert runs(queue, "end") == {second: 1}, "the second job waited for the hung thread"
+        run.join(15)
+        assert processed == [2]
+    finally:
+        queue.client.rpush(go, "go")
+        worker.stop()
+        run.join(15)
 
 
 def test_children_that_crash_exit_or_misbehave_fail_their_attempt_and_the_pool_goes_on(queue, redis_url):

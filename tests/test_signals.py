@@ -64,6 +64,10 @@ CHILD = textwrap.dedent("""
             os.kill(os.getpid(), random.choice([signal.SIGTERM, signal.SIGINT]))
             time.sleep(random.random() * 0.003)
 
+    # The burst goes on after run_until_signalled returned: its handlers restored, a default
+    # one would kill this process (SIGTERM) or raise in it (SIGINT) before it reports.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda signum, frame: None)
     threading.Thread(target=burst, daemon=True).start()
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), signal.set_wakeup_fd(-1)
     started = time.monotonic()
@@ -139,3 +143,85 @@ def test_no_runner_returns_at_once_and_restores_the_handlers():
     before = signal.getsignal(signal.SIGTERM)
     assert run_until_signalled() == []
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+# Found: signals.py _wait: it waited while a runner's thread was alive, and a thread sends its "returned"
+# byte before it ends: the main thread that read the byte could still find it alive and wait on
+# for a byte that never came (run() returning at once hung within a few hundred calls).
+INSTANT = textwrap.dedent("""
+    import sys
+    from echomq_django.core import run_until_signalled
+
+    class Instant:
+        def run(self):
+            return "ran"
+
+        def stop(self):
+            pass
+
+        def abort(self):
+            pass
+
+    for _ in range(int(sys.argv[1])):
+        assert run_until_signalled(Instant()) == ["ran"]
+    print("done", flush=True)
+""")
+
+
+@pytest.mark.slow
+def test_a_run_that_returns_at_once_never_leaves_it_waiting():
+    process = subprocess.Popen([sys.executable, "-c", INSTANT, "2000"], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = process.communicate(timeout=60)  # 2,000 calls take about a second
+    except subprocess.TimeoutExpired:
+        process.kill()  # SIGKILL: its SIGTERM would only be recorded
+        process.communicate()
+        pytest.fail("run_until_signalled waited on after its runner's run() had returned")
+    assert out == "done\n", err[-2000:]
+
+
+# Found: signals.py _wait: a stop() that raised went straight out of run_until_signalled: the runners
+# after it were never stopped, and the caller's exit killed their threads mid-job.
+RAISING_STOP = textwrap.dedent("""
+    import os, signal, threading
+    from echomq_django.core import run_until_signalled
+
+    class Runner:
+        def __init__(self, fails):
+            self.fails, self.started, self.stopping, self.calls = fails, threading.Event(), threading.Event(), []
+
+        def run(self):
+            self.started.set()
+            self.stopping.wait(30)
+            return "stopped" if self.stopping.is_set() else "never stopped"
+
+        def stop(self):
+            self.calls.append("stop")
+            self.stopping.set()
+            if self.fails:
+                raise LookupError("from stop")
+
+        def abort(self):
+            self.calls.append("abort")
+
+    runners = [Runner(fails=True), Runner(fails=False)]
+
+    def signal_once_running():  # their run() started: run_until_signalled's handler is in
+        for runner in runners:
+            runner.started.wait(30)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=signal_once_running, daemon=True).start()
+    try:
+        run_until_signalled(*runners)
+    except LookupError as error:
+        print("raised", error, flush=True)
+    print("calls", [runner.calls for runner in runners], flush=True)
+""")
+
+
+def test_a_stop_that_raises_still_stops_the_other_runners_and_is_raised_once_they_returned():
+    result = subprocess.run([sys.executable, "-c", RAISING_STOP], cwd=ROOT, capture_output=True, text=True,
+                            timeout=60)
+    assert result.stdout == "raised from stop\ncalls [['stop'], ['stop']]\n", result.stderr[-2000:]

@@ -90,8 +90,9 @@ def run_until_signalled(*runners: Runner, grace_s: float = SECOND_STOP_GRACE_S,
     The first SIGINT or SIGTERM calls every runner's stop(), the second their
     abort(); `grace_s` after the second this returns even if some run() has
     not (a call waiting out a Redis outage would hold the exit for minutes),
-    leaving its daemon thread behind. What a run() raised is raised here once
-    every runner has returned. Call it on the main thread (Python handles
+    leaving its daemon thread behind. What a run() raised, or a stop() or an
+    abort() (the other runners are still told), is raised here once every
+    runner has returned. Call it on the main thread (Python handles
     signals there only); the handlers from before come back when it returns.
     `recorded`: signals recorded since earlier (a command's start-up), acted on first.
     """
@@ -100,6 +101,7 @@ def run_until_signalled(*runners: Runner, grace_s: float = SECOND_STOP_GRACE_S,
             return run_until_signalled(*runners, grace_s=grace_s, recorded=own)
     results: list[Any] = [None] * len(runners)
     raised: list[BaseException] = []
+    returned: list[int] = []  # the runners whose run() has returned, noted before the byte that says so
 
     def run(index: int, runner: Runner) -> None:
         try:
@@ -107,34 +109,39 @@ def run_until_signalled(*runners: Runner, grace_s: float = SECOND_STOP_GRACE_S,
         except BaseException as error:  # raised on the main thread below
             raised.append(error)
         finally:
+            # Noted first: the main thread that reads the byte may find this thread still alive
+            # (it is ending), and must not wait on for a byte that will not come.
+            returned.append(index)
             recorded.returned()
 
     threads = [threading.Thread(target=run, args=(index, runner), name=f"echomq-{type(runner).__name__.lower()}",
                                 daemon=True) for index, runner in enumerate(runners)]
     for thread in threads:
         thread.start()
-    _wait(threads, runners, recorded, grace_s)
+    _wait(returned, runners, recorded, grace_s, raised)
     if raised:
         raise raised[0]
     return results
 
 
-def _wait(threads: list[threading.Thread], runners: tuple[Runner, ...], recorded: RecordedSignals,
-          grace_s: float) -> None:
-    """Until the runners' threads have ended, or `grace_s` after a second signal: stop them, then abort them."""
+def _wait(returned: list[int], runners: tuple[Runner, ...], recorded: RecordedSignals, grace_s: float,
+          raised: list[BaseException]) -> None:
+    """Until every run() has `returned`, or `grace_s` after a second signal: stop them, then abort them."""
     received = 0
     deadline: float | None = None
-    while any(thread.is_alive() for thread in threads):
+    while len(returned) < len(runners):
         timeout = None if deadline is None else deadline - time.monotonic()
         if timeout is not None and timeout <= 0:
             return
         for _ in recorded.wait(timeout):
             received += 1
+            if received > 2:
+                continue
             for runner in runners:
-                if received == 1:
-                    runner.stop()
-                elif received == 2:
-                    runner.abort()
+                try:
+                    runner.stop() if received == 1 else runner.abort()
+                except Exception as error:  # the others must still be told; raised once every run() returned
+                    raised.append(error)
             if received == 2:
                 deadline = time.monotonic() + grace_s
 

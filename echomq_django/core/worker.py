@@ -355,16 +355,16 @@ class Worker:
         while not self._aborted.is_set():
             if self._inline:
                 self._run_inline(ended)  # the job the last round trip took, if it took one
-            want = held = 0
+            want = free = 0
             if not self._stopping.is_set():
                 # Writing the ended jobs' results frees their slots in the same round trip.
-                want = self.concurrency - self._running + len(ended)
-                if max_jobs is not None:
-                    want = min(want, max_jobs - fetched)
-                held = min(self._abandoned.count, want)  # slots whose thread ran past its limit, still running
+                free = self.concurrency - self._running + len(ended)
+                want = free if max_jobs is None else min(free, max_jobs - fetched)
             if not want and not self._running and not ended and not self._unanswered_token:
                 break  # stopping, or max_jobs reached, and nothing left to write
-            want -= held  # (the thread's end wakes the loop: see _abandoned_changed)
+            # Not the jobs left to take (max_jobs) but the free slots are what a thread past its limit
+            # holds: its end wakes the loop (see _abandoned_changed).
+            want = max(min(want, free - self._abandoned.count), 0)
             wrote = bool(ended)
             got = 0
             if (want and not waited) or ended or self._unanswered_token:
