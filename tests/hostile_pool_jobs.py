@@ -101,7 +101,7 @@ def chatty_soft(job: Job) -> int:
     """In a child that has a background thread, log until the soft time limit, clean up and return.
 
     Many libraries start such a thread at import or setup; the thread only has
-    to exist. The job catches SoftTimeLimitExceeded, as the README shows.
+    to exist. The job catches SoftTimeLimitExceeded, as docs/execution.md shows.
     """
     if not any(thread.name == "hostile-background" for thread in threading.enumerate()):
         threading.Thread(target=_background, name="hostile-background", daemon=True).start()

@@ -51,7 +51,7 @@ def log_in(browser, live_server, next_url: str) -> None:
 
 
 def screenshot(browser, name: str, *, docs: bool = False) -> None:
-    """Save a screenshot under .artifacts/; with ECHOMQ_DOCS_SCREENSHOTS=1, the README's copy in docs/ too."""
+    """Save a screenshot under .artifacts/; with ECHOMQ_DOCS_SCREENSHOTS=1, docs/admin.md's copy in docs/ too."""
     SCREENSHOTS.mkdir(exist_ok=True)
     assert browser.save_screenshot(str(SCREENSHOTS / name))
     if docs and os.environ.get("ECHOMQ_DOCS_SCREENSHOTS") == "1":

@@ -1,4 +1,4 @@
-"""docs/protocol.md's tables, the README's layout and CONTRIBUTING's markers, held to the code they restate.
+"""docs/protocol.md's tables, the README's layout and links, CONTRIBUTING's markers, held to what they restate.
 
 The events table against the events the scripts emit, the job hash table
 against the fields the scripts write and core/job.py reads, and the meta row
@@ -257,3 +257,69 @@ def test_contributing_names_every_test_marker():
     contributing = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
     missing = [marker.split(":")[0] for marker in markers if f"`{marker.split(':')[0]}`" not in contributing]
     assert not missing, f"CONTRIBUTING.md does not describe the markers {missing}"
+
+
+# -- the README and the pages it links ----------------------------------------------
+
+README_MAX_LINES = 300
+DOC_FILES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+
+
+def anchors(path: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    seen: dict[str, int] = {}
+    found = set()
+    for heading in re.findall(r"^#{1,6} (.+)$", FENCE.sub("", path.read_text(encoding="utf-8")), re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        found.add(slug if count == 0 else f"{slug}-{count}")
+    return found
+
+
+def relative_links(path: Path) -> list[str]:
+    text = FENCE.sub("", path.read_text(encoding="utf-8"))
+    return [link for link in LINK.findall(text) if not re.match(r"[a-z][a-z+.-]*:", link)]
+
+
+def test_the_anchor_reader_follows_githubs_rule():
+    # Guards the rule above: were it wrong, every anchor below would be reported, or none.
+    performance = anchors(ROOT / "docs" / "performance.md")
+    assert "schedules-1000-schedules-under-1-3-and-10-schedulers-2026-12-02" in performance
+    assert "echomq-django-groups" in anchors(ROOT / "docs" / "protocol.md")
+    assert "settings" in anchors(ROOT / "docs" / "configuration.md")
+
+
+def test_the_readme_stays_short():
+    lines = len((ROOT / "README.md").read_text(encoding="utf-8").splitlines())
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines: move detail to a page under docs/"
+
+
+def test_the_readme_links_every_docs_page():
+    linked = {(ROOT / link.split("#")[0]).resolve() for link in relative_links(ROOT / "README.md")}
+    missing = [page.name for page in sorted((ROOT / "docs").glob("*.md")) if page.resolve() not in linked]
+    assert not missing, f"README.md links no {missing}"
+
+
+def test_every_relative_link_reaches_a_file_and_a_heading():
+    broken = []
+    for page in DOC_FILES:
+        for link in relative_links(page):
+            target, _, anchor = link.partition("#")
+            path = (page.parent / target).resolve() if target else page
+            if not path.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {link} (no such file)")
+            elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+                broken.append(f"{page.relative_to(ROOT)}: {link} (no such heading)")
+    assert not broken, "\n".join(broken)
+
+
+def test_every_file_the_docs_name_exists():
+    """Each test, benchmark, script or module named in backticks is still there (a placeholder, `NAME`, aside)."""
+    named = re.compile(r"`((?:tests|bench|lua|echomq_django|demo_project|docs)/[\w./-]+\.(?:py|lua|md|png))`")
+    missing = [f"{page.relative_to(ROOT)}: {path}" for page in DOC_FILES
+               for path in sorted(set(named.findall(page.read_text(encoding="utf-8"))))
+               if not (ROOT / path).exists() and not re.search(r"[A-Z]{3,}", path)]
+    assert not missing, missing

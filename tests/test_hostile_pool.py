@@ -623,9 +623,9 @@ def test_two_sigterms_to_the_command_kill_the_child_and_leave_no_process(queue, 
     assert queue.get_state(job_id) == "active", "left to its lock and the sweeper"
 
 
-# -- the README -----------------------------------------------------------------
+# -- docs/execution.md ----------------------------------------------------------
 
-def test_the_readme_example_settings_and_job_limits_are_valid():
+def test_the_docs_example_settings_and_job_limits_are_valid():
     from echomq_django.conf import parse_settings, time_limits_ms
 
     config, problems = parse_settings({"QUEUES": {

@@ -641,7 +641,7 @@ class Lines:
 @pytest.mark.parametrize("outage", ["frozen", "dead"])
 @pytest.mark.parametrize("signals", [[signal.SIGTERM], [signal.SIGINT, signal.SIGINT]], ids=["one", "two"])
 def test_a_beat_stops_promptly_during_a_redis_outage(subprocess_env, own_redis, outage, signals):
-    """One signal: it ends the try in progress (at most the call timeout); two: it exits at once (README)."""
+    """One signal: it ends the try in progress (at most the call timeout); two: it exits at once (the docs)."""
     beat = start_beat(subprocess_env, {"tick": {"TASK": TICK_TASK, "EVERY": 0.2}}, redis_url=own_redis.url)
     err = Lines(beat.stderr)
     try:

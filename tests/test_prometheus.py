@@ -133,14 +133,14 @@ def test_a_queue_with_a_broken_key_is_left_out_and_the_others_served(metrics_set
     assert not [key for key in samples(text) if ("queue", "broken") in key[1]]
 
 
-def test_the_readmes_table_lists_what_is_exposed(metrics_settings, queue):
+def test_the_admin_pages_table_lists_what_is_exposed(metrics_settings, queue):
     run_known_jobs(queue)  # so that every family has samples, the sweep age too
     exposed = {}
     for family in text_string_to_metric_families(scrape()):
         for sample in family.samples:
             exposed[sample.name] = (family.type, sorted(sample.labels))
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("\n### Prometheus\n", 1)[1].split("\n### ", 1)[0]
+    page = (Path(__file__).resolve().parents[1] / "docs" / "admin.md").read_text()
+    section = page.split("\n## Prometheus\n", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| `(echomq_\w+)` \| (\w+) \| ([^|]+) \| ([^|]+) \|$", section, re.MULTILINE)
     documented = {name: (kind, sorted(re.findall(r"`(\w+)`", labels))) for name, kind, labels, _ in rows}
     assert documented == exposed

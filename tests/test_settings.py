@@ -183,16 +183,16 @@ def test_the_project_passes_django_checks_and_has_every_migration(project_jobs_o
     call_command("makemigrations", "--check", "--dry-run", verbosity=0)
 
 
-def test_the_readmes_configuration_table_matches_the_defaults():
-    """Every key in the README's table with its default, and no other: the table restates conf.py."""
+def test_the_configuration_pages_table_matches_the_defaults():
+    """Every key in docs/configuration.md's table with its default, and no other: the table restates conf.py."""
     import ast
     import re
     from pathlib import Path
 
     from echomq_django.conf import QUEUE_DEFAULTS, TOP_LEVEL_DEFAULTS
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
+    page = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    section = page.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
     documented = {}
     for key, default in re.findall(r"^\| `([^`]+)` \| ([^|]+) \|", section, re.MULTILINE):
         queue_option = re.fullmatch(r'QUEUES\[name\]\["(\w+)"\]', key)

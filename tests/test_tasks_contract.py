@@ -4,7 +4,7 @@ The cases of Django's own Tasks tests (tests/tasks/) and of the reference
 database backend's tests (django-tasks-db), rewritten for echomq: every task
 that must run is run by the project's real worker (`echomq_worker --burst`)
 against the real Redis. The few places where echomq differs on purpose are
-the last tests here, and the README's Tasks section lists them.
+the last tests here, and docs/tasks.md lists them.
 """
 
 import dataclasses
