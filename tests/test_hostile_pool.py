@@ -502,6 +502,26 @@ def test_a_thread_past_its_hard_limit_holds_its_slot_not_the_jobs_left_to_take(q
         run.join(15)
 
 
+# Found: worker.py Worker._loop: with every slot held by a thread past its hard limit, a burst run
+# could not fetch, so it never saw the queue empty, and waited for the thread to end (for good, if never).
+def test_a_burst_run_whose_slots_are_all_held_by_threads_past_their_limit_leaves(queue, redis_url):
+    go, count = f"{queue.keys.prefix}:go", f"{queue.keys.prefix}:running"
+    hung = queue.add("counted", data(queue, redis_url, running=count, go=go, seconds=60),
+                     opts=JobOptions(attempts=1, time_limit_ms=300))
+    worker = make(queue, jobs.counted, pool="threads", concurrency=1)
+    processed: list[int] = []
+    run = threading.Thread(target=lambda: processed.append(worker.run(burst=True)), daemon=True)
+    run.start()
+    try:
+        run.join(30)
+        assert processed == [1], "the burst run waited for the thread past its limit"
+        assert queue.get_state(hung) == "failed"
+    finally:
+        queue.client.rpush(go, "go")
+        worker.stop()
+        run.join(15)
+
+
 def test_children_that_crash_exit_or_misbehave_fail_their_attempt_and_the_pool_goes_on(queue, redis_url):
     once = JobOptions(attempts=1)
     cases = {  # the job's name (jobs.by_name runs the handler of that name): handler, data, options, reason

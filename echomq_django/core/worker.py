@@ -379,8 +379,10 @@ class Worker:
                 held_s = self._held_back_ms / 1000 if self._held_back_ms > 0 else CAP_POLL_S
                 self._collect(ended, wait_s=held_s)
                 continue
-            if want and burst and not self._running and not self._unanswered_token:
-                break  # nothing is ready and nothing is running (nor a fetch whose reply is owed)
+            if burst and (want or free) and not self._running and not self._unanswered_token:
+                # Nothing is ready and nothing is running (nor a fetch whose reply is owed); or every free
+                # slot is held by a thread past its limit, which may never end: burst leaves it behind.
+                break
             if want and not burst and not self._running and not self._unanswered_token \
                     and self.scripts.waits_then_runs and (next_due is None or next_due > now_ms()):
                 # Nothing runs, so nothing can end meanwhile: the loop itself waits for work and
