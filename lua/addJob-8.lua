@@ -19,18 +19,18 @@
   KEYS[7] prioritized ZSET ready jobs with a priority
   KEYS[8] add:<token> STRING: this call's reply, JSON, when it generated ids
 
-  ARGV[1] key prefix of the queue, e.g. "emq:{default}:"
-  ARGV[2] timestamp, ms (the same for every job of the call)
-  ARGV[3] add token: unique to this call (a re-send carries the same one)
-  ARGV[4] how long the record of a call that generated ids is kept, ms
-  then seven values per job, in order:
-    id chosen by the caller, or "" to generate one (INCR KEYS[4])
-    name
-    data (JSON text)
-    opts (JSON text)
-    delay, ms (0 = ready now)
-    priority, -100..100 (0 = none; higher runs first)
-    group ("" = none): the job waits in its group's list (includes/groups.lua)
+  ARGV[1] prefix     key prefix of the queue, e.g. "emq:{default}:"
+  ARGV[2] timestamp  ms (the same for every job of the call)
+  ARGV[3] token      add token: unique to this call (a re-send carries the same one)
+  ARGV[4] record_ms  how long the record of a call that generated ids is kept, ms
+  then seven values per job, ARGV[n+1] to ARGV[n+7] with n = 4, 11, 18, ...:
+  ARGV[n+1] job_id    id chosen by the caller, or "" to generate one (INCR KEYS[4])
+  ARGV[n+2] name      the job's name
+  ARGV[n+3] data      JSON text
+  ARGV[n+4] opts      JSON text
+  ARGV[n+5] delay_ms  0 = ready now
+  ARGV[n+6] priority  MIN_PRIORITY..MAX_PRIORITY (0 = none; higher runs first)
+  ARGV[n+7] group     "" = none: the job waits in its group's list (includes/groups.lua)
 
   Returns {id1, added1, id2, added2, ...} in the order given: added is 1 when
   the job was created, 0 when a job with the caller's id already existed

@@ -8,10 +8,10 @@
   KEYS[1] <id>       HASH  the job
   KEYS[2] <id>:logs  LIST  its log lines, oldest first
 
-  ARGV[1] the attempt's lock token
-  ARGV[2] the line
-  ARGV[3] lines to keep at most (the oldest go)
-  ARGV[4] this call's id (unique per line)
+  ARGV[1] token    the attempt's lock token
+  ARGV[2] line     the line
+  ARGV[3] keep     lines to keep at most (the oldest go)
+  ARGV[4] call_id  this call's id (unique per line)
 
   Returns the number of lines kept after the append, 0 when the token does
   not own the job (nothing written), -1 when the job hash does not exist.

@@ -19,10 +19,10 @@
   KEYS[5] failed      ZSET
   KEYS[6] meta        HASH  (a group's counters: includes/groups.lua)
 
-  ARGV[1] key prefix of the queue
-  ARGV[2] job id
-  ARGV[3] reason, recorded as the job's failedReason
-  ARGV[4] now, ms
+  ARGV[1] prefix  key prefix of the queue
+  ARGV[2] job_id
+  ARGV[3] reason  recorded as the job's failedReason
+  ARGV[4] now     ms
 
   Returns
      1 cancelled (also to a re-send of the call that cancelled it)

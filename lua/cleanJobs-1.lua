@@ -5,9 +5,9 @@
 
   KEYS[1] <state>  ZSET: completed or failed, score = time finished (ms)
 
-  ARGV[1] key prefix of the queue
-  ARGV[2] cutoff, ms: jobs finished before it go
-  ARGV[3] how many at most (1..1000)
+  ARGV[1] prefix     key prefix of the queue
+  ARGV[2] cutoff_ms  jobs finished before it go
+  ARGV[3] limit      how many at most (1..1000)
 
   Returns the number of jobs deleted.
 ]]

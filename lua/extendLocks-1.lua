@@ -11,9 +11,11 @@
 
   KEYS[1] stalled   SET
 
-  ARGV[1] key prefix of the queue
-  ARGV[2] lock duration, ms
-  ARGV[3], ARGV[4]  job id, token  (repeated for each held job)
+  ARGV[1] prefix   key prefix of the queue
+  ARGV[2] lock_ms  lock duration, ms
+  then two values per held job, ARGV[n+1] to ARGV[n+2] with n = 2, 4, 6, ...:
+  ARGV[n+1] job_id
+  ARGV[n+2] token   the lock token it was fetched with
 
   Returns one code per pair, in order: 1 renewed; 2 renewed, and the job was
   cancelled (`cxl`, set by cancelJob): the worker is to stop it; 0 not

@@ -39,25 +39,25 @@
   KEYS[5] marker      ZSET
   KEYS[6] prioritized ZSET
 
-  ARGV[1] key prefix of the queue
-  ARGV[2] now, ms
-  ARGV[3] the tick's time, ms ("" = run now)
-  ARGV[4] the tick's job id
-  ARGV[5] job name
-  ARGV[6] data (JSON text)
-  ARGV[7] opts (JSON text)
-  ARGV[8] priority, -100..100 (0 = none)
-  ARGV[9] how late a tick may be and still fire when it is not caught up, ms
-  ARGV[10] 1 = catch up: fire the tick however late (it is the newest one due)
-  ARGV[11] 1 = skip the tick while the previous job has not finished
-  ARGV[12] deadline, ms by Redis's clock (TIME): a call that runs later (its
+  ARGV[1] prefix            key prefix of the queue
+  ARGV[2] now               ms
+  ARGV[3] tick              the tick's time, ms ("" = run now)
+  ARGV[4] job_id            the tick's job id
+  ARGV[5] name              job name
+  ARGV[6] data              JSON text
+  ARGV[7] opts              JSON text
+  ARGV[8] priority          MIN_PRIORITY..MAX_PRIORITY (0 = none)
+  ARGV[9] missed_after_ms   how late a tick may be and still fire when it is not caught up, ms
+  ARGV[10] catch_up         1 = fire the tick however late (it is the newest one due)
+  ARGV[11] skip_if_running  1 = skip the tick while the previous job has not finished
+  ARGV[12] deadline         ms by Redis's clock (TIME): a call that runs later (its
            sender's timeout, or the schedule's next tick, has passed) decides
-           nothing and answers "expired"; with one, a tick more than 2 s ahead
-           of Redis's clock answers "early", and a record tick that far ahead
-           (another host's clock, another client) does not hold a tick back.
-           0 = no deadline and no look at Redis's clock
-  ARGV[13] the job's group ("" = none): it waits in its group's list
-  ARGV[14] the newest tick decided on another queue (0 = none; see above)
+           nothing and answers "expired"; with one, a tick more than EARLY_MS
+           ahead of Redis's clock answers "early", and a record tick that far
+           ahead (another host's clock, another client) does not hold a tick
+           back. 0 = no deadline and no look at Redis's clock
+  ARGV[13] group            the job's group ("" = none): it waits in its group's list
+  ARGV[14] floor            the newest tick decided on another queue (0 = none; see above)
 
   Returns {outcome, job id, decided}: decided is 1 when this call decided
   the tick, 0 when an earlier call had (a re-send, or another scheduler);

@@ -12,7 +12,8 @@
   KEYS[8] failed       ZSET
   KEYS[9] meta         HASH  (`groupWaiting`: the jobs waiting in groups' lists)
 
-  ARGV[1..8] how to count each key: LLEN (a list), ZCARD (a sorted set) or SCARD (a set)
+  then one value per key of KEYS[1] to KEYS[8], ARGV[n+1] with n = 0, 1, 2, ...:
+  ARGV[n+1] command  how to count it: LLEN (a list), ZCARD (a sorted set) or SCARD (a set)
 
   The caller (Scripts.get_counts) names the keys and their commands from one
   list of states, core/keys.py's COUNTED, so the two cannot drift apart.

@@ -15,10 +15,10 @@
   KEYS[8] <id>        HASH  the job
   KEYS[9] <id>:logs   LIST  its log lines
 
-  ARGV[1] job id
-  ARGV[2] "state" for the state alone, else how many of the newest log
+  ARGV[1] job_id
+  ARGV[2] log_lines  "state" for the state alone, else how many of the newest log
           lines to return (-1: all)
-  ARGV[3] key prefix of the queue: a job with a group may wait in its
+  ARGV[3] prefix     key prefix of the queue: a job with a group may wait in its
           group's list (includes/groups.lua), named from the prefix
 
   A job waiting in its group's list is in state "wait".

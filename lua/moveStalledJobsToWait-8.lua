@@ -47,19 +47,19 @@
   KEYS[7] paused         LIST
   KEYS[8] marker         ZSET
 
-  ARGV[1] key prefix of the queue
-  ARGV[2] max_stalled_count: stalls a job may survive before it is failed
-  ARGV[3] now, ms
-  ARGV[4] sweep interval, ms: the gate's PX
-  ARGV[5] phase: "start", or the phase the previous call returned
-  ARGV[6] cursor the previous call returned (0 with "start")
-  ARGV[7] how many ids of `active` this call may examine
-  ARGV[8] default attempts (for jobs whose opts has no `attempts`)
-  ARGV[9] "1" = forced sweep: run whatever the gate says, and close the gate
+  ARGV[1] prefix             key prefix of the queue
+  ARGV[2] max_stalled_count  stalls a job may survive before it is failed
+  ARGV[3] now                ms
+  ARGV[4] interval_ms        sweep interval, ms: the gate's PX
+  ARGV[5] phase              "start", or the phase the previous call returned
+  ARGV[6] cursor             the cursor the previous call returned (0 with "start")
+  ARGV[7] budget             how many ids of `active` this call may examine
+  ARGV[8] default_attempts   for jobs whose opts has no `attempts`
+  ARGV[9] force              "1" = forced sweep: run whatever the gate says, and close the gate
           for a whole interval from now, so that no regular sweep follows it
           within the interval and recovers what this one just marked
-  ARGV[10] lock duration, ms: how long the hold after a gap in sweeping lasts
-  ARGV[11] minutes of per-minute metrics to keep (0 = keep no metrics): the
+  ARGV[10] lock_ms           lock duration, ms: how long the hold after a gap in sweeping lasts
+  ARGV[11] metrics_minutes   minutes of per-minute metrics to keep (0 = keep no metrics): the
           sweep that passes the gate samples how many jobs are waiting, and
           every call counts the jobs it recovered and failed
           (includes/metrics.lua)

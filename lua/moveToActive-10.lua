@@ -29,21 +29,21 @@
   KEYS[10] limiter  ZSET  (the rate limit's window: one member per start,
           `<token>#<id>`, scored by Redis's time of the start)
 
-  ARGV[1] key prefix of the queue
-  ARGV[2] worker token (also the lock value); a new one for every fetch
-  ARGV[3] lock duration, ms
-  ARGV[4] now, ms, or "" for Redis's clock (a fetch sent behind a blocking
+  ARGV[1] prefix             key prefix of the queue
+  ARGV[2] token              worker token (also the lock value); a new one for every fetch
+  ARGV[3] lock_ms            lock duration, ms
+  ARGV[4] now                ms, or "" for Redis's clock (a fetch sent behind a blocking
           wait runs later than it was sent)
-  ARGV[5] how many jobs to take at most
-  ARGV[6] worker id, recorded in the job as `wid` and appended to `wids`
+  ARGV[5] count              how many jobs to take at most
+  ARGV[6] worker_id          recorded in the job as `wid` and appended to `wids`
           (one entry per attempt started)
-  ARGV[7] minutes of per-minute metrics to keep (0 = keep no metrics); a
+  ARGV[7] metrics_minutes    minutes of per-minute metrics to keep (0 = keep no metrics); a
           job's first start counts its wait (includes/metrics.lua)
-  ARGV[8] rate limit: jobs that may start in any window of ARGV[9] ms
+  ARGV[8] rate_max           rate limit: jobs that may start in any window of ARGV[9] ms
           (0 = no limit), across every worker of the queue
-  ARGV[9] rate limit window, ms
-  ARGV[10] most jobs active at once, across every worker (0 = no cap)
-  ARGV[11] most jobs of one group active at once (0 = no cap)
+  ARGV[9] rate_window_ms     rate limit window, ms
+  ARGV[10] max_active        most jobs active at once, across every worker (0 = no cap)
+  ARGV[11] group_max_active  most jobs of one group active at once (0 = no cap)
 
   Flow control, decided here so it holds across any number of workers: while
   meta `limitedUntil` (set by a job that raised RateLimited) is ahead of
@@ -59,9 +59,9 @@
   A flow-control key another client broke (another type, a value no script
   writes) stops only what it belongs to, and the fetch says so in `broken`: a
   group's list, that group (it keeps its turn, so it goes on once the key is
-  deleted or a list again); `groups`, the jobs of groups; `group-active` when
-  ARGV[11] caps groups, the jobs of groups (a count that is no whole number
-  counts as 0); `limiter`, every job (a fetch looks again a window later).
+  deleted or a list again); `groups`, the jobs of groups; `group-active`
+  when ARGV[11] caps groups, the jobs of groups (a count that is no whole
+  number counts as 0); `limiter`, every job (a fetch looks again a window later).
   A start in `limiter` scored after Redis's clock counts until it is removed,
   but no wait the reply gives is longer than the window.
 

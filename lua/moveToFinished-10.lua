@@ -25,27 +25,27 @@
   KEYS[9] stalled    SET
   KEYS[10] prioritized ZSET
 
-  ARGV[1]  key prefix of the queue
-  ARGV[2]  now, ms
-  ARGV[3]  default attempts (used when opts has no `attempts`)
-  ARGV[4]  stack traces to keep per job
-  ARGV[5]  retention of `completed`: newest jobs to keep (-1 = all)
-  ARGV[6]  retention of `completed`: max age, ms (0 = any age)
-  ARGV[7]  retention of `failed`: newest jobs to keep (-1 = all)
-  ARGV[8]  retention of `failed`: max age, ms (0 = any age)
-  ARGV[9]  minutes of per-minute metrics to keep (0 = keep no metrics)
-  then eight values per attempt, in order:
-    job id
-    worker token
-    outcome: "completed", "failed", or "limited" (the job raised
+  ARGV[1] prefix                 key prefix of the queue
+  ARGV[2] now                    ms
+  ARGV[3] default_attempts       used when opts has no `attempts`
+  ARGV[4] keep_traces            stack traces to keep per job
+  ARGV[5] keep_completed_count   retention of `completed`: newest jobs to keep (-1 = all)
+  ARGV[6] keep_completed_age_ms  retention of `completed`: max age, ms (0 = any age)
+  ARGV[7] keep_failed_count      retention of `failed`: newest jobs to keep (-1 = all)
+  ARGV[8] keep_failed_age_ms     retention of `failed`: max age, ms (0 = any age)
+  ARGV[9] metrics_minutes        minutes of per-minute metrics to keep (0 = keep no metrics)
+  then eight values per attempt, ARGV[n+1] to ARGV[n+8] with n = 9, 17, 25, ...:
+  ARGV[n+1] job_id
+  ARGV[n+2] token        worker token
+  ARGV[n+3] outcome      "completed", "failed", or "limited" (the job raised
       RateLimited: back to the queue, no attempt used, the queue's fetching
       paused for the backoff below)
-    return value (JSON) when completed, failure reason when failed
-    stack trace text of this failure ("" for none)
-    backoff before a retry, ms (0 = retry at once); for "limited", the pause
-    "1" = the failure is final: no retry whatever attempts are left
-    dotted path of the exception class of this failure ("" for none),
-    appended to the JSON list `errc` beside the stack trace
+  ARGV[n+4] value        return value (JSON) when completed, failure reason when failed
+  ARGV[n+5] stacktrace   stack trace text of this failure ("" for none)
+  ARGV[n+6] backoff_ms   backoff before a retry, ms (0 = retry at once); for "limited", the pause
+  ARGV[n+7] final        "1" = the failure is final: no retry whatever attempts are left
+  ARGV[n+8] error_class  dotted path of the exception class of this failure ("" for none),
+      appended to the JSON list `errc` beside the stack trace
 
   Returns one code per attempt, in order:
      1 completed

@@ -11,7 +11,7 @@
   KEYS[4] marker   ZSET
   KEYS[5] prioritized ZSET (stays put: workers skip it while the queue is paused)
 
-  ARGV[1] "1" to pause, "0" to resume
+  ARGV[1] paused  "1" to pause, "0" to resume
 
   Returns the number of ready jobs moved.
 ]]

@@ -10,13 +10,14 @@
   KEYS[5] marker   ZSET
   KEYS[6] prioritized ZSET
 
-  ARGV[1] key prefix of the queue
-  ARGV[2] now, ms
-  ARGV[3] how many at most
-  ARGV[4] (optional) one job id: promote this job now, due or not, if it is
-          still delayed; nothing else moves. Its `due` becomes now (ARGV[2]),
-          so its wait counts from the promotion; a re-send of that call
-          (its reply lost) finds it and answers 1 again
+  ARGV[1] prefix  key prefix of the queue
+  ARGV[2] now     ms
+  ARGV[3] limit   how many at most
+  ARGV[4] job_id  "" (or left out) for every due job, else one job id: promote
+          this job now, due or not, if it is still delayed; nothing else
+          moves. Its `due` becomes now (ARGV[2]), so its wait counts from the
+          promotion; a re-send of that call (its reply lost) finds it and
+          answers 1 again
 
   Returns the number of jobs promoted.
 ]]
@@ -25,7 +26,7 @@
 -- @include "promoteDue"
 
 local prefix, id = ARGV[1], ARGV[4]
-if id then
+if id and id ~= "" then
   if redis.call("ZREM", KEYS[1], id) == 0 then
     -- A re-send of a call whose reply was lost finds the `due` it wrote: answer as it did.
     if redis.pcall("HGET", prefix .. id, "due") == ARGV[2] then return 1 end

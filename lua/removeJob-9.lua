@@ -13,9 +13,9 @@
   KEYS[8] prioritized ZSET
   KEYS[9] meta       HASH  (a group's counters: includes/groups.lua)
 
-  ARGV[1] key prefix of the queue
-  ARGV[2] job id
-  ARGV[3] "" to remove the job from whatever state it is in, or the index
+  ARGV[1] prefix     key prefix of the queue
+  ARGV[2] job_id
+  ARGV[3] only_from  "" to remove the job from whatever state it is in, or the index
           (4, 5 or 6) of the finished set it must still be in: the admin
           deletes a failed job only while it is failed
 

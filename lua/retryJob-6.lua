@@ -12,8 +12,8 @@
   KEYS[5] marker   ZSET
   KEYS[6] prioritized ZSET
 
-  ARGV[1] key prefix of the queue
-  ARGV[2] job id
+  ARGV[1] prefix  key prefix of the queue
+  ARGV[2] job_id
 
   Returns 1 when the job was moved, 0 when it is not in `failed`, -1 when its
   key holds no job hash or the id is a queue key's name (nothing could run it;

@@ -6,10 +6,10 @@
 
   KEYS[1] <id>  HASH  the job
 
-  ARGV[1] key prefix of the queue
-  ARGV[2] job id
-  ARGV[3] the attempt's lock token
-  ARGV[4] progress, JSON text (a number or any JSON value)
+  ARGV[1] prefix    key prefix of the queue
+  ARGV[2] job_id
+  ARGV[3] token     the attempt's lock token
+  ARGV[4] progress  JSON text (a number or any JSON value)
 
   Returns 1 written (and a "progress" event emitted), 0 the token does not
   own the job (nothing written), -1 the job hash does not exist.

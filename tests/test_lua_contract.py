@@ -1,14 +1,27 @@
 """The Lua/Python contract, read from the scripts instead of copied: each script's
-KEYS as its header lists them, the keys it builds from the prefix, its includes."""
+KEYS and ARGV as its header lists them, the keys it builds from the prefix, its includes."""
 
 import re
 
 import pytest
 
-from echomq_django.core.keys import DERIVED_KEYS, SCRIPT_KEYS, QueueKeys
+from echomq_django.core.keys import (
+    DERIVED_KEYS,
+    SCRIPT_ARGV,
+    SCRIPT_ARGV_EACH,
+    SCRIPT_KEYS,
+    QueueKeys,
+    script_argv,
+    script_argv_each,
+)
 from echomq_django.core.lua import script_names, script_source, scripts_dir
 
 HEADER_KEY = re.compile(r"^\s*KEYS\[(\d+)\]\s+(\S+)", re.MULTILINE)
+# "ARGV[i] name", the name followed by two spaces (then what it is) or by the line's end.
+HEADER_ARGV = re.compile(r"^\s*ARGV\[(\d+)\] ([a-z_]+)(?:  |$)", re.MULTILINE)
+HEADER_ARGV_EACH = re.compile(r"^\s*ARGV\[n\+(\d+)\] ([a-z_]+)(?:  |$)", re.MULTILINE)
+# The line that opens a header's repeated values: "... ARGV[n+1] to ARGV[n+8] with n = 9, 17, 25, ...:"
+HEADER_EACH_START = re.compile(r"ARGV\[n\+1\](?: to ARGV\[n\+(\d+)\])? with n = (\d+), (\d+), (\d+), \.\.\.:")
 BUILT_FROM_PREFIX = re.compile(r'prefix \.\. (?:"([^"]*)"|([A-Za-z_\[\]]+)(?: \.\. "([^"]*)")?)')
 
 
@@ -28,6 +41,57 @@ def test_the_header_lists_the_keys_the_wrappers_send(name):
     listed = HEADER_KEY.findall(header(name))
     assert [int(index) for index, _ in listed] == list(range(1, len(listed) + 1)), f"{name}: KEYS out of order"
     assert tuple(key for _, key in listed) == SCRIPT_KEYS[name]
+
+
+def test_every_script_has_its_argv_in_the_table():
+    assert set(SCRIPT_ARGV) == set(script_names())
+    assert set(SCRIPT_ARGV_EACH) <= set(SCRIPT_ARGV)
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPT_ARGV))
+def test_the_header_lists_the_argv_the_wrappers_send(name):
+    text = header(name)
+    fixed, each = HEADER_ARGV.findall(text), HEADER_ARGV_EACH.findall(text)
+    assert [int(index) for index, _ in fixed] == list(range(1, len(fixed) + 1)), f"{name}: ARGV out of order"
+    assert [int(index) for index, _ in each] == list(range(1, len(each) + 1)), f"{name}: ARGV[n+i] out of order"
+    assert tuple(argv for _, argv in fixed) == SCRIPT_ARGV[name]
+    assert tuple(argv for _, argv in each) == SCRIPT_ARGV_EACH.get(name, ())
+    starts = HEADER_EACH_START.findall(text)
+    if each:
+        [(last, *n)] = starts
+        width, first = len(each), len(fixed)
+        assert int(last or 1) == width and [int(i) for i in n] == [first, first + width, first + 2 * width], name
+    else:
+        assert not starts, name
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPT_ARGV))
+def test_the_script_reads_the_argv_its_header_lists(name):
+    """The body reads ARGV[i] only for a listed i, and a repeated part in steps of its width from its start."""
+    text = (scripts_dir() / f"{name}.lua").read_text()
+    body = "\n".join(line.split("--")[0] for line in text[text.index("]]") + 2:].splitlines())
+    fixed, each = SCRIPT_ARGV[name], SCRIPT_ARGV_EACH.get(name, ())
+    assert {int(i) for i in re.findall(r"ARGV\[(\d+)\]", body)} <= set(range(1, len(fixed) + 1)), name
+    loops = re.findall(r"for i = (\d+), #ARGV, (\d+) do", body)
+    offsets = {int(k) for k in re.findall(r"ARGV\[i \+ (\d+)\]", body)}
+    if not each:
+        assert not loops and not offsets and "ipairs(ARGV)" not in body, name
+    elif not fixed and len(each) == 1:
+        assert "ipairs(ARGV)" in body, name
+    else:
+        assert loops == [(str(len(fixed) + 1), str(len(each)))], name
+        assert offsets == set(range(1, len(each))), name
+
+
+def test_script_argv_orders_the_values_by_the_table_and_refuses_a_wrong_name():
+    assert script_argv("retryJob-6", job_id="j", prefix="p") == ["p", "j"]
+    assert script_argv_each("extendLocks-1", token="t", job_id="j") == ["j", "t"]
+    with pytest.raises(TypeError, match="missing job_id, unknown none"):
+        script_argv("retryJob-6", prefix="p")
+    with pytest.raises(TypeError, match="missing none, unknown jobid"):
+        script_argv("retryJob-6", prefix="p", job_id="j", jobid="j")
+    with pytest.raises(TypeError, match="missing job_id, unknown jobid"):
+        script_argv("retryJob-6", prefix="p", jobid="j")
 
 
 def test_the_table_names_the_same_keys_as_queue_keys():

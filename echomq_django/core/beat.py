@@ -28,7 +28,7 @@ from . import defaults
 from .connection import UNREACHABLE
 from .errors import EchoMQError, PayloadError
 from .job import MAX_DELAY_MS, JobOptions, encode_json
-from .keys import QueueKeys, validate_job_id, validate_job_name, validate_name
+from .keys import QueueKeys, script_argv, validate_job_id, validate_job_name, validate_name
 from .queue import now_ms
 from .scripts import Call, Scripts
 from .stopping import TwoStages
@@ -593,15 +593,15 @@ def fire_call(keys: QueueKeys, schedule: Schedule, now: int, tick: int | None, j
     """
     data = encode_json(schedule.data, f"data of schedule {schedule.name!r}", max_payload_bytes)
     if tick is None:
-        timing: list[Any] = ["", job_id, 0, 0]
+        timing: dict[str, Any] = {"tick": "", "job_id": job_id, "missed_after_ms": 0, "catch_up": 0}
     else:
         catch_up = schedule.catch_up and tick >= schedule.since_ms
-        timing = [tick, schedule.job_id(tick), schedule.missed_after_ms(tick), int(catch_up)]
-    tick_text, tick_job, missed_after, catch_up_flag = timing
-    return ("fireSchedule-6", keys.for_script("fireSchedule-6", name=schedule.name),
-            [keys.base, now, tick_text, tick_job, schedule.job_name, data, schedule.opts.encoded(),
-             schedule.opts.priority, missed_after, catch_up_flag, int(schedule.skip_if_running), deadline,
-             schedule.opts.group, floor])
+        timing = {"tick": tick, "job_id": schedule.job_id(tick), "missed_after_ms": schedule.missed_after_ms(tick),
+                  "catch_up": int(catch_up)}
+    return ("fireSchedule-6", keys.for_script("fireSchedule-6", name=schedule.name), script_argv(
+        "fireSchedule-6", prefix=keys.base, now=now, **timing, name=schedule.job_name, data=data,
+        opts=schedule.opts.encoded(), priority=schedule.opts.priority, skip_if_running=int(schedule.skip_if_running),
+        deadline=deadline, group=schedule.opts.group, floor=floor))
 
 
 def _firing(schedule: Schedule, tick: int | None, now: int, reply: list[Any]) -> Firing:

@@ -1,15 +1,17 @@
-"""Every Redis key name of the protocol: built here, or named here where a script builds it.
+"""Every Redis key name of the protocol, built here or named here where a script builds it; each script's ARGV.
 
 A script gets the keys it works on as KEYS, in the order SCRIPT_KEYS gives,
-and builds from the queue's prefix (its ARGV[1]) only the keys listed in
-DERIVED_KEYS. tests/test_lua_contract.py reads every script's header and
-source and holds both tables to them.
+and builds from the queue's prefix (its ARGV "prefix") only the keys listed in
+DERIVED_KEYS. Its other arguments come as ARGV, in the order SCRIPT_ARGV (and
+SCRIPT_ARGV_EACH, per job or lock) gives. tests/test_lua_contract.py reads
+every script's header and source and holds the tables to them.
 """
 
 import functools
 import re
 import unicodedata
 from dataclasses import dataclass
+from typing import Any
 
 from . import defaults
 from .errors import InvalidNameError
@@ -69,6 +71,38 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "retryJob-6": ("failed", "wait", "paused", "meta", "marker", "prioritized"),
     "updateProgress-1": ("<id>",),
 }
+# The ARGV of each script, in order, named as its header names them (`ARGV[i]
+# name`). A script that takes a list (jobs, locks) reads SCRIPT_ARGV_EACH's
+# values once per item after these (its header's `ARGV[n+i] name`). The
+# wrappers build ARGV from here with script_argv and script_argv_each.
+SCRIPT_ARGV: dict[str, tuple[str, ...]] = {
+    "addJob-8": ("prefix", "timestamp", "token", "record_ms"),
+    "addLog-2": ("token", "line", "keep", "call_id"),
+    "cancelJob-6": ("prefix", "job_id", "reason", "now"),
+    "cleanJobs-1": ("prefix", "cutoff_ms", "limit"),
+    "extendLocks-1": ("prefix", "lock_ms"),
+    "fireSchedule-6": ("prefix", "now", "tick", "job_id", "name", "data", "opts", "priority", "missed_after_ms",
+                       "catch_up", "skip_if_running", "deadline", "group", "floor"),
+    "getCounts-9": (),
+    "getJob-9": ("job_id", "log_lines", "prefix"),
+    "moveStalledJobsToWait-8": ("prefix", "max_stalled_count", "now", "interval_ms", "phase", "cursor", "budget",
+                                "default_attempts", "force", "lock_ms", "metrics_minutes"),
+    "moveToActive-10": ("prefix", "token", "lock_ms", "now", "count", "worker_id", "metrics_minutes", "rate_max",
+                        "rate_window_ms", "max_active", "group_max_active"),
+    "moveToFinished-10": ("prefix", "now", "default_attempts", "keep_traces", "keep_completed_count",
+                          "keep_completed_age_ms", "keep_failed_count", "keep_failed_age_ms", "metrics_minutes"),
+    "pauseQueue-5": ("paused",),
+    "promoteDelayed-6": ("prefix", "now", "limit", "job_id"),
+    "removeJob-9": ("prefix", "job_id", "only_from"),
+    "retryJob-6": ("prefix", "job_id"),
+    "updateProgress-1": ("prefix", "job_id", "token", "progress"),
+}
+SCRIPT_ARGV_EACH: dict[str, tuple[str, ...]] = {
+    "addJob-8": ("job_id", "name", "data", "opts", "delay_ms", "priority", "group"),
+    "extendLocks-1": ("job_id", "token"),
+    "getCounts-9": ("command",),
+    "moveToFinished-10": ("job_id", "token", "outcome", "value", "stacktrace", "backoff_ms", "final", "error_class"),
+}
 # The keys scripts build from the prefix instead, and why. All share the
 # queue's hash tag, so on a cluster they live in the slot of the KEYS.
 DERIVED_KEYS: dict[str, str] = {
@@ -97,6 +131,34 @@ RESERVED_IDS = frozenset(
      "stalled-check", "meta", "marker", "id", "events", "locks", "schedule", "limiter", "groups", "group-active",
      "group-waiting", "group-running"}
 )
+
+
+def script_argv(script: str, /, **values: Any) -> list[Any]:
+    """The ARGV of one call of `script`, each value named as SCRIPT_ARGV names it, in that order."""
+    names = SCRIPT_ARGV[script]
+    if len(values) == len(names):
+        try:
+            return [values[name] for name in names]
+        except KeyError:
+            pass
+    raise _wrong_argv(script, names, values)
+
+
+def script_argv_each(script: str, /, **values: Any) -> list[Any]:
+    """The ARGV of one item (a job, a lock) of a call of `script`, named as SCRIPT_ARGV_EACH names them."""
+    names = SCRIPT_ARGV_EACH[script]  # (the same as script_argv: a finish sends this once per job)
+    if len(values) == len(names):
+        try:
+            return [values[name] for name in names]
+        except KeyError:
+            pass
+    raise _wrong_argv(script, names, values)
+
+
+def _wrong_argv(script: str, names: tuple[str, ...], values: dict[str, Any]) -> TypeError:
+    missing, extra = [n for n in names if n not in values], [n for n in values if n not in names]
+    return TypeError(f"{script} takes the ARGV {', '.join(names) or '(none)'}: "
+                     f"missing {', '.join(missing) or 'none'}, unknown {', '.join(extra) or 'none'}")
 
 
 def is_name(value: str) -> bool:

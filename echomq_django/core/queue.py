@@ -12,7 +12,16 @@ from typing import Any, TypeVar
 from . import defaults
 from .errors import NotConfirmedError, QueueStateError
 from .job import Job, JobOptions, encode_json
-from .keys import LIST_STATES, STATES, QueueKeys, validate_job_id, validate_job_name, validate_name, validate_stored_id
+from .keys import (
+    LIST_STATES,
+    STATES,
+    QueueKeys,
+    script_argv_each,
+    validate_job_id,
+    validate_job_name,
+    validate_name,
+    validate_stored_id,
+)
 from .scripts import Confirm, Scripts, pairs
 
 T = TypeVar("T")
@@ -65,7 +74,8 @@ class Queue:
         job_id = "" if job.job_id is None else validate_job_id(job.job_id)
         opts = job.opts or self.default_opts
         data = encode_json(job.data, f"data of job {job.name!r}", self.max_payload_bytes)
-        return [job_id, job.name, data, opts.encoded(), opts.delay_ms, opts.priority, opts.group]
+        return script_argv_each("addJob-8", job_id=job_id, name=job.name, data=data, opts=opts.encoded(),
+                                delay_ms=opts.delay_ms, priority=opts.priority, group=opts.group)
 
     def add(
         self, name: str, data: Any = None, *, opts: JobOptions | None = None,

@@ -1,7 +1,8 @@
-"""One typed method per script: the arguments in the order the script reads them, its codes as exceptions.
+"""One typed method per script: its arguments named as the script names them, its codes as exceptions.
 
-Each script's KEYS come from core/keys.py's SCRIPT_KEYS; the calls go through
-ScriptClient (transport.py).
+Each script's KEYS come from core/keys.py's SCRIPT_KEYS and its ARGV from
+script_argv (SCRIPT_ARGV, in the order the script reads them); the calls go
+through ScriptClient (transport.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from . import defaults
 from .errors import JobLockedError, JobNotFoundError, LockLostError, QueueStateError
-from .keys import COUNTED, LIST_STATES, SCRIPT_KEYS, QueueKeys
+from .keys import COUNTED, LIST_STATES, SCRIPT_KEYS, QueueKeys, script_argv, script_argv_each
 from .transport import Call, Confirm, ScriptClient, Wait
 
 __all__ = ["ADD_RECORD_MS", "Call", "Confirm", "Finish", "Scripts", "Wait", "pairs"]
@@ -61,14 +62,14 @@ class Scripts(ScriptClient):
     """The protocol's scripts registered on one client, one typed method each."""
 
     def add_jobs_call(self, keys: QueueKeys, timestamp: int, jobs: Sequence[Sequence[Any]]) -> Call:
-        """The addJob call for jobs given as [id or "", name, data, opts, delay_ms, priority, group or ""].
+        """The addJob call for jobs given as their ARGV (script_argv_each("addJob-8", ...), see Queue).
 
         Its reply, read by `pairs`, is [(id, added), ...] in order. The call
         carries an add token of its own, so a re-send (after a lost reply)
         is answered with the first reply instead of adding the jobs again.
         """
         token = secrets.token_hex(16)
-        args: list[Any] = [keys.base, timestamp, token, ADD_RECORD_MS]
+        args = script_argv("addJob-8", prefix=keys.base, timestamp=timestamp, token=token, record_ms=ADD_RECORD_MS)
         for job in jobs:
             args += job
         return ("addJob-8", keys.for_script("addJob-8", token=token), args)
@@ -86,10 +87,11 @@ class Scripts(ScriptClient):
         cap) hold for the queue across all its workers. `now` None: Redis's
         clock (a fetch that runs after a wait, see `wait_then_run`).
         """
-        rate = (rate_limit.max, rate_limit.duration_ms) if rate_limit else (0, 0)
-        return ("moveToActive-10", keys.for_script("moveToActive-10", token=token),
-                [keys.base, token, lock_ms, "" if now is None else now, count, worker_id, metrics_minutes, *rate,
-                 max_active, group_max_active])
+        rate_max, rate_window_ms = (rate_limit.max, rate_limit.duration_ms) if rate_limit else (0, 0)
+        return ("moveToActive-10", keys.for_script("moveToActive-10", token=token), script_argv(
+            "moveToActive-10", prefix=keys.base, token=token, lock_ms=lock_ms, now="" if now is None else now,
+            count=count, worker_id=worker_id, metrics_minutes=metrics_minutes, rate_max=rate_max,
+            rate_window_ms=rate_window_ms, max_active=max_active, group_max_active=group_max_active))
 
     @staticmethod
     def fetched(reply: list[Any]) -> tuple[int | None, int, list[tuple[str, list[str]]]]:
@@ -114,9 +116,9 @@ class Scripts(ScriptClient):
 
         1 renewed, 2 renewed and cancelled (stop it), 0 already finished by that token, -1 not owned.
         """
-        args: list[Any] = [keys.base, lock_ms]
+        args = script_argv("extendLocks-1", prefix=keys.base, lock_ms=lock_ms)
         for job_id, token in held:
-            args += [job_id, token]
+            args += script_argv_each("extendLocks-1", job_id=job_id, token=token)
         return [int(code) for code in self._run("extendLocks-1", keys.for_script("extendLocks-1"), args)]
 
     def finish_call(
@@ -125,12 +127,16 @@ class Scripts(ScriptClient):
         keep_traces: int = 10, metrics_minutes: int = defaults.METRICS_MINUTES,
     ) -> Call:
         """The moveToFinished call that ends these attempts; retention as (count, age ms) per set."""
-        args: list[Any] = [keys.base, now, default_attempts, keep_traces, *keep_completed, *keep_failed,
-                           metrics_minutes]
+        args = script_argv(
+            "moveToFinished-10", prefix=keys.base, now=now, default_attempts=default_attempts,
+            keep_traces=keep_traces, keep_completed_count=keep_completed[0], keep_completed_age_ms=keep_completed[1],
+            keep_failed_count=keep_failed[0], keep_failed_age_ms=keep_failed[1], metrics_minutes=metrics_minutes)
         for a in attempts:
-            outcome = "completed" if a.completed else "limited" if a.rate_limited else "failed"
-            args += [a.job_id, a.token, outcome, _sendable(a.value), _sendable(a.stacktrace),
-                     a.backoff_ms, "1" if a.final else "0", _sendable(a.error_class)]
+            args += script_argv_each(
+                "moveToFinished-10", job_id=a.job_id, token=a.token,
+                outcome="completed" if a.completed else "limited" if a.rate_limited else "failed",
+                value=_sendable(a.value), stacktrace=_sendable(a.stacktrace), backoff_ms=a.backoff_ms,
+                final="1" if a.final else "0", error_class=_sendable(a.error_class))
         return ("moveToFinished-10", keys.for_script("moveToFinished-10"), args)
 
     @staticmethod
@@ -161,8 +167,10 @@ class Scripts(ScriptClient):
         """
         reply = self._run(
             "moveStalledJobsToWait-8", keys.for_script("moveStalledJobsToWait-8"),
-            [keys.base, max_stalled_count, now, interval_ms, phase, cursor, budget,
-             default_attempts, "1" if force else "0", lock_ms, metrics_minutes],
+            script_argv("moveStalledJobsToWait-8", prefix=keys.base, max_stalled_count=max_stalled_count, now=now,
+                        interval_ms=interval_ms, phase=phase, cursor=cursor, budget=budget,
+                        default_attempts=default_attempts, force="1" if force else "0", lock_ms=lock_ms,
+                        metrics_minutes=metrics_minutes),
         )
         return (reply[0], int(reply[1]), int(reply[2]), int(reply[3]), int(reply[4]), int(reply[5]), list(reply[6]))
 
@@ -171,7 +179,7 @@ class Scripts(ScriptClient):
 
         Its reply: 1 if it moved from `failed` to wait, 0 if it was not there, -1 if it has no job hash.
         """
-        return ("retryJob-6", keys.for_script("retryJob-6"), [keys.base, job_id])
+        return ("retryJob-6", keys.for_script("retryJob-6"), script_argv("retryJob-6", prefix=keys.base, job_id=job_id))
 
     def retry_job(self, keys: QueueKeys, job_id: str) -> int:
         """Move a job that is still in `failed` back to wait (codes as for `retry_call`)."""
@@ -188,7 +196,8 @@ class Scripts(ScriptClient):
             raise ValueError(f"only_from must be one of {', '.join(sets)}, not {only_from!r}")
         code = self._run(
             "removeJob-9", keys.for_script("removeJob-9"),
-            [keys.base, job_id, SCRIPT_KEYS["removeJob-9"].index(only_from) + 1 if only_from else ""],
+            script_argv("removeJob-9", prefix=keys.base, job_id=job_id,
+                        only_from=SCRIPT_KEYS["removeJob-9"].index(only_from) + 1 if only_from else ""),
         )
         if code == -3:
             raise JobLockedError(
@@ -201,26 +210,27 @@ class Scripts(ScriptClient):
         """Delete up to `limit` jobs of `state` ("completed" or "failed") finished before `cutoff_ms`."""
         if state not in ("completed", "failed"):
             raise ValueError(f"only completed or failed jobs are cleaned, not {state!r}")
-        return int(self._run("cleanJobs-1", keys.for_script("cleanJobs-1", state=state), [keys.base, cutoff_ms, limit]))
+        return int(self._run("cleanJobs-1", keys.for_script("cleanJobs-1", state=state),
+                             script_argv("cleanJobs-1", prefix=keys.base, cutoff_ms=cutoff_ms, limit=limit)))
 
     def pause(self, keys: QueueKeys, paused: bool) -> int:
         """Pause or resume the queue; returns how many ready jobs were moved."""
         return int(self._run(
             "pauseQueue-5", keys.for_script("pauseQueue-5"),
-            ["1" if paused else "0"],
+            script_argv("pauseQueue-5", paused="1" if paused else "0"),
         ))
 
     def promote_delayed(self, keys: QueueKeys, now: int, limit: int = 1000) -> int:
         """Move due delayed jobs to wait; returns how many."""
         return int(self._run(
             "promoteDelayed-6", keys.for_script("promoteDelayed-6"),
-            [keys.base, now, limit],
+            script_argv("promoteDelayed-6", prefix=keys.base, now=now, limit=limit, job_id=""),
         ))
 
     def promote_job(self, keys: QueueKeys, job_id: str, now: int) -> bool:
         """Make one delayed job ready now, due or not; False when it is not delayed (any more)."""
         return int(self._run("promoteDelayed-6", keys.for_script("promoteDelayed-6"),
-                             [keys.base, now, 1, job_id])) == 1
+                             script_argv("promoteDelayed-6", prefix=keys.base, now=now, limit=1, job_id=job_id))) == 1
 
     def cancel_job(self, keys: QueueKeys, job_id: str, reason: str, now: int) -> int:
         """Cancel a job with `reason` (see lua/cancelJob-6.lua).
@@ -228,7 +238,8 @@ class Scripts(ScriptClient):
         1 cancelled, 2 running and flagged for its worker to stop, 3 already
         finished, 0 no such job, -1 its key is no job hash.
         """
-        return int(self._run("cancelJob-6", keys.for_script("cancelJob-6"), [keys.base, job_id, reason, now]))
+        return int(self._run("cancelJob-6", keys.for_script("cancelJob-6"),
+                             script_argv("cancelJob-6", prefix=keys.base, job_id=job_id, reason=reason, now=now)))
 
     def update_progress(self, keys: QueueKeys, job_id: str, token: str, progress_json: str) -> int:
         """Record a running job's progress for the attempt holding `token`.
@@ -236,7 +247,8 @@ class Scripts(ScriptClient):
         1 written, 0 the token does not own the job (nothing written), -1 no such job.
         """
         return int(self._run("updateProgress-1", keys.for_script("updateProgress-1", id=job_id),
-                             [keys.base, job_id, token, progress_json]))
+                             script_argv("updateProgress-1", prefix=keys.base, job_id=job_id, token=token,
+                                         progress=progress_json)))
 
     def add_log(self, keys: QueueKeys, job_id: str, token: str, line: str, keep: int) -> int:
         """Append a line to a running job's log, keeping the newest `keep`.
@@ -247,7 +259,8 @@ class Scripts(ScriptClient):
 
     def log_call(self, keys: QueueKeys, job_id: str, token: str, line: str, keep: int) -> Call:
         """The addLog call for one line, with an id of its own: sent again, it appends nothing."""
-        return ("addLog-2", keys.for_script("addLog-2", id=job_id), [token, line, keep, uuid.uuid4().hex])
+        return ("addLog-2", keys.for_script("addLog-2", id=job_id),
+                script_argv("addLog-2", token=token, line=line, keep=keep, call_id=uuid.uuid4().hex))
 
     def read_job(
         self, keys: QueueKeys, job_id: str, log_lines: int,
@@ -257,12 +270,14 @@ class Scripts(ScriptClient):
         The hash is [] when there is none, None when its key holds another type.
         """
         state, fields, kept, lines = self._run(
-            "getJob-9", keys.for_script("getJob-9", id=job_id), [job_id, log_lines, keys.base])
+            "getJob-9", keys.for_script("getJob-9", id=job_id),
+            script_argv("getJob-9", job_id=job_id, log_lines=log_lines, prefix=keys.base))
         return state or None, None if fields is None else list(fields), int(kept), list(lines)
 
     def job_state(self, keys: QueueKeys, job_id: str) -> str | None:
         """Which state holds the job (one of STATES), or None; sorted sets are asked before lists are scanned."""
-        [state] = self._run("getJob-9", keys.for_script("getJob-9", id=job_id), [job_id, "state", keys.base])
+        [state] = self._run("getJob-9", keys.for_script("getJob-9", id=job_id),
+                            script_argv("getJob-9", job_id=job_id, log_lines="state", prefix=keys.base))
         return state or None
 
     def get_counts(self, keys: QueueKeys) -> dict[str, int]:
