@@ -36,6 +36,8 @@ from django.utils.module_loading import import_string
 
 from .conf import get_settings, own_time_limits_ms, settings_readable, unserved_queue
 from .core import (
+    MAX_PRIORITY,
+    MIN_PRIORITY,
     Backoff,
     InvalidNameError,
     Job,
@@ -129,7 +131,7 @@ class EchoMQBackend(BaseTaskBackend):
 
     def validate_task(self, task: Task) -> None:
         if isinstance(task.priority, bool):  # True == 1 passes Django's own check
-            raise InvalidTask("priority must be a whole number between -100 and 100, not a bool.")
+            raise InvalidTask(f"priority must be a whole number between {MIN_PRIORITY} and {MAX_PRIORITY}, not a bool.")
         super().validate_task(task)
         if task.run_after is not None:  # the job's delay has a limit (ten years): refuse it here, not at enqueue
             try:

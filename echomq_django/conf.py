@@ -102,8 +102,6 @@ QUEUE_DEFAULTS: dict[str, Any] = {
 }
 
 
-# The most minutes of metrics a queue keeps (the scripts keep no more, whatever they are asked).
-MAX_METRICS_MINUTES = 527_040
 # The most log lines a job may keep: at 10,000 characters a line, a job's log stays under 1 GB.
 MAX_LOG_LINES = 100_000
 # A metrics token shorter than this is easy to guess.
@@ -373,8 +371,9 @@ def _max_log_lines(value: Any, where: str, problems: list[Problem]) -> int | Non
 
 def _metrics_minutes(value: Any, where: str, problems: list[Problem]) -> int | None:
     minutes = _count(value, where, problems, minimum=0)
-    if minutes is not None and minutes > MAX_METRICS_MINUTES:
-        problems.append(Problem("echomq.E005", f"{where} must be at most {MAX_METRICS_MINUTES:,} (a year), "
+    if minutes is not None and minutes > defaults.MAX_METRICS_MINUTES:
+        # (the scripts keep no more, whatever they are asked)
+        problems.append(Problem("echomq.E005", f"{where} must be at most {defaults.MAX_METRICS_MINUTES:,} (a year), "
                                 f"not {minutes!r}.", "The default, 1440, keeps a day."))
         return None
     return minutes

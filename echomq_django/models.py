@@ -7,6 +7,8 @@ before it touches a row.
 
 from django.db import models
 
+from .core import MAX_PRIORITY, MIN_PRIORITY
+
 
 class JobRecord(models.Model):
     """One job of a failed or stalled set, as its hash was when last synced."""
@@ -137,7 +139,8 @@ class Schedule(models.Model):
                                              "Off: skip missed ticks.")
     skip_if_running = models.BooleanField(default=False,
                                           help_text="Skip a tick while the previous tick's job has not finished.")
-    priority = models.IntegerField(null=True, blank=True, help_text="-100..100; empty: the task's own.")
+    priority = models.IntegerField(null=True, blank=True,
+                                   help_text=f"{MIN_PRIORITY}..{MAX_PRIORITY}; empty: the task's own.")
     attempts = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: the task's or queue's own.")
     created_at = models.DateTimeField(auto_now_add=True)
     # Ticks before this are not caught up: re-enabling a schedule does not fire what it slept through.

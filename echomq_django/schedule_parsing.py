@@ -30,8 +30,10 @@ from django.dispatch import receiver
 from .conf import MAX_SECONDS, Problem, get_settings, own_time_limits_ms, settings_problems, unserved_queue
 from .core import (
     ALPHABET,
+    MAX_PRIORITY,
     MAX_SCHEDULE_NAME,
     MIN_EVERY_MS,
+    MIN_PRIORITY,
     InvalidNameError,
     JobOptions,
     PayloadError,
@@ -72,7 +74,7 @@ HINTS = {
     "KWARGS": "Use a dict of JSON values with string keys, e.g. {\"full\": true}.",
     "QUEUE": "Use a queue of ECHOMQ['QUEUES'], or leave it out for the task's own.",
     "TIMEZONE": "Use an IANA name such as 'Europe/Berlin' or 'UTC'.",
-    "PRIORITY": "Use a whole number from -100 to 100.",
+    "PRIORITY": f"Use a whole number from {MIN_PRIORITY} to {MAX_PRIORITY}.",
     "ATTEMPTS": "Use a whole number >= 1.",
     **{flag: "Use True or False." for flag in FLAGS},
 }
@@ -204,8 +206,9 @@ def _arguments(options: dict[str, Any], where: str, problem: Any) -> tuple[list[
 def _job_options(options: dict[str, Any], where: str, problem: Any) -> tuple[int | None, int | None]:
     priority, attempts = options["PRIORITY"], options["ATTEMPTS"]
     if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)
-                                 or not -100 <= priority <= 100):
-        problem("PRIORITY", f"{where}['PRIORITY'] must be a whole number from -100 to 100, not {priority!r}.")
+                                 or not MIN_PRIORITY <= priority <= MAX_PRIORITY):
+        problem("PRIORITY", f"{where}['PRIORITY'] must be a whole number from {MIN_PRIORITY} to {MAX_PRIORITY}, "
+                f"not {priority!r}.")
         priority = None
     if attempts is not None:
         try:

@@ -67,10 +67,10 @@
 ]]
 -- @include "emitEvent"
 -- @include "pushReady"
+-- @include "constants"
 
 local prefix, now = ARGV[1], tonumber(ARGV[2])
--- How far ahead of Redis's clock a tick or a record may be (hosts' clocks differ a little).
-local EARLY_MS = 2000
+-- EARLY_MS (constants): how far ahead of Redis's clock a tick or a record may be (hosts' clocks differ a little).
 
 local function addJob(id)
   local jobKey = prefix .. id

@@ -81,6 +81,7 @@
 -- @include "lockIndex"
 -- @include "metrics"
 -- @include "groups"
+-- @include "constants"
 
 local prefix, token, lockMs = ARGV[1], ARGV[2], ARGV[3]
 local now, limit, workerId = tonumber(ARGV[4]) or redisNowMs(), tonumber(ARGV[5]), ARGV[6]
@@ -130,8 +131,8 @@ end
 -- Flow control: how many jobs may start now.
 local startedAt = redisNowMs()
 local limitedUntil = tonumber(redis.call("HGET", KEYS[3], "limitedUntil") or "")
--- (a pause is a day at most: a longer one, or inf, is another client's value, not ours)
-if limitedUntil and limitedUntil > startedAt and limitedUntil <= startedAt + 86400000 then
+-- (a pause is MAX_PAUSE_MS at most: a longer one, or inf, is another client's value, not ours)
+if limitedUntil and limitedUntil > startedAt and limitedUntil <= startedAt + MAX_PAUSE_MS then
   result[2] = limitedUntil - startedAt
   return result
 end
@@ -165,7 +166,7 @@ end
 -- The next ready id, moved to `active`; nil when nothing is ready. Nothing
 -- else can add to `prioritized` during this script, so once it is found
 -- empty it is not looked at again.
-local PRIORITY_ZERO = 100 * 4294967296
+local PRIORITY_ZERO = MAX_PRIORITY * 4294967296  -- the score of priority 0 (pushReady's priorityScore)
 local locksKey, lapsesAt = prefix .. "locks", startedAt + tonumber(lockMs)
 local anyPrioritized = redis.call("EXISTS", KEYS[8]) == 1
 local function takeNext()

@@ -65,6 +65,7 @@
 -- @include "jobFields"
 -- @include "applyRetention"
 -- @include "metrics"
+-- @include "constants"
 
 local prefix, now = ARGV[1], tonumber(ARGV[2])
 local defaultAttempts, keepTraces = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -114,8 +115,8 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
     redis.call("HSET", jobKey, "ftk", token)
     local redisNow = redisNowMs()
     local untilMs, current = redisNow + backoffMs, tonumber(redis.call("HGET", KEYS[7], "limitedUntil") or "")
-    -- (a pause further than a day ahead, or inf, is not ours: moveToActive ignores it, and so does this)
-    if not current or untilMs > current or current > redisNow + 86400000 then
+    -- (a pause further than MAX_PAUSE_MS ahead, or inf, is not ours: moveToActive ignores it, and so does this)
+    if not current or untilMs > current or current > redisNow + MAX_PAUSE_MS then
       redis.call("HSET", KEYS[7], "limitedUntil", untilMs)
     end
     pushReady(prefix, KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[10], id, true)

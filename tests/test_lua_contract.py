@@ -14,7 +14,7 @@ from echomq_django.core.keys import (
     script_argv,
     script_argv_each,
 )
-from echomq_django.core.lua import script_names, script_source, scripts_dir
+from echomq_django.core.lua import CONSTANTS, script_names, script_source, scripts_dir
 
 HEADER_KEY = re.compile(r"^\s*KEYS\[(\d+)\]\s+(\S+)", re.MULTILINE)
 # "ARGV[i] name", the name followed by two spaces (then what it is) or by the line's end.
@@ -125,7 +125,7 @@ def test_an_include_is_spliced_once_even_when_named_twice():
 def test_the_scripts_know_the_same_reserved_ids_as_python():
     from echomq_django.core.keys import RESERVED_IDS
 
-    text = (scripts_dir() / "includes" / "jobKey.lua").read_text()
+    text = script_source("cleanJobs-1")  # jobKey, which names the generated include "reservedIds"
     listed = text[text.index("local RESERVED_IDS = {"):text.index("}\n", text.index("local RESERVED_IDS = {"))]
     assert set(re.findall(r'\["([a-z-]+)"\] = true', listed)) == RESERVED_IDS
 
@@ -139,7 +139,39 @@ def test_every_name_of_a_queue_key_is_refused_as_a_job_id():
 
 
 def test_the_scheduler_and_fire_schedule_allow_a_record_as_far_ahead_of_redis():
-    from echomq_django.core.beat import EARLY_MS
+    from echomq_django.core.defaults import EARLY_MS
 
     [in_lua] = re.findall(r"^local EARLY_MS = (\d+)$", script_source("fireSchedule-6"), re.MULTILINE)
     assert int(in_lua) == EARLY_MS
+
+
+def code_of(lua: str) -> str:
+    """Lua text without its comments."""
+    return "\n".join(line.split("--")[0] for line in re.sub(r"--\[\[.*?\]\]", "", lua, flags=re.DOTALL).splitlines())
+
+
+# A number a script may write out although a bound has the same value: another fact, by chance.
+NOT_A_COPY = {("moveToActive-10.lua", 86_400_000)}  # the fetch record's lifetime, a day (MAX_PAUSE_MS too)
+
+
+def test_the_scripts_take_the_shared_bounds_from_python_and_copy_none():
+    """A bound both sides hold a number to (a priority, attempts, a pause...) reaches the scripts from Python."""
+    for path in [*scripts_dir().glob("*.lua"), *(scripts_dir() / "includes").glob("*.lua")]:
+        code = code_of(path.read_text())
+        for name, value in CONSTANTS.items():
+            assert not re.search(rf"\blocal {name}\b", code), f"{path.name} defines {name} itself"
+            # Small numbers (15, 100) are too common to tell; a large one written out is a copy.
+            if abs(value) >= 1000 and (path.name, abs(value)) not in NOT_A_COPY:
+                assert not re.search(rf"(?<![\w.]){abs(value)}(?![\w.])", code), f"{path.name} writes out {name}"
+    for name in script_names():
+        source = script_source(name)
+        for limit, value in CONSTANTS.items():
+            if re.search(rf"\b{limit}\b", code_of(source)):
+                assert f"local {limit} = {value}\n" in source, f"{name} uses {limit} without the include \"constants\""
+
+
+def test_the_scripts_count_the_all_time_totals_python_reads():
+    from echomq_django.core.metrics import TOTALS
+
+    [listed] = re.findall(r"^local TOTAL_FIELDS = \{(.*)\}$", script_source("moveToFinished-10"), re.MULTILINE)
+    assert set(re.findall(r"(\w+) = true", listed)) == set(TOTALS)

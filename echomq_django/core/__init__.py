@@ -51,7 +51,18 @@ from .inspection import (
     inspect_jobs,
     read_jobs,
 )
-from .job import MAX_DELAY_MS, Backoff, Job, JobOptions, TooDeep, datetime_from_ms, encode_json, log_line
+from .job import (
+    MAX_DELAY_MS,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    Backoff,
+    Job,
+    JobOptions,
+    TooDeep,
+    datetime_from_ms,
+    encode_json,
+    log_line,
+)
 from .keys import ALPHABET, COUNTED, STATES, QueueKeys, validate_job_id, validate_name, validate_stored_id
 from .metrics import Minute, oldest_waiting_age_ms, recent_minutes, totals
 from .pool import POOLS, Handler, class_path
@@ -63,7 +74,8 @@ from .worker import Retention, Worker, abandoned_threads
 
 __all__ = [
     "ALPHABET", "BROWSABLE", "MAX_SCHEDULE_NAME", "MIN_EVERY_MS", "COUNTED", "DEFAULT_REDIS_URL", "MAX_DELAY_MS",
-    "MAX_RATE_WINDOW_MS", "POOLS", "STATES", "UNREACHABLE", "Backoff", "Beat", "Cancel", "Confirm", "Firing",
+    "MAX_PRIORITY", "MIN_PRIORITY", "MAX_RATE_WINDOW_MS", "POOLS", "STATES", "UNREACHABLE", "Backoff", "Beat", "Cancel",
+    "Confirm", "Firing",
     "Record", "Schedule", "ScheduleError", "check_cron", "read_records", "run_now", "seconds_text", "transient",
     "zone", "EchoMQError", "Entry", "Handler", "InvalidNameError", "Job", "JobCancelled", "JobLockedError",
     "JobNotFoundError", "JobOptions", "LiveJob", "LockLostError", "Minute", "NewJob", "NotConfirmedError", "Page",

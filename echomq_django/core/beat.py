@@ -53,8 +53,6 @@ TRANSIENT = (*UNREACHABLE, ReadOnlyError, TryAgainError, ClusterDownError, OutOf
 TRANSIENT_REPLIES = ("NOREPLICAS", "MISCONF", "BUSY")
 # Steps through a cron expression's times before giving up (a repeated hour needs two).
 MAX_STEPS = 8
-# How far ahead of Redis's clock a record's tick may be and still count (fireSchedule's EARLY_MS).
-EARLY_MS = 2000
 # A host clock that moves this far from the monotonic clock between two looks was stepped (NTP, a
 # restored VM): Redis's clock is measured again rather than followed from the old offset.
 CLOCK_STEP_MS = 500
@@ -339,7 +337,7 @@ class Beat:
                 if transient(reply):
                     raise reply
                 logger.error("schedule %s: its record on queue %s cannot be read (%s)", name, queue, reply)
-            elif reply is not None and str(reply).isdigit() and int(reply) <= now + EARLY_MS:
+            elif reply is not None and str(reply).isdigit() and int(reply) <= now + defaults.EARLY_MS:
                 floors[name] = max(floors[name], int(reply))
         for name in names:
             schedule = self.schedules[name]

@@ -1,6 +1,6 @@
-"""The runtime's defaults, each defined once.
+"""The runtime's defaults, each defined once, and the time bounds the scripts share.
 
-The classes use them as their keyword defaults, and the Django settings
+The classes use the defaults as their keyword defaults, and the Django settings
 (echomq_django/conf.py) fall back to them, so a value left out means the same
 thing whichever way the runtime is built. Durations are in milliseconds.
 """
@@ -17,3 +17,8 @@ KEEP_COMPLETED_COUNT = 1000  # completed jobs kept per queue (None: all)
 CONFIRM_TIMEOUT_MS = 1000  # how long WAIT waits for the replicas of a confirmed write
 METRICS_MINUTES = 1440  # minutes of per-minute metrics a queue keeps (0: none, and no all-time counters)
 MAX_LOG_LINES = 1000  # log lines a job keeps; the oldest go first
+
+# Bounds, not defaults: the scripts get them from here (core/lua.py's generated
+# include "constants"), so the two sides hold a value to the same bound.
+MAX_METRICS_MINUTES = 527_040  # a year: the most minutes of metrics a queue keeps, whatever it is asked
+EARLY_MS = 2000  # how far ahead of Redis's clock a schedule's tick may be and still count (fireSchedule)

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .job import MAX_ATTEMPTS, datetime_from_ms
+from .job import MAX_ATTEMPTS, MAX_COUNTER_CHARS, MAX_PRIORITY, MIN_PRIORITY, datetime_from_ms
 from .keys import is_name
 from .queue import JobRead, Queue, now_ms, read_jobs
 
@@ -45,9 +45,8 @@ CHECKED_KEY_TYPES = (("active", "list"), ("wait", "list"), ("paused", "list"), (
                      ("failed", "zset"), ("meta", "hash"), ("marker", "zset"), ("prioritized", "zset"),
                      ("locks", "zset"), ("events", "stream"), ("groups", "zset"), ("group_active", "hash"),
                      ("group_waiting", "zset"), ("group_running", "hash"))
-# parseCounter: plain decimal integers only, at most 15 characters (what HINCRBY takes).
+# parseCounter: plain decimal integers only, at most MAX_COUNTER_CHARS characters.
 _COUNTER = re.compile(r"-?[0-9]+")
-_MAX_COUNTER_LENGTH = 15
 
 
 @dataclass(frozen=True)
@@ -86,7 +85,7 @@ def _counter(raw: str | None, field: str) -> tuple[int | None, str | None]:
     """parseCounter: (value, None), or (None, reason) for a field the script refuses."""
     if raw is None:
         return 0, None
-    if not _COUNTER.fullmatch(raw) or len(raw) > _MAX_COUNTER_LENGTH:
+    if not _COUNTER.fullmatch(raw) or len(raw) > MAX_COUNTER_CHARS:
         return None, f"job field {field} is not an integer: {raw[:40]}"
     return int(raw), None
 
@@ -118,7 +117,7 @@ def _priority(raw: str | None) -> int:
     if raw is None or not _COUNTER.fullmatch(raw):
         return 0
     priority = int(raw)
-    return priority if -100 <= priority <= 100 else 0
+    return priority if MIN_PRIORITY <= priority <= MAX_PRIORITY else 0
 
 
 def next_sweep_verdict(probe: JobProbe, *, max_stalled_count: int, default_attempts: int) -> SweepVerdict:

@@ -13,11 +13,15 @@ from . import defaults
 from .errors import InvalidNameError, PayloadError, SoftTimeLimitExceeded
 from .keys import validate_name
 
-# The bounds of the numbers a job may carry. The Lua scripts check attempts
-# against the same bound (MAX_ATTEMPTS in lua/includes/jobFields.lua), so a
-# value one side refuses is never used by the other.
+# The bounds of the numbers a job may carry. The Lua scripts get them from
+# here (core/lua.py's generated include "constants"), so a value one side refuses
+# is never used by the other.
 MAX_ATTEMPTS = 1_000_000
+MIN_PRIORITY, MAX_PRIORITY = -100, 100  # higher runs first
 MAX_DELAY_MS = 10 * 365 * 86_400_000  # ten years: any delay or backoff, exact in a double
+# A counter field of a job hash (atm, stc) counts only as plain decimal digits
+# of at most this many characters: exact in a Lua number, and what HINCRBY takes.
+MAX_COUNTER_CHARS = 15
 # Deeper JSON than this is refused at enqueue: SQLite's JSON functions (the
 # admin's mirror) stop at 1,000 levels, Python's decoder near its recursion
 # limit, and no real payload comes close.
@@ -81,7 +85,7 @@ class JobOptions:
     attempts: int = defaults.ATTEMPTS
     backoff: Backoff = field(default_factory=Backoff)
     delay_ms: int = 0
-    priority: int = 0  # -100..100; higher runs first
+    priority: int = 0  # MIN_PRIORITY..MAX_PRIORITY; higher runs first
     # A job's own time limits (0: the worker's, from its queue's settings); see worker.py.
     time_limit_ms: int = 0
     soft_time_limit_ms: int = 0
@@ -92,7 +96,7 @@ class JobOptions:
     def __post_init__(self) -> None:
         # Checked here, for every way options are made; an integral float (3.0, from JSON) becomes an int.
         object.__setattr__(self, "attempts", whole_number(self.attempts, "attempts", 1, MAX_ATTEMPTS))
-        object.__setattr__(self, "priority", whole_number(self.priority, "priority", -100, 100))
+        object.__setattr__(self, "priority", whole_number(self.priority, "priority", MIN_PRIORITY, MAX_PRIORITY))
         object.__setattr__(self, "delay_ms", whole_number(self.delay_ms, "delay (ms)", 0, MAX_DELAY_MS))
         hard = whole_number(self.time_limit_ms, "time limit (ms)", 0, MAX_DELAY_MS)
         soft = whole_number(self.soft_time_limit_ms, "soft time limit (ms)", 0, MAX_DELAY_MS)

@@ -17,6 +17,8 @@ from . import defaults
 from .errors import InvalidNameError
 
 MAX_NAME_LENGTH = 128
+# A metrics key holds one minute: metrics:<minute>, minute = ms // MINUTE_MS (the scripts get it from here).
+MINUTE_MS = 60_000
 
 # Names become Redis keys and admin URL path segments, so they are kept to an
 # alphabet that means the same thing in both and looks the same to everyone:
@@ -366,7 +368,7 @@ class QueueKeys:
         return self.base + job_id + ":logs"
 
     def metrics_minute(self, minute: int) -> str:
-        """One minute of metrics (HASH), `minute` counted from the epoch; see lua/includes/metrics.lua."""
+        """One minute of metrics (HASH), `minute` = ms // MINUTE_MS; see lua/includes/metrics.lua."""
         return f"{self.base}metrics:{minute}"
 
     @property

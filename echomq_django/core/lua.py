@@ -16,9 +16,27 @@ import importlib.resources
 import re
 from pathlib import Path
 
-from .keys import MAX_NAME_LENGTH, NAME_FIRST, NAME_REST
+from . import defaults
+from .errors import MAX_RETRY_AFTER_S
+from .job import MAX_ATTEMPTS, MAX_COUNTER_CHARS, MAX_DELAY_MS, MAX_PRIORITY, MIN_PRIORITY
+from .keys import MAX_NAME_LENGTH, MINUTE_MS, NAME_FIRST, NAME_REST, RESERVED_IDS
 
 _INCLUDE = re.compile(r'^-- @include "([A-Za-z]+)"$', re.MULTILINE)
+
+# The numbers the scripts share with the Python side, each named as that side
+# names it (but MAX_PAUSE_MS, errors.py's MAX_RETRY_AFTER_S in ms: the longest
+# RateLimited pause of a queue that moveToActive honours).
+CONSTANTS = {
+    "MIN_PRIORITY": MIN_PRIORITY,
+    "MAX_PRIORITY": MAX_PRIORITY,
+    "MAX_ATTEMPTS": MAX_ATTEMPTS,
+    "MAX_COUNTER_CHARS": MAX_COUNTER_CHARS,
+    "MAX_DELAY_MS": MAX_DELAY_MS,
+    "MAX_PAUSE_MS": MAX_RETRY_AFTER_S * 1000,
+    "MAX_METRICS_MINUTES": defaults.MAX_METRICS_MINUTES,
+    "EARLY_MS": defaults.EARLY_MS,
+    "MINUTE_MS": MINUTE_MS,
+}
 
 # Includes written here rather than read from a file: facts the scripts share
 # with the Python side, defined once on that side. Constants, so a script's
@@ -27,6 +45,10 @@ GENERATED_INCLUDES = {
     # What may be a name: keys.py's rule, as a Lua pattern (groupOf in includes/groups.lua).
     "names": (f'local NAME_PATTERN = "^[{NAME_FIRST}][{NAME_REST}]*$"\n'
               f"local MAX_NAME_LENGTH = {MAX_NAME_LENGTH}\n"),
+    # The ids that are a queue key's name, not a job's: keys.py's RESERVED_IDS (jobKey in includes/jobKey.lua).
+    "reservedIds": "local RESERVED_IDS = {\n" + "".join(f'  ["{name}"] = true,\n' for name in sorted(RESERVED_IDS))
+                   + "}\n",
+    "constants": "".join(f"local {name} = {value}\n" for name, value in CONSTANTS.items()),
 }
 
 

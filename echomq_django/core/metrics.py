@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .keys import MINUTE_MS
 from .queue import Queue, now_ms
 
-MINUTE_MS = 60_000
 # The all-time counters (QueueKeys.metrics_total).
 TOTALS = ("completed", "failed", "retried", "recovered")
 

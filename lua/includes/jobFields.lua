@@ -1,4 +1,5 @@
 -- @include "emitEvent"
+-- @include "constants"
 
 -- Readers for the job hash fields that scripts decide on. They never raise: a
 -- malformed field comes back as nil plus a reason, so the caller can fail that
@@ -6,11 +7,12 @@
 -- (Redis keeps the writes a script made before an error).
 
 -- An integer counter field (atm, ats, stc) from its raw HGET/HMGET value; a
--- missing field counts as 0. Only plain decimal integers pass, exactly what
--- HINCRBY accepts ("1.0", "0x10" or "1e3" would make it fail mid-script).
+-- missing field counts as 0. Only plain decimal integers of at most
+-- MAX_COUNTER_CHARS characters pass: exact in a Lua number, and what HINCRBY
+-- accepts ("1.0", "0x10" or "1e3" would make it fail mid-script).
 local function parseCounter(raw, field)
   if not raw then return 0 end
-  if not string.match(raw, "^%-?%d+$") or #raw > 15 then
+  if not string.match(raw, "^%-?%d+$") or #raw > MAX_COUNTER_CHARS then
     return nil, "job field " .. field .. " is not an integer: " .. string.sub(raw, 1, 40)
   end
   return tonumber(raw)
@@ -34,7 +36,6 @@ end
 -- to MAX_ATTEMPTS counts, the same rule as the Python side's (job.py), so
 -- 1e999 or "3" fails the job instead of retrying it forever. Jobs of one kind
 -- share their opts text, so each text is decoded once per call.
-local MAX_ATTEMPTS = 1000000
 local maxAttemptsByOpts = {}
 local function parseMaxAttempts(raw, defaultAttempts)
   if not raw or raw == "" then return defaultAttempts end

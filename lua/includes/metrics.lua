@@ -1,10 +1,12 @@
+-- @include "constants"
+
 -- The queue's metrics, written by the scripts that see each event, so every
 -- worker and sweeper on every host counts without a round trip of its own.
 -- A script adds up what its call saw (countMetric, timeMetric, sampleMetric)
 -- and writes it once at the end (flushMetrics): two commands on one small
 -- hash per call, however many jobs the call handled.
 --
--- <prefix>metrics:<minute>  HASH, minute = floor(ms / 60000); it expires
+-- <prefix>metrics:<minute>  HASH, minute = floor(ms / MINUTE_MS); it expires
 --   keepMinutes + 1 minutes after the write that creates it (Redis's clock,
 --   so a worker whose clock is off cannot make a key outlive that), so a
 --   queue keeps about keepMinutes of them (none while it is idle). Fields:
@@ -20,21 +22,16 @@
 local metricAdds, metricMaxes, metricSamples = {}, {}, {}
 local TOTAL_FIELDS = {completed = true, failed = true, retried = true, recovered = true}
 
--- The most minutes kept (a year), whatever a caller asks: EXPIRE takes no more than that safely.
-local MAX_KEEP_MINUTES = 527040
-
 local function countMetric(field, n)
   metricAdds[field] = (metricAdds[field] or 0) + n
 end
 
--- The longest duration counted (ms), ten years as for a delay: a longer one,
--- or nan or inf, comes from a time field another client wrote, not a clock.
-local MAX_DURATION_MS = 315360000000
-
 -- One duration (ms) of `kind` ("wait" or "run"); a negative one (clocks of
--- two hosts apart) counts as 0.
+-- two hosts apart) counts as 0. The longest counted is MAX_DELAY_MS (constants),
+-- ten years: a longer one, or nan or inf, comes from a time field another
+-- client wrote, not a clock.
 local function timeMetric(kind, ms)
-  if ms ~= ms or ms > MAX_DURATION_MS then return end
+  if ms ~= ms or ms > MAX_DELAY_MS then return end
   if ms < 0 then ms = 0 end
   countMetric(kind .. "_count", 1)
   countMetric(kind .. "_sum", ms)
@@ -55,7 +52,9 @@ local function sampleMetric(field, value)
 end
 
 -- Write what this call counted since the last flush into the minute of
--- `nowMs`; keepMinutes <= 0 keeps no metrics at all.
+-- `nowMs`; keepMinutes <= 0 keeps no metrics at all. No more than
+-- MAX_METRICS_MINUTES (constants: a year) are kept, whatever a caller asks:
+-- EXPIRE takes no more than that safely.
 local function flushMetrics(prefix, nowMs, keepMinutes)
   local adds, maxes, samples = metricAdds, metricMaxes, metricSamples
   metricAdds, metricMaxes, metricSamples = {}, {}, {}
@@ -69,7 +68,7 @@ local function flushMetrics(prefix, nowMs, keepMinutes)
     written[#written + 1] = value
   end
   if #read + #written == 0 then return end
-  local minute = math.floor(nowMs / 60000)
+  local minute = math.floor(nowMs / MINUTE_MS)
   local metricsKey = prefix .. "metrics:" .. minute
   if #read > 0 then
     -- pcall: a metrics key another client overwrote must not fail the call.
@@ -85,7 +84,7 @@ local function flushMetrics(prefix, nowMs, keepMinutes)
   end
   local created = redis.pcall("HSET", metricsKey, unpack(written))
   if type(created) == "number" and created > 0 then
-    redis.call("EXPIRE", metricsKey, (math.min(keepMinutes, MAX_KEEP_MINUTES) + 1) * 60)
+    redis.call("EXPIRE", metricsKey, (math.min(keepMinutes, MAX_METRICS_MINUTES) + 1) * 60)
   end
   for field, n in pairs(adds) do
     if TOTAL_FIELDS[field] then

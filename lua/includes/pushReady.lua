@@ -1,22 +1,23 @@
 -- @include "groups"
+-- @include "constants"
 
 -- Put a ready job id where workers take it from. A job with a priority (hash
--- field `pri`, -100..100, higher runs first) goes to the `prioritized` ZSET,
+-- field `pri`, MIN_PRIORITY..MAX_PRIORITY, higher runs first) goes to the `prioritized` ZSET,
 -- scored so that higher priorities come first and equal ones keep FIFO order;
 -- any other job goes to `wait`, or to `paused` while the queue is paused. The
 -- marker wakes a worker unless the queue is paused.
 -- With `front`, sequence 0: ahead of every job of that priority.
 local function priorityScore(metaKey, priority, front)
-  -- (100 - priority) * 2^32 + sequence: exact in a double for 2^32 jobs per queue.
+  -- (MAX_PRIORITY - priority) * 2^32 + sequence: exact in a double for 2^32 jobs per queue.
   local sequence = front and 0 or redis.call("HINCRBY", metaKey, "prioritySequence", 1) % 4294967296
-  return (100 - priority) * 4294967296 + sequence
+  return (MAX_PRIORITY - priority) * 4294967296 + sequence
 end
 
--- The priority in a raw `pri` field; anything but an integer -100..100 counts
+-- The priority in a raw `pri` field; anything but an integer MIN_PRIORITY..MAX_PRIORITY counts
 -- as 0, so a corrupt field can never make a script fail halfway.
 local function parsePriority(raw)
   local priority = raw and string.match(raw, "^%-?%d+$") and tonumber(raw) or 0
-  if priority < -100 or priority > 100 then return 0 end
+  if priority < MIN_PRIORITY or priority > MAX_PRIORITY then return 0 end
   return priority
 end
 
