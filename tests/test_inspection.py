@@ -1,10 +1,15 @@
 """core.inspection: its verdicts are checked against what the real sweep script then does."""
 
+import json
+import os
 import re
+import uuid
 
 import pytest
+from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import strategies as st
 
-from echomq_django.core import JobOptions, NewJob
+from echomq_django.core import JobOptions, NewJob, Queue
 from echomq_django.core.inspection import (
     CHECKED_KEY_TYPES,
     DROP_MARK,
@@ -23,6 +28,7 @@ from echomq_django.core.inspection import (
     read_jobs,
 )
 from echomq_django.core.lua import script_source
+from echomq_django.core.queue import now_ms
 from tests.helpers import fetch, finish, kill_lock, sweep
 
 MAX_STALLED = 1
@@ -193,3 +199,154 @@ def test_the_lists_restated_from_the_sweep_script_match_it():
     assert in_script == list(CHECKED_KEY_TYPES)
     hmget = re.search(r'local function recoverJob.*?redis\.pcall\("HMGET", jobKey, ([^)]*)\)', source, re.DOTALL)
     assert tuple(re.findall(r'"(\w+)"', hmget.group(1))) == SWEEP_FIELDS
+
+
+# The agreement of next_sweep_verdict with the sweep script on generated cases: a few jobs per
+# queue, each in any combination of the states the sweep decides on, with fields another client
+# (or an older version) might have left in its hash.
+# Two jobs in three have well-formed fields (so that many get as far as the ceilings), the others
+# anything another client might write, each garbage value one that a rule of the sweep treats apart.
+CLEAN_FIELDS = st.fixed_dictionaries({
+    "atm": st.sampled_from([None, None, "-1", "0", "1", "2", "5"]),
+    "stc": st.sampled_from([None, None, "0", "1", "3"]),
+    "opts": st.sampled_from([None] + [json.dumps({"attempts": n}) for n in (1, 2, 4, 6, 6)]),
+    "pri": st.sampled_from([None, "0", "5", "-100", "100", "-101", "101"]),  # the range's ends
+    "cxl": st.none(),
+    "grp": st.sampled_from([None, None, "g1", "g2"]),
+})
+DIRTY_FIELDS = st.fixed_dictionaries({
+    "atm": st.one_of(st.none(), st.integers(-2, 6).map(str), st.sampled_from(COUNTER_GARBAGE := [
+        "", "1.0", " 1", "+1", "0x10", "1e3", "x", "1" * 16, "-" + "9" * 14, "9" * 15, "not a number " * 5])),
+    "stc": st.one_of(st.none(), st.integers(-2, 3).map(str), st.sampled_from(COUNTER_GARBAGE)),
+    "opts": st.one_of(st.none(), st.integers(-1, 6).map(lambda n: json.dumps({"attempts": n})), st.sampled_from([
+        "", "{}", "[1]", "null", "{", '"text"', "3", '{"attempts":4.0}', '{"attempts":2.5}', '{"attempts":"3"}',
+        '{"attempts":null}', '{"attempts":true}', '{"attempts":1e999}', '{"attempts":1000000}',
+        '{"attempts":1000001}', '{"attempts":2,"backoff":"x"}'])),
+    "pri": st.one_of(st.none(), st.integers(-102, 102).map(str), st.sampled_from(
+        ["", "x", "1.5", " 5", "+5", "-0", "9" * 20])),
+    "cxl": st.sampled_from([None, "", "cancelled by the test"]),
+    "grp": st.sampled_from([None, "g1", "", "bad name", "x" * 129, "caf\u00e9"]),
+})
+A_JOB = st.fixed_dictionaries({
+    "hash": st.sampled_from(["fields"] * 6 + ["missing", "wrong type"]),
+    "fields": st.one_of(CLEAN_FIELDS, CLEAN_FIELDS, DIRTY_FIELDS),
+    "marked": st.sampled_from([True, True, False]),
+    "in_active": st.sampled_from([True, True, True, False]),
+    "lock": st.sampled_from([False, False, False, True]),
+    # The job's time in the lock index: mostly as the scripts keep it (an active job's lock lapses there
+    # when its lock key goes), else anything.
+    "index": st.sampled_from(["kept", "kept", "kept", None, "lapsed", "ahead"]),
+}).map(lambda job: {**job, "index": (("ahead" if job["lock"] else "lapsed") if job["in_active"] else None)
+                    if job["index"] == "kept" else job["index"]})
+A_QUEUE = st.fixed_dictionaries({
+    "jobs": st.lists(A_JOB, min_size=2, max_size=8),  # at most 10: the sweep drops 10 stale marks a sweep
+    "paused": st.booleans(),
+    "max_stalled_count": st.sampled_from([0, 1, 2, 3, 3]),
+    "default_attempts": st.integers(1, 4),
+})
+
+
+def lay_out(queue, case):
+    """Write the generated case into Redis as another client would: the sweep finds it as it is."""
+    keys, client, now = queue.keys, queue.client, now_ms()
+    for n, job in enumerate(case["jobs"]):
+        job_id = f"j{n}"
+        if job["hash"] == "fields":
+            fields = {name: value for name, value in job["fields"].items() if value is not None}
+            client.hset(keys.job(job_id), mapping={"name": "work", **fields})
+        elif job["hash"] == "wrong type":
+            client.set(keys.job(job_id), "a string")
+        if job["in_active"]:
+            client.rpush(keys.active, job_id)
+        if job["marked"]:
+            client.sadd(keys.stalled, job_id)
+        if job["lock"]:
+            client.set(keys.lock(job_id), "its worker", px=60_000)
+        if job["index"]:
+            client.zadd(keys.locks, {job_id: 0 if job["index"] == "lapsed" else now + 60_000})
+    if case["paused"]:
+        client.hset(keys.meta, "paused", "1")
+    return [f"j{n}" for n in range(len(case["jobs"]))]
+
+
+def failed_reason(verdict, max_stalled_count):
+    """The failedReason the sweep writes for a FAIL verdict (None: it can write none)."""
+    detail = verdict.detail
+    if detail == "its key holds another Redis type than a hash":
+        return None
+    if detail == "its job hash is missing":
+        return "job hash was missing when the sweeper recovered the id"
+    if detail.startswith("it cannot be retried: "):
+        return "stalled, and cannot be retried: " + detail.removeprefix("it cannot be retried: ")
+    if attempts := re.fullmatch(r"attempt ceiling \((\d+) of (\d+)\)", detail):
+        made, ceiling = map(lua_number, attempts.groups())
+        return f"job stalled and reached its attempt ceiling ({made} of {ceiling} attempts made)"
+    if stalls := re.fullmatch(rf"stall ceiling \((\d+) stalls, max {max_stalled_count}\)", detail):
+        made = lua_number(stalls[1])
+        return f"job stalled more than max_stalled_count ({made} stalls, max_stalled_count {max_stalled_count})"
+    return detail  # a cancelled job fails with the cancel's reason
+
+
+def lua_number(digits):
+    """A whole number as Lua writes it into a string (1e+15, not 1000000000000000)."""
+    return f"{int(digits):.14g}"
+
+
+def mark_walk_stays_as_it_was(case):
+    """Whether the sweep's mark walk reads the lock index after its recover walk iff it did before.
+
+    The verdict reads it as it is before the sweep (see core/inspection.py): the recover walk
+    takes marked lockless jobs out of `active` and the index, and drops marks (and index
+    entries) of ids not in `active`, which changes the counts when the index and `active`
+    disagree on those ids (only another client's writes make them disagree).
+    """
+    jobs = case["jobs"]
+    indexed, active = sum(1 for job in jobs if job["index"]), sum(1 for job in jobs if job["in_active"])
+    if not any(job["marked"] for job in jobs):  # no recover walk
+        return True
+    leaving = [job for job in jobs if job["marked"] and (job["in_active"] and not job["lock"] or not job["in_active"])]
+    indexed_after = indexed - sum(1 for job in leaving if job["index"])
+    active_after = active - sum(1 for job in leaving if job["in_active"])
+    return (indexed == active) == (indexed_after == active_after)
+
+
+def check_agreement(queue, case):
+    """Each job's verdict, then a real sweep: each job must end where its verdict said."""
+    job_ids = lay_out(queue, case)
+    keys, client = queue.keys, queue.client
+    before = {job_id: outcome(queue, job_id) for job_id in job_ids}
+    verdicts = {job.job_id: job.verdict for job in inspect_jobs(
+        queue, job_ids, max_stalled_count=case["max_stalled_count"], default_attempts=case["default_attempts"])}
+    report = sweep(queue, max_stalled_count=case["max_stalled_count"], default_attempts=case["default_attempts"])
+    for job_id, job in zip(job_ids, case["jobs"]):
+        verdict = verdicts[job_id]
+        event(verdict.action if verdict.action != FAIL else f"fail: {verdict.detail.split(':')[0].split('(')[0]}")
+        said = f"{job_id}: the verdict was {verdict!s}, the sweep's {report}"
+        state_before, marked_before = before[job_id]
+        if verdict.action == RECOVER:
+            group = verdict.detail.removeprefix("group ") if verdict.detail.startswith("group ") else None
+            assert outcome(queue, job_id) == ("wait" if group else verdict.detail, False), said
+            assert group is None or client.lpos(keys.group(group), job_id) is not None, said
+            assert client.hget(keys.job(job_id), "atm") == str(int(job["fields"]["atm"] or 0) + 1), said
+        elif verdict.action == FAIL:
+            assert outcome(queue, job_id) == ("failed", False), said
+            if (reason := failed_reason(verdict, case["max_stalled_count"])) is not None:
+                assert client.hget(keys.job(job_id), "failedReason") == reason, said
+        else:
+            expected = {UNMARK: ("active", False), MARK: (state_before, True), DROP_MARK: (state_before, False),
+                        NOTHING: (state_before, marked_before)}[verdict.action]
+            assert outcome(queue, job_id) == expected, said
+
+
+# The same cases on every run (derandomize); ECHOMQ_VERDICT_EXAMPLES=5000 searches further.
+@settings(max_examples=int(os.environ.get("ECHOMQ_VERDICT_EXAMPLES", "300")), deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(case=A_QUEUE)
+def test_the_verdict_agrees_with_the_sweep_on_generated_cases(redis_client, prefix, case):
+    """What the admin says the next sweep will do is what the sweep script then does, case by generated case."""
+    assume(mark_walk_stays_as_it_was(case))
+    queue = Queue(f"v{uuid.uuid4().hex[:8]}", redis_client, prefix=prefix)
+    try:
+        check_agreement(queue, case)
+    finally:
+        queue.obliterate()

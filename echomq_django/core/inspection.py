@@ -4,7 +4,15 @@ Nothing here writes to Redis. `next_sweep_verdict` says what the next sweep
 will do with a job: the sweep script's decision (lua/moveStalledJobsToWait-8.lua,
 with recoverJob and the field readers of jobFields from lua/includes/) restated
 in Python, rule for rule. tests/test_inspection.py runs the real script on
-every case, and compares the lists restated here with the script's.
+every case, and on generated ones, and compares the lists restated here with
+the script's.
+
+Whether the sweep marks an unmarked job depends on how its mark walk finds
+lockless jobs (from the lock index, when the index holds as many ids as
+`active`, or by walking `active`), which the verdict reads as it stands before
+the sweep. Only after another client's writes (ids in `active` the index lacks,
+or the reverse) can the recover walk change that on the way, and the verdict
+of such an unmarked job be wrong.
 """
 
 from __future__ import annotations
@@ -76,6 +84,10 @@ class JobProbe:
     # Whether the mark walk will look at it: the lock index covers `active` and
     # the job's lock time has passed, or the index does not cover `active`.
     lock_time_passed: bool = True
+    # Whether the mark walk reads the lock index (it covers `active`) and the
+    # job's time there has passed: the walk then looks at it even when it is
+    # not in `active` (an entry another client left behind).
+    lapsed_in_index: bool = False
     queue_paused: bool = False
     # Why the sweep of the whole queue will do nothing (a queue key of another type).
     queue_blocked: str | None = None
@@ -127,6 +139,9 @@ def next_sweep_verdict(probe: JobProbe, *, max_stalled_count: int, default_attem
     if not probe.marked:
         if probe.in_active and not probe.lock_exists and probe.lock_time_passed:
             return SweepVerdict(MARK, "its lock is gone")
+        if not probe.in_active and not probe.lock_exists and probe.lapsed_in_index:
+            return SweepVerdict(MARK, "it is not active, but the lock index times its lock as lapsed "
+                                      "(the sweep after drops the mark)")
         return SweepVerdict(NOTHING, "not marked" if probe.in_active else "not active")
     if not probe.in_active:
         return SweepVerdict(DROP_MARK, "it is not active")
@@ -211,7 +226,8 @@ def inspect_jobs(queue: Queue, job_ids: Sequence[str], *, max_stalled_count: int
         probe = JobProbe(
             fields=None if wrong_type else dict(zip(SWEEP_FIELDS, fields)), hash_exists=exists == 1,
             marked=marked == 1, in_active=isinstance(in_active, int), lock_exists=ttl != -2,
-            lock_time_passed=lapsed or not index_covers_active, queue_paused=paused == 1, queue_blocked=blocked)
+            lock_time_passed=lapsed or not index_covers_active, lapsed_in_index=lapsed and index_covers_active,
+            queue_paused=paused == 1, queue_blocked=blocked)
         jobs.append(LiveJob(
             job_id=job_id, lock_ttl_ms=None if ttl == -2 else ttl,
             seconds_in_active=None if wrong_type else _seconds_since(fields[-1], now),
