@@ -74,8 +74,7 @@ from .worker import Retention, Worker, abandoned_threads
 
 __all__ = [
     "ALPHABET", "BROWSABLE", "MAX_SCHEDULE_NAME", "MIN_EVERY_MS", "COUNTED", "DEFAULT_REDIS_URL", "MAX_DELAY_MS",
-    "MAX_PRIORITY", "MIN_PRIORITY", "MAX_RATE_WINDOW_MS", "POOLS", "STATES", "UNREACHABLE", "Backoff", "Beat", "Cancel",
-    "Confirm", "Firing",
+    "MAX_RATE_WINDOW_MS", "POOLS", "STATES", "UNREACHABLE", "Backoff", "Beat", "Cancel", "Confirm", "Firing",
     "Record", "Schedule", "ScheduleError", "check_cron", "read_records", "run_now", "seconds_text", "transient",
     "zone", "EchoMQError", "Entry", "Handler", "InvalidNameError", "Job", "JobCancelled", "JobLockedError",
     "JobNotFoundError", "JobOptions", "LiveJob", "LockLostError", "Minute", "NewJob", "NotConfirmedError", "Page",
@@ -86,5 +85,5 @@ __all__ = [
     "failed_count", "failed_since", "inspect_jobs", "last_sweep", "log_line", "now_ms", "oldest_waiting_age_ms",
     "parse_redis_url", "read_jobs", "recent_minutes", "redacted_url", "totals", "validate_job_id", "validate_name",
     "validate_stored_id", "FlowState", "GroupState", "flow_state", "RecordedSignals", "Runner", "SECOND_STOP_GRACE_S",
-    "run_until_signalled",
+    "run_until_signalled", "MAX_PRIORITY", "MIN_PRIORITY",
 ]

@@ -148,7 +148,7 @@ def script_argv(script: str, /, **values: Any) -> list[Any]:
 
 def script_argv_each(script: str, /, **values: Any) -> list[Any]:
     """The ARGV of one item (a job, a lock) of a call of `script`, named as SCRIPT_ARGV_EACH names them."""
-    names = SCRIPT_ARGV_EACH[script]  # (the same as script_argv: a finish sends this once per job)
+    names = SCRIPT_ARGV_EACH[script]  # (script_argv's body again, not a call: a finish runs this once per job)
     if len(values) == len(names):
         try:
             return [values[name] for name in names]

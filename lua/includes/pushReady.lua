@@ -2,10 +2,10 @@
 -- @include "constants"
 
 -- Put a ready job id where workers take it from. A job with a priority (hash
--- field `pri`, MIN_PRIORITY..MAX_PRIORITY, higher runs first) goes to the `prioritized` ZSET,
--- scored so that higher priorities come first and equal ones keep FIFO order;
--- any other job goes to `wait`, or to `paused` while the queue is paused. The
--- marker wakes a worker unless the queue is paused.
+-- field `pri`, MIN_PRIORITY..MAX_PRIORITY, higher runs first) goes to the
+-- `prioritized` ZSET, scored so that higher priorities come first and equal
+-- ones keep FIFO order; any other job goes to `wait`, or to `paused` while the
+-- queue is paused. The marker wakes a worker unless the queue is paused.
 -- With `front`, sequence 0: ahead of every job of that priority.
 local function priorityScore(metaKey, priority, front)
   -- (MAX_PRIORITY - priority) * 2^32 + sequence: exact in a double for 2^32 jobs per queue.
@@ -13,8 +13,9 @@ local function priorityScore(metaKey, priority, front)
   return (MAX_PRIORITY - priority) * 4294967296 + sequence
 end
 
--- The priority in a raw `pri` field; anything but an integer MIN_PRIORITY..MAX_PRIORITY counts
--- as 0, so a corrupt field can never make a script fail halfway.
+-- The priority in a raw `pri` field; anything but an integer from MIN_PRIORITY
+-- to MAX_PRIORITY counts as 0, so a corrupt field can never make a script fail
+-- halfway.
 local function parsePriority(raw)
   local priority = raw and string.match(raw, "^%-?%d+$") and tonumber(raw) or 0
   if priority < MIN_PRIORITY or priority > MAX_PRIORITY then return 0 end
