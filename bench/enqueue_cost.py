@@ -57,6 +57,7 @@ def main() -> None:
     django.setup()
     from demo_project.demo_app.jobs import greet
     from echomq_django.core import NewJob
+    from echomq_django.core.own_connections import OwnConnections
     from echomq_django.core.queue import now_ms
     from echomq_django.queues import get_queue
 
@@ -68,9 +69,15 @@ def main() -> None:
     def prepare() -> tuple:
         return scripts.add_jobs_call(queue.keys, now_ms(), [queue._encode(NewJob(greet.name, data))])
 
+    # The way the queue's calls go (its own connections unless ECHOMQ_OWN_CONNECTIONS=0).
+    own = OwnConnections(client) if scripts.own_connections else None
+
     def transport() -> None:  # the same keys and arguments, to a script that does nothing
         _name, keys, argv = prepare_once
-        scripts._direct([("EVALSHA", returns, len(keys), *keys, *argv)])
+        if own is not None:
+            own.send([("EVALSHA", returns, len(keys), *keys, *argv)])
+        else:
+            client.evalsha(returns, len(keys), *keys, *argv)
 
     prepare_once = prepare()
     try:
@@ -83,7 +90,8 @@ def main() -> None:
         timed = best_times([prepare, transport, client.ping], args.calls, args.runs)
         (prepare_ms, prepare_cpu), (transport_ms, transport_cpu), (ping_ms, ping_cpu) = timed
         per_call = 1000 / args.calls  # ms of `calls` calls -> µs of one
-        print(f"{args.calls:,} calls, best of {args.runs}, Redis {client.info()['redis_version']}")
+        print(f"{args.calls:,} calls, best of {args.runs}, Redis {client.info()['redis_version']}, "
+              f"{'own connections' if own else 'the pool (ECHOMQ_OWN_CONNECTIONS=0)'}")
         print(f"{'':<14}{'wall ms':>10}{'CPU ms':>10}")
         print(f"{'@job .enqueue':<14}{enqueue_ms:>10.1f}{enqueue_cpu:>10.1f}")
         print(f"{'Queue.add':<14}{add_ms:>10.1f}{add_cpu:>10.1f}")

@@ -6,6 +6,8 @@
 
 Each system is used through its own public API, with its documented fast settings:
   echomq               core API: Queue.add, Worker(concurrency=c) on threads
+  echomq, pool         the same with its fast path off (ECHOMQ_OWN_CONNECTIONS=0): redis-py's pool and
+                       pipelines only, what the fast path (core/own_connections.py) is measured against
   echomq @job          the demo's greet.enqueue("Ada") (Django set up in a subprocess of its own)
   echomq Task.enqueue  the demo's Django @task add.enqueue(i, -1), outside any transaction (ditto)
   Django Tasks, no queue  the same add.enqueue(i, -1) on Django's DummyBackend, which keeps the results
@@ -89,7 +91,7 @@ import redis  # noqa: E402
 from beat_cost import percentile, start_redis, stop_process  # noqa: E402
 from measure import drop, parse_rate  # noqa: E402
 
-from echomq_django.core import NewJob, Queue, connect  # noqa: E402
+from echomq_django.core import NewJob, Queue, Scripts, connect  # noqa: E402
 
 FIGURES = ("enqueue", "latency", "c1", "c8", "c32", "sleep")
 DJANGO_FLOOR = "Django Tasks, no queue"  # Task.enqueue on Django's DummyBackend
@@ -107,7 +109,7 @@ def sizes(quick: bool) -> dict[str, Any]:
                 "limit_requests": 5_000, "pings": 2_000}
     # No-op jobs per worker run: a few seconds of work for each system (the slow ones get fewer).
     slow = {"dramatiq": 3_000, "celery-prefork": 3_000, "celery-threads": 3_000, "rq": 2_000}
-    return {"calls": 5_000, "warm": 200, "latency": 300, "jobs": {"echomq": 20_000, **slow},
+    return {"calls": 5_000, "warm": 200, "latency": 300, "jobs": {"echomq": 20_000, "echomq-pool": 20_000, **slow},
             "default_jobs": 5_000, "sleep": 1_280, "limit_requests": 50_000, "pings": 20_000}
 
 
@@ -412,6 +414,21 @@ class EchoMQ(System):
         return self._script(_ECHOMQ_WORKER, concurrency)
 
 
+class EchoMQPool(EchoMQ):
+    """echomq with each thread's own connections switched off, in this process and in its worker's."""
+
+    key, label = "echomq-pool", "echomq, pool"
+    figures = ("enqueue", "latency", "c1", "c8", "c32")
+
+    def open(self, tag: str) -> None:
+        System.open(self, tag)
+        client = connect(self.url)
+        self.queue = Queue("q", client, prefix=tag, scripts=Scripts(client, own_connections=False))
+
+    def worker(self, concurrency: int) -> list[str]:
+        return self._script('import os; os.environ["ECHOMQ_OWN_CONNECTIONS"] = "0"\n' + _ECHOMQ_WORKER, concurrency)
+
+
 class EchoMQDjango(System):
     """A Django enqueue path: measured in a subprocess; there is no worker of its own."""
 
@@ -571,8 +588,8 @@ class BullMQ(System):
 
 
 def all_systems(url: str, workdir: Path) -> list[System]:
-    return [EchoMQ(url, workdir), EchoMQDjango(url, workdir, "job"), EchoMQDjango(url, workdir, "task"),
-            EchoMQDjango(url, workdir, "dummy"),
+    return [EchoMQ(url, workdir), EchoMQPool(url, workdir), EchoMQDjango(url, workdir, "job"),
+            EchoMQDjango(url, workdir, "task"), EchoMQDjango(url, workdir, "dummy"),
             Huey(url, workdir), Dramatiq(url, workdir), Celery(url, workdir, "prefork"),
             Celery(url, workdir, "threads"), RQ(url, workdir), BullMQ(url, workdir)]
 
@@ -886,7 +903,7 @@ ROWS = [
     ("sleep_pct", "  % of ideal (640/s)", "{:.1f}%", True),
 ]
 # Not peers: echomq's own rows, and the floor of any Tasks backend (Django's own work in Task.enqueue).
-ECHOMQ = ("echomq", "echomq @job", "echomq Task.enqueue", DJANGO_FLOOR)
+ECHOMQ = ("echomq", "echomq @job", "echomq Task.enqueue", DJANGO_FLOOR, "echomq, pool")
 
 
 def cell(value: Any, form: str) -> str:

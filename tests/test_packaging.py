@@ -140,3 +140,68 @@ def test_the_package_has_no_import_circle():
         # graphlib lists the circle from each module to one that imports it: reversed, "a imports b imports ..."
         pytest.fail(f"an import circle: {' imports '.join(reversed(error.args[1]))}")
     assert "echomq_django.core.keys" in order
+
+
+# redis-py's internals: what only the fast path (core/own_connections.py, its class OwnConnections) may use.
+REDIS_INTERNALS = {"connection_kwargs", "connection_class", "send_packed_command", "send_command", "read_response",
+                   "can_read", "register_connect_callback", "pack_command", "_sock"}
+FAST_PATH = ("own_connections.py", "OwnConnections")
+# Private-looking names that are public API where they come from: Django's Model._meta, Python's os._exit.
+NOT_PRIVATE = {"_meta", "_exit"}
+
+
+def test_only_the_fast_path_uses_redis_py_internals():
+    """Outside OwnConnections, the package reaches redis-py through its public API only: no name of the list
+    above, and no private attribute (`x._name`, `getattr(x, "_name")`) that the package does not define itself."""
+    import ast
+
+    package = ROOT / "echomq_django"
+    trees = {path: ast.parse(path.read_text()) for path in package.rglob("*.py")}
+    own_names = set()  # the private names the package gives its own functions, classes and attributes
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                own_names.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                own_names.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                own_names.add(node.id)
+    wrong = []
+    for path, tree in trees.items():
+        fast = range(0)
+        if path.name == FAST_PATH[0]:
+            [cls] = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == FAST_PATH[1]]
+            fast = range(cls.lineno, (cls.end_lineno or cls.lineno) + 1)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute):
+                name = node.attr
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                  and node.func.id in ("getattr", "setattr", "hasattr")
+                  and len(node.args) > 1 and isinstance(node.args[1], ast.Constant)):
+                name = str(node.args[1].value)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                modules = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                if "hiredis" in modules and path.name != FAST_PATH[0]:
+                    wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: imports hiredis")
+                continue
+            else:
+                continue
+            private = name.startswith("_") and not name.startswith("__") and name not in own_names | NOT_PRIVATE
+            if (name in REDIS_INTERNALS or private) and node.lineno not in fast:
+                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name}")
+    assert wrong == [], f"redis-py's internals are for {FAST_PATH[1]} in core/{FAST_PATH[0]} alone: {wrong}"
+
+
+def test_the_installed_redis_py_is_one_the_package_supports():
+    """The redis-py requirement has both bounds (the fast path reads its internals), and the installed one is in."""
+    import tomllib
+
+    import redis
+    from packaging.requirements import Requirement
+
+    [requirement] = [Requirement(line) for line in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "dependencies"] if Requirement(line).name == "redis"]
+    operators = {spec.operator for spec in requirement.specifier}
+    assert operators & {">=", ">"} and operators & {"<", "<="}, f"{requirement}: a lower and an upper bound"
+    assert requirement.specifier.contains(redis.__version__), \
+        f"redis-py {redis.__version__} is installed; the package supports {requirement.specifier}"

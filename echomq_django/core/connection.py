@@ -185,6 +185,5 @@ def _shown(url: str) -> str:
 
 def socket_timeout(client: Any) -> float | None:
     """The socket timeout of `client`'s connections (a plain, Sentinel or cluster client)."""
-    if isinstance(client, RedisCluster):
-        return client.nodes_manager.connection_kwargs.get("socket_timeout")
-    return client.connection_pool.connection_kwargs.get("socket_timeout")
+    timeout: float | None = client.get_connection_kwargs().get("socket_timeout")
+    return timeout

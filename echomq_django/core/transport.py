@@ -1,32 +1,38 @@
 """Calling the scripts: one at a time, or pipelined in batches with confirmation and re-sends.
 
 Each script is registered once per Redis client with redis-py's
-`register_script`, which sends EVALSHA and falls back to loading the script on
-NOSCRIPT, so a `SCRIPT FLUSH` or a restarted Redis is invisible to callers.
-Batches (`run_batch`, `run_confirmed`) do the same for every call in them and,
-on a cluster, follow a slot to its new owner.
+`register_script`. A call sends EVALSHA and, refused with NOSCRIPT, loads the
+script and sends it again, so a `SCRIPT FLUSH` or a restarted Redis is
+invisible to callers. Batches (`run_batch`, `run_confirmed`) do the same for
+every call in them, without asking Redis first (a redis-py pipeline of Script
+calls sends SCRIPT EXISTS on every execute), and on a cluster follow a slot
+to its new owner.
+
+The calls reach a plain or Sentinel Redis on each thread's own connection
+(own_connections.py: the fast path, on by default), or, with that switched
+off (`own_connections=False`, or ECHOMQ_OWN_CONNECTIONS=0), through the
+client's pool and pipelines, redis-py's public API only. A cluster client
+always takes the pool's way (and its routing).
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import hiredis
-from redis.backoff import NoBackoff
+import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import ClusterDownError, ConnectionError, MovedError, NoScriptError, ResponseError, TryAgainError
-from redis.retry import Retry
 
 from . import defaults
 from .connection import UNREACHABLE
 from .errors import QueueStateError
 from .lua import script_names, script_source
+from .own_connections import OwnConnections
 
 # One script call: (script name, KEYS, ARGV).
 Call = tuple[str, Sequence[str], Sequence[Any]]
@@ -36,17 +42,19 @@ _ROUTING_ERRORS = (MovedError, ClusterDownError, TryAgainError)
 # How long a batch keeps looking for the owner of its slot on a cluster, about
 # as long as connect()'s retries wait for a failover.
 _REROUTE_S = 15.0
-# An own connection idle this long is checked before a call: Redis may have closed it (its `timeout`),
-# which the pool finds out by the same check on every checkout.
-_IDLE_CHECK_S = 1.0
+# The switch of the fast path (own_connections.py): "0" turns it off, "1" (the default) on.
+OWN_CONNECTIONS_ENV = "ECHOMQ_OWN_CONNECTIONS"
+# On the pool's connections nothing can end a wait early: one that a Wait may cut lasts at most this long.
+POOL_WAIT_STEP_S = 1.0
 
 
-def _closed(connection: Any) -> bool:
-    """Whether Redis closed this connection (or left a stray reply on it): readable while nothing was asked."""
-    try:
-        return bool(connection.can_read(timeout=0))
-    except (*UNREACHABLE, OSError):
-        return True
+def own_connections_wanted() -> bool:
+    """Whether the environment asks for the fast path (ECHOMQ_OWN_CONNECTIONS: 1, the default, or 0)."""
+    value = os.environ.get(OWN_CONNECTIONS_ENV, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{OWN_CONNECTIONS_ENV} must be 1 (each thread's own connection, the default) "
+                         f"or 0 (the client's pool), not {value!r}")
+    return value == "1"
 
 
 @dataclass(frozen=True)
@@ -57,198 +65,134 @@ class Confirm:
     timeout_ms: int = defaults.CONFIRM_TIMEOUT_MS
 
 
-
-class _OwnConnection(threading.local):
-    """One thread's own connection to a plain (not cluster) Redis, and the process that made it."""
-
-    connection: Any = None
-    pid = 0
-    client_id: int | None = None  # its id in Redis (CLIENT ID), once asked for
-    busy = False  # a call is on it: one made meanwhile on this thread (a signal handler's) takes the pool's
-    used_at = 0.0  # time.monotonic() of its latest call
-
-
 class Wait:
     """A worker's blocking waits (`ScriptClient.wait_then_run`), which another thread may cut short for good.
 
-    A cut closes the writing half of the connection: Redis, reading the end of
-    the commands, drops the client with the wait and the calls behind it
-    still pending; the replies of calls it ran just before still arrive. A
-    wait that ends without them owes an answer all the same (a proxy on the
-    way may drop a reply in flight): the caller asks again, as after any
-    lost reply.
+    On a thread's own connection a cut ends the wait in progress at once (see
+    OwnConnections.send_once); on the pool's it ends within POOL_WAIT_STEP_S.
+    A wait that ends without its replies owes an answer all the same (a
+    proxy on the way may drop a reply in flight): the caller asks again, as
+    after any lost reply.
     """
 
     def __init__(self) -> None:
-        # Reentrant: stop() cuts from a signal handler, which may run on the waiting thread inside _begin.
-        self._lock = threading.RLock()
-        self._connection: Any = None  # the connection a wait is blocked on now
+        self._lock = threading.Lock()
+        self._end_now: Callable[[], None] | None = None  # what ends the wait in progress early, where one can
         self.cut_short = False
 
     def cut(self) -> None:
         """End the wait in progress, if any, and every later one before it starts; needs no word from Redis."""
         with self._lock:
             self.cut_short = True
-            connection = self._connection
-        sock = getattr(connection, "_sock", None)  # redis-py's socket
-        if sock is not None:
-            try:
-                # The plain socket's shutdown, also for TLS: ssl.SSLSocket's would drop the TLS
-                # state, and the replies still coming would be read as plain text.
-                socket.socket.shutdown(sock, socket.SHUT_WR)
-            except OSError:
-                pass  # closed meanwhile
+            end_now, self._end_now = self._end_now, None
+        if end_now is not None:
+            end_now()
 
-    def _begin(self, connection: Any) -> bool:
+    def _begin(self, end_now: Callable[[], None] | None) -> bool:
+        """Whether a wait may begin (not cut); `end_now` ends it early, called by a cut meanwhile."""
         with self._lock:
-            self._connection = None if self.cut_short else connection
+            self._end_now = None if self.cut_short else end_now
             return not self.cut_short
 
     def _end(self) -> None:
         with self._lock:
-            self._connection = None
+            self._end_now = None
+
+
+class _HeldClient(threading.local):
+    """One thread's client holding one of the pool's connections, for its waits (pool path), and its process."""
+
+    client: Any = None
+    pid = 0
 
 
 class ScriptClient:
-    """The protocol's scripts registered on one client, and the ways to call them.
+    """The protocol's scripts registered on one client, and the ways to call them."""
 
-    On a plain or Sentinel client each thread sends its calls on a connection
-    of its own, built and connected as the client's pool builds its own, but
-    held outside it. redis-py spends about as much of the client's CPU around
-    each command as the round trip itself costs (its pool's check for a stale
-    reply is a system call; its wrappers for retries and metrics), which is
-    what every single add from a web request and every round trip of a worker
-    paid. A connection error is retried as the client's Retry says, as the
-    client would: a call it may have delivered is sent again, which every
-    script is written to allow. A cluster client keeps redis-py's way (and
-    its routing).
-    """
+    def __init__(self, client: Any, *, reroute_s: float = _REROUTE_S, own_connections: bool | None = None) -> None:
+        """`reroute_s`: how long a batch on a cluster keeps looking for the new owner of its slot.
 
-    def __init__(self, client: Any, *, reroute_s: float = _REROUTE_S) -> None:
-        """`reroute_s`: how long a batch on a cluster keeps looking for the new owner of its slot."""
+        `own_connections`: whether a plain or Sentinel client's calls take the
+        fast path (see the module); None asks ECHOMQ_OWN_CONNECTIONS.
+        """
         self.client = client
         self.reroute_s = reroute_s
         self._scripts = {name: client.register_script(script_source(name)) for name in script_names()}
-        self._own = None if isinstance(client, RedisCluster) else _OwnConnection()
-        self._retry: Retry | None = None  # the client's retry policy, for calls on the own connections
+        cluster = isinstance(client, RedisCluster)
+        if own_connections is None:
+            own_connections = own_connections_wanted()
+        self._own = OwnConnections(client) if own_connections and not cluster else None
+        self._held = None if cluster else _HeldClient()
 
-    def _own_free(self) -> bool:
-        """Whether this thread's own connection can take a call: not a cluster, nor in the middle of one."""
-        return self._own is not None and not self._own.busy
-
-    def _direct(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
-        """Each command's reply (an error reply as its exception), sent on this thread's own connection.
-
-        A connection error is retried as the client's own policy says (its
-        Retry: how often, how long between), the commands sent again on a
-        new connection; the last one is raised. (The connection itself tries
-        each connect and health check once: retries inside retries would
-        multiply the time a call may take, past ENQUEUE_TIMEOUT.)
-        """
-        if self._retry is None:
-            pool = self.client.connection_pool
-            self._retry = pool.connection_class(**pool.connection_kwargs).retry  # the client's own (unconnected)
-        return self._retry.call_with_retry(lambda: self._attempt(commands), lambda _error: None)
-
-    def _attempt(self, commands: Sequence[tuple[Any, ...]], replies: list[Any] | None = None) -> list[Any]:
-        """`_direct` without retries: one sending of the commands; their replies, appended to `replies` as read."""
-        own = self._own
-        assert own is not None
-        replies = [] if replies is None else replies
-        connection = None
-        own.busy = True  # from the connect on: its handshake is a call too
-        try:
-            connection = self._connection()
-            if time.monotonic() - own.used_at > _IDLE_CHECK_S and _closed(connection):
-                connection.disconnect()  # closed by Redis while idle (its `timeout`): a new one, as the pool would
-                connection = self._connection()
-            # hiredis packs as redis-py does with hiredis installed (a dependency), without its wrapper's copies.
-            connection.send_packed_command([b"".join(map(hiredis.pack_command, commands))])
-            for _ in commands:
-                try:
-                    replies.append(connection.read_response())
-                except ResponseError as error:
-                    replies.append(error)
-            return replies
-        except BaseException:  # an interrupted read too: a reply left unread would answer the next call
-            if connection is not None:
-                connection.disconnect()
-            raise
-        finally:
-            own.busy = False
-            own.used_at = time.monotonic()
-
-    def _connection(self) -> Any:
-        """This thread's own connection (see the class), connected: made on first use, and again in a forked child."""
-        own = self._own
-        assert own is not None
-        if own.connection is None or own.pid != os.getpid():  # none yet, or the parent's, inherited by a fork
-            # Built as the pool builds its own (class, options), outside its count and its list.
-            pool = self.client.connection_pool
-            options = {**pool.connection_kwargs, "retry": Retry(NoBackoff(), 0)}  # see _direct
-            own.connection, own.pid = pool.connection_class(**options), os.getpid()
-            own.client_id = None
-            own.connection.register_connect_callback(self._forget_client_id)  # a reconnect gets a new id
-        if own.connection._sock is None:
-            # Connected as its pool connects it: a Sentinel's connection asks for the primary's address
-            # here (sending on an unconnected one would go to its default address instead).
-            own.connection.connect()
-        return own.connection
+    @property
+    def own_connections(self) -> bool:
+        """Whether the calls take the fast path (each thread's own connection)."""
+        return self._own is not None
 
     @property
     def waits_then_runs(self) -> bool:
         """Whether `wait_then_run` can be used (not on a cluster)."""
-        return self._own is not None
+        return self._held is not None
 
     def client_id(self) -> int:
-        """The id Redis gives this thread's own connection (for CLIENT UNBLOCK), asked again after a reconnect."""
-        own = self._own
-        assert own is not None, "a cluster client has no connection of its own (waits_then_runs)"
-        connection = self._connection()
-        if own.client_id is None:
-            connection.send_command("CLIENT", "ID")
-            own.client_id = int(connection.read_response())
-        return own.client_id
+        """The id Redis gives the connection this thread's waits block on (for CLIENT UNBLOCK).
 
-    def _forget_client_id(self, _connection: Any) -> None:
-        assert self._own is not None
-        self._own.client_id = None
+        On the pool path it is asked each time: the connection may have been
+        made anew since.
+        """
+        if self._own is not None:
+            return self._own.client_id()
+        return int(self._held_client().client_id())
+
+    def _held_client(self) -> Any:
+        """This thread's client for its waits on the pool path: one of the pool's connections, kept, so that
+        `client_id` names it; made again in a forked child."""
+        held = self._held
+        assert held is not None, "a cluster client has no connection to wait on (waits_then_runs)"
+        if held.client is None or held.pid != os.getpid():
+            held.client = redis.Redis(connection_pool=self.client.connection_pool, single_connection_client=True)
+            held.pid = os.getpid()
+        return held.client
 
     def wait_then_run(
         self, marker: str, timeout_s: float, calls: Sequence[Call], confirm: Confirm | None, wait: Wait | None,
         *, unblock: int | None = None,
     ) -> tuple[Any, list[Any], int] | None:
-        """Block until `marker` (a ZSET) has a member to pop or `timeout_s` passes, then run `calls`: one round trip.
+        """Block until `marker` (a ZSET) has a member to pop or `timeout_s` passes, then run `calls`.
 
-        Redis runs the calls the moment the wait ends, and both answers come
-        back together, where a wait and then a call would each cost the
-        waiting process a wake-up. Returns (the wait's reply, the calls'
-        replies, replicas that confirmed) as `run_confirmed` does, or None
-        when this client cannot (a cluster: wait on a connection of its own).
+        Returns (the wait's reply: the popped [key, member, score], None, or
+        an error reply as its exception; the calls' replies; replicas that
+        confirmed) as `run_confirmed` does, or None when this client cannot
+        (a cluster). On the fast path the wait and the calls are one round
+        trip: Redis runs the calls the moment the wait ends, and both answers
+        come back together, where a wait and then a call would each cost the
+        waiting process a wake-up. On the pool path the calls follow the
+        wait, and a wait that `wait` may cut lasts at most POOL_WAIT_STEP_S.
         A wait cut short (`wait.cut()`) without the replies, like a lost
         connection, raises ConnectionError: whether the calls ran is unknown,
         as after any lost reply. `unblock`: a client id whose blocking call to
         end first (CLIENT UNBLOCK ... ERROR).
         """
-        if not self._own_free():
+        if not self.waits_then_runs:
             return None
-        connection = self._connection()  # connected now, so that a cut has a socket to shut down whenever it comes
+        if self._own is not None and self._own.free():
+            return self._wait_then_run_own(marker, timeout_s, calls, confirm, wait, unblock)
+        return self._wait_then_run_pooled(marker, timeout_s, calls, confirm, wait, unblock)
+
+    def _wait_then_run_own(
+        self, marker: str, timeout_s: float, calls: Sequence[Call], confirm: Confirm | None, wait: Wait | None,
+        unblock: int | None,
+    ) -> tuple[Any, list[Any], int]:
+        assert self._own is not None
         commands = [("BZPOPMIN", marker, timeout_s), *self._commands(calls, confirm)]
         if unblock is not None:
             commands.insert(0, ("CLIENT", "UNBLOCK", unblock, "ERROR"))
-        if wait is not None and not wait._begin(connection):
-            raise ConnectionError("the wait was cut short before it began")
         try:
-            replies = self._attempt(commands)  # once: a wait cut short must not begin again
+            replies = self._own.send_once(commands, wait)  # once: a wait cut short must not begin again
         except Exception as error:
             if wait is not None and wait.cut_short:
                 raise ConnectionError(f"the wait was cut short ({error!r})") from error
             raise
-        finally:
-            if wait is not None:
-                wait._end()
-                if wait.cut_short:
-                    connection.disconnect()  # its writing half is closed
         if unblock is not None:
             replies.pop(0)
         woken, *answers = replies
@@ -259,11 +203,35 @@ class ScriptClient:
         calls_replies, acked = self._answers(answers, confirm)
         return woken, calls_replies, acked
 
+    def _wait_then_run_pooled(
+        self, marker: str, timeout_s: float, calls: Sequence[Call], confirm: Confirm | None, wait: Wait | None,
+        unblock: int | None,
+    ) -> tuple[Any, list[Any], int]:
+        if wait is not None:
+            if not wait._begin(None):
+                raise ConnectionError("the wait was cut short before it began")
+            timeout_s = min(timeout_s, POOL_WAIT_STEP_S)
+        try:
+            if unblock is not None:
+                self.client.client_unblock(unblock, error=True)
+            try:
+                woken = self._held_client().bzpopmin(marker, timeout=timeout_s)
+            except ResponseError as error:  # UNBLOCKED (a failover, or another thread's CLIENT UNBLOCK)
+                woken = error
+        finally:
+            if wait is not None:
+                wait._end()
+        if wait is not None and wait.cut_short:
+            # The calls are not sent (a marker the wait took is lost: other workers wake at their timeout).
+            raise ConnectionError("the wait was cut short")
+        replies, acked = self._send(calls, confirm, False) if calls else ([], 0)
+        return (list(woken) if isinstance(woken, tuple) else woken), replies, acked
+
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         script = self._scripts[name]
         try:
-            if self._own_free():
-                [reply] = self._direct([("EVALSHA", script.sha, len(keys), *keys, *args)])
+            if self._own is not None and self._own.free():
+                [reply] = self._own.send([("EVALSHA", script.sha, len(keys), *keys, *args)])
                 if not isinstance(reply, NoScriptError):  # NOSCRIPT: redis-py's path below loads the script
                     if isinstance(reply, Exception):
                         raise reply
@@ -355,16 +323,13 @@ class ScriptClient:
             # pipeline refuses EVALSHA and retries a dead node without pausing,
             # which is over long before a failover is.
             client = client.get_redis_connection(client.get_node_from_key(calls[0][1][0]))
-        if self._own_free():
-            return self._answers(self._direct(self._commands(calls, confirm)), confirm)
+        commands = self._commands(calls, confirm)
+        if self._own is not None and self._own.free():
+            return self._answers(self._own.send(commands), confirm)
         pipe = client.pipeline(transaction=False)
-        for name, keys, args in calls:
-            pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
-        if confirm is None:
-            return pipe.execute(raise_on_error=False), 0
-        pipe.execute_command("WAIT", confirm.replicas, confirm.timeout_ms)
-        *answers, acked = pipe.execute(raise_on_error=False)
-        return answers, acked if isinstance(acked, int) else 0
+        for command in commands:
+            pipe.execute_command(*command)
+        return self._answers(pipe.execute(raise_on_error=False), confirm)
 
     def _commands(self, calls: Sequence[Call], confirm: Confirm | None) -> list[tuple[Any, ...]]:
         """The EVALSHA commands of `calls`, and a WAIT after them with `confirm`."""
