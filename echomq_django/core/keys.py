@@ -2,7 +2,7 @@
 
 A script gets the keys it works on as KEYS, in the order SCRIPT_KEYS gives,
 and builds from the queue's prefix (its ARGV[1]) only the keys listed in
-DERIVED_KEYS. tests/test_lua_contract.py reads every script's header and
+DERIVED_KEYS. tests/unit/test_lua_contract.py reads every script's header and
 source and holds both tables to them.
 """
 
