@@ -581,7 +581,7 @@ def test_a_page_of_many_rows_costs_what_a_page_of_few_does(root, queue, monkeypa
     assert many_queries <= few_queries + 1, f"{few_queries} queries for 5 rows, {many_queries} for a page of 100"
     assert max(many_redis, last_page_redis, searched_redis) <= max(few_redis, 2), \
         f"Redis round trips: {few_redis} for 5 rows, {many_redis} / {last_page_redis} / {searched_redis} for pages"
-    assert many_s < 20, f"a page of 100 schedules took {many_s:.2f} s"  # ten times a slow run: the counts above are the point
+    assert many_s < 20, f"a page of 100 schedules took {many_s:.2f} s"  # the counts above are the point
 
 
 def test_show_all_of_many_rows_does_not_read_them_all(root, queue):
