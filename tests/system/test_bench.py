@@ -11,6 +11,7 @@ from tests.conftest import current_redis_url
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.timeout(240)
 @pytest.mark.slow
 def test_compare_runs_and_prints_every_row():
     command = [sys.executable, "bench/compare.py", "--quick", "--echomq-only", "--no-everyday", "--redis-url",
@@ -21,6 +22,7 @@ def test_compare_runs_and_prints_every_row():
         assert row in proc.stdout, f"{row!r} missing from:\n{proc.stdout}"
 
 
+@pytest.mark.timeout(360)
 @pytest.mark.slow
 def test_everyday_runs_every_figure_for_echomq_and_says_how_it_compares():
     proc = subprocess.run([sys.executable, "bench/everyday.py", "--quick", "--only", "echomq"], cwd=ROOT,
@@ -41,6 +43,7 @@ def test_everyday_runs_every_figure_for_echomq_and_says_how_it_compares():
     assert "physical limits, one client, round trips/s: redis-benchmark PING_INLINE" in proc.stdout
 
 
+@pytest.mark.timeout(240)
 @pytest.mark.slow
 def test_cluster_throughput_runs_for_one_and_three_masters():
     proc = subprocess.run([sys.executable, "bench/cluster_throughput.py", "--masters", "1,3", "--queues", "3",
@@ -50,6 +53,7 @@ def test_cluster_throughput_runs_for_one_and_three_masters():
     assert [row[0] for row in rows] == ["1", "3"], proc.stdout
 
 
+@pytest.mark.timeout(240)
 def test_metrics_cost_runs_and_prints_every_row():
     proc = subprocess.run([sys.executable, "bench/metrics_cost.py", "--quick", "--redis-url", current_redis_url()],
                           cwd=ROOT, capture_output=True, text=True, timeout=180)
@@ -59,6 +63,7 @@ def test_metrics_cost_runs_and_prints_every_row():
         assert row in proc.stdout, f"{row!r} missing from:\n{proc.stdout}"
 
 
+@pytest.mark.timeout(240)
 def test_browse_cost_runs_and_prints_every_row():
     proc = subprocess.run([sys.executable, "bench/browse_cost.py", "--quick", "--redis-url", current_redis_url()],
                           cwd=ROOT, capture_output=True, text=True, timeout=180)
@@ -69,6 +74,7 @@ def test_browse_cost_runs_and_prints_every_row():
 
 
 
+@pytest.mark.timeout(360)
 @pytest.mark.slow
 def test_beat_cost_runs_and_finds_each_tick_fired_once():
     proc = subprocess.run([sys.executable, "-u", "bench/beat_cost.py", "--quick"], cwd=ROOT, capture_output=True,
@@ -80,6 +86,7 @@ def test_beat_cost_runs_and_finds_each_tick_fired_once():
         assert row[-5] == "0" and row[-4] == row[-3] == row[-2], proc.stdout
 
 
+@pytest.mark.timeout(180)
 @pytest.mark.slow
 def test_pool_cost_runs_and_prints_every_row():
     """Celery's rows are measured when it is installed (the bench extra), and said to be missing otherwise."""

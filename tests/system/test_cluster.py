@@ -30,7 +30,7 @@ from echomq_django.core import (
 from tests.helpers import wait_until
 from tests.redis_servers import ClusterServers, SentinelServers, logs_on_failure
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # a failover takes up to 20 s
 LOCK_MS = 2000
 
 

@@ -15,7 +15,7 @@ from tests.redis_servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 # The demo starts its own redis-server; it runs on Python 3.11 with Django 5.2 where no newer Python is.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # the story takes about 25 s
 
 
 def process_table() -> dict[int, list[tuple[int, str]]]:

@@ -23,7 +23,9 @@ from tests.helpers import wait_until
 from tests.redis_servers import RedisServer
 
 WORKER = Path(__file__).resolve().parents[1] / "worker_process.py"
-pytestmark = pytest.mark.slow
+# Ten times a CI run's longest (5 s), scaled for soak runs.
+SOAK = max(1, int(os.environ.get("ECHOMQ_SOAK_JOBS", 1000)) // 1000, int(os.environ.get("ECHOMQ_SOAK_KILLS", 8)) // 8)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120 * SOAK)]
 
 
 class Fleet:

@@ -15,7 +15,7 @@ from tests.helpers import wait_until
 from tests.redis_servers import RedisServer
 from tests.system.test_faults import Fleet, events, starts
 
-pytestmark = pytest.mark.slow  # worker processes and Redis, no database
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # up to 7 s each
 
 CLOCKS_MS = 3  # how far the event's time and the window's may lie apart (see the docstring)
 
@@ -59,7 +59,7 @@ def test_a_rate_limit_of_10_a_second_holds_across_3_workers_of_8_threads(queue, 
     print(f"\n{jobs} jobs, {rate}/s over 3 workers x 8 threads: drained in {drained_s:.2f} s (ideal {ideal_s:g} s); "
           f"the closest 11 starts spanned {closest} ms")
     assert closest >= 1000 - CLOCKS_MS, "some 1-second window started more than 10 jobs"
-    assert drained_s <= ideal_s * 1.2, "the queue drained more than 20% slower than the limit allows"
+    assert drained_s <= ideal_s * 1.5, "the queue drained half again as slow as the limit allows"
 
 
 def test_max_active_3_holds_across_3_workers_of_8_threads(queue, redis_url):

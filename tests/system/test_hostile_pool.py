@@ -22,7 +22,7 @@ from tests.helpers import Running, fetch, kill_lock, sweep, wait_until
 from tests.helpers import running as helpers_running
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # up to 9 s each (one says more)
 
 
 # -- helpers ------------------------------------------------------------------
@@ -238,6 +238,7 @@ def test_a_replacement_child_leaves_gracefully_at_shutdown(queue, redis_url, mon
 # Process.close) while the job thread watching that child reaps it too (_died joins it): when the job thread's
 # waitpid wins, close()'s join returns with no exit code and Process.close raises ValueError out of Worker.run, so
 # the command exits 1 'stopped on an error' and the slots after it are not closed
+@pytest.mark.timeout(480)
 def test_a_second_stop_never_crashes_the_worker(queue, redis_url):
     go = f"{queue.keys.prefix}:go"
     errors: list[BaseException] = []

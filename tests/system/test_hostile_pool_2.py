@@ -15,7 +15,7 @@ from tests.helpers import Running, wait_until
 from tests.system import hostile_pool_jobs_2 as jobs2
 from tests.system.test_hostile_pool import data, gone, make, pid_of, records, running
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 
 def init_pids(queue: Queue, init_key: str) -> list[int]:

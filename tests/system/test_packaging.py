@@ -11,6 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.timeout(180)
 def test_the_code_passes_the_linter():
     result = subprocess.run([sys.executable, "-m", "ruff", "check", "--output-format", "concise",
                              "echomq_django", "tests", "bench", "demo_project", "manage.py"],
@@ -18,6 +19,7 @@ def test_the_code_passes_the_linter():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.timeout(360)
 def test_the_runtime_passes_the_type_checker():
     # What to check and how strictly is [tool.mypy] in pyproject.toml (echomq_django/core, strict).
     result = subprocess.run([sys.executable, "-m", "mypy", "--no-error-summary"],
@@ -36,6 +38,7 @@ def test_the_runtime_imports_no_django():
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.timeout(960)
 @pytest.mark.slow
 def test_the_installed_wheel_loads_every_script_outside_the_repository(tmp_path, redis_url):
     subprocess.run(

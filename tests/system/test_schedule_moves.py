@@ -128,6 +128,7 @@ def test_a_host_dependent_time_zone_is_refused():
         Schedule("x", "q", "job.x", None, cron="0 3 * * *", timezone="localtime")
 
 
+@pytest.mark.timeout(120)
 def test_a_running_beat_reads_the_schedules_at_least_once_an_interval(queue):
     # Ticks nearly an interval apart used to put each reading off to after the next round: two intervals.
     readings: list[float] = []
@@ -145,9 +146,11 @@ def test_a_running_beat_reads_the_schedules_at_least_once_an_interval(queue):
         beat.stop()
         thread.join(5)
     gaps = [round(b - a, 2) for a, b in zip(readings, readings[1:])]
-    assert max(gaps) <= 1.3, f"readings {gaps} s apart with an interval of 1 s"
+    # Two intervals apart was the defect: a reading's own work may take a slow machine over 1 s.
+    assert max(gaps) <= 1.6, f"readings {gaps} s apart with an interval of 1 s"
 
 
+@pytest.mark.timeout(120)
 @pytest.mark.slow
 @pytest.mark.parametrize("outage", [False, True])
 def test_a_beat_frozen_past_a_disable_reads_again_before_it_fires(subprocess_env, redis_client, prefix, outage):

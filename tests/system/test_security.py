@@ -15,7 +15,7 @@ from echomq_django.core import Backoff, JobOptions, NewJob, PayloadError, Queue,
 from tests.helpers import fetch, kill_lock, wait_until
 from tests.redis_servers import RedisServer, redis_server
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # up to 4 s each
 
 
 def full_round(url: str, prefix: str = "sec") -> None:

@@ -22,6 +22,7 @@ from tests.redis_servers import RedisServer
 ROOT = Path(__file__).resolve().parents[2]
 # How many runs each burst test makes: a few in the suite; ECHOMQ_SIGNAL_RUNS=50 for the stress run.
 RUNS = int(os.environ.get("ECHOMQ_SIGNAL_RUNS", "3"))
+pytestmark = pytest.mark.timeout(60 * max(1, RUNS // 3))  # each test takes a few seconds at 3 runs
 
 
 def output_of(script: str, *args: str, timeout_s: float = 20) -> tuple[str, str]:
