@@ -57,8 +57,10 @@ TEMPLATES = [
 
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
-    # A file, not memory, so that processes started by the tests share the test database.
-    DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / "test_db.sqlite3")}
+    # A file, not memory, so that processes started by the tests share the test database; named
+    # after the database (test_db.sqlite3 beside db.sqlite3), so runs on two databases can overlap.
+    _database = Path(DATABASES["default"]["NAME"])
+    DATABASES["default"]["TEST"] = {"NAME": str(_database.with_name(f"test_{_database.name}"))}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 USE_TZ = True

@@ -3,12 +3,15 @@
 The Redis is the one ECHOMQ_TEST_REDIS_URL names (any URL `connect` reads),
 127.0.0.1:6379 by default. ECHOMQ_TEST_REDIS_URL=cluster starts a 3-master
 Redis Cluster on free loopback ports for the run and runs everything on it.
+
+Each test is marked with its layer, the folder it lives in (tests/unit/ gets
+`unit`, ...): CI picks a line's tests by these markers (see .ci/run).
 """
 
 import os
-import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -16,54 +19,25 @@ from echomq_django.core import Queue, Scripts, connect
 from tests.redis_servers import ClusterServers
 
 _cluster: ClusterServers | None = None
-_SKIP_OWN_SERVERS = pytest.StashKey[bool]()
-_SKIP_NO_DATABASE = pytest.StashKey[bool]()
-_LTS_LINE = pytest.StashKey[bool]()
-_DATABASE_ONLY = pytest.StashKey[bool]()
-# What a test asks for when it reaches the Django database (the rest cannot tell PostgreSQL from SQLite).
-_DATABASE_FIXTURES = {"db", "transactional_db", "django_db_setup", "django_db_reset_sequences",
-                      "django_db_serialized_rollback", "live_server", "admin_client", "admin_user",
-                      "django_user_model"}
+TESTS = Path(__file__).resolve().parent
+LAYERS = ("unit", "protocol", "runtime", "django", "system")
 
 
 def pytest_configure(config) -> None:
     global _cluster
-    on_sqlite = os.environ.get("DATABASE_URL", "sqlite").startswith("sqlite")
-    if os.environ.get("ECHOMQ_TEST_REDIS_URL") == "cluster" or not on_sqlite or sys.version_info < (3, 12):
-        # A test that brings its own Redis servers and tests no database would only run
-        # again here; the SQLite run of the newest Python and Django has it. (What it tests
-        # is Redis's faults and topology, not the Python or Django version: those marked
-        # every_python, the demo's, run on the Python 3.11 line too.)
-        config.stash[_SKIP_OWN_SERVERS] = True
-    config.stash[_LTS_LINE] = on_sqlite and sys.version_info < (3, 12)
-    # The same for a test of the runtime's processes alone (no Django database, and nothing the
-    # topology of Redis changes: tests/test_cluster.py runs the pool once on the cluster).
-    config.stash[_SKIP_NO_DATABASE] = not on_sqlite or os.environ.get("ECHOMQ_TEST_REDIS_URL") == "cluster"
-    # The PostgreSQL run is there for the database: a test that never reaches it runs on SQLite alone.
-    config.stash[_DATABASE_ONLY] = not on_sqlite
     if os.environ.get("ECHOMQ_TEST_REDIS_URL") == "cluster":
         _cluster = ClusterServers(masters=3, replicas=0)
         _cluster.start()
         os.environ["ECHOMQ_TEST_REDIS_URL"] = _cluster.url  # child processes see it too
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config, items) -> None:
-    if config.stash.get(_SKIP_OWN_SERVERS, False):
-        skip = pytest.mark.skip(reason="own servers, no database: the SQLite run of the newest Python has it")
-        for item in items:
-            if item.get_closest_marker("own_servers") and not (
-                    config.stash.get(_LTS_LINE, False) and item.get_closest_marker("every_python")):
-                item.add_marker(skip)
-    if config.stash.get(_SKIP_NO_DATABASE, False):
-        skip = pytest.mark.skip(reason="no database: the SQLite run of this Python has it")
-        for item in items:
-            if item.get_closest_marker("no_database"):
-                item.add_marker(skip)
-    if config.stash.get(_DATABASE_ONLY, False):
-        skip = pytest.mark.skip(reason="reaches no database: the SQLite runs have it")
-        for item in items:
-            if not (_DATABASE_FIXTURES & set(item.fixturenames) or item.get_closest_marker("django_db")):
-                item.add_marker(skip)
+    for item in items:
+        folder = item.path.relative_to(TESTS).parts[0]
+        if folder not in LAYERS:
+            raise pytest.UsageError(f"{item.nodeid}: a test lives in the folder of its layer, one of {LAYERS}")
+        item.add_marker(folder)
 
 
 def pytest_unconfigure(config) -> None:

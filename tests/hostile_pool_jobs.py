@@ -1,4 +1,4 @@
-"""Handlers for tests/test_hostile_pool.py, at module level so the processes pool's children can import them.
+"""Handlers for tests/system/test_hostile_pool.py, at module level so the processes pool's children can import them.
 
 A handler that records what it does gets, in its job's data, the Redis URL
 (`url`) and the key (`key`) of a list the test owns; each entry is

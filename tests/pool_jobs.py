@@ -1,4 +1,4 @@
-"""Job handlers for tests/test_pool.py, at module level so the processes pool's children can import them.
+"""Job handlers for tests/system/test_pool.py, at module level so the processes pool's children can import them.
 
 A handler that records what it does is given, in its job's data, the Redis
 URL (`url`) and the key (`key`) of a list the test owns (each child process

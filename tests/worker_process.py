@@ -65,7 +65,28 @@ def main() -> None:
                     lock_duration_ms=lock_ms, block_timeout_s=args.block_timeout, keep_completed=Retention(),
                     rate_limit=args.rate, max_active=args.max_active, group_max_active=args.group_max_active)
     print("ready", flush=True)
-    run_until_signalled(worker)
+    run_until_signalled(Announced(worker))
+
+
+class Announced:
+    """The worker as run_until_signalled runs it, saying "stopping" on stdout at its first stop.
+
+    A test that sends a second signal waits for that line: two signals sent before the first
+    is taken count as one.
+    """
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+
+    def run(self) -> int:
+        return self.worker.run()
+
+    def stop(self) -> None:
+        print("stopping", flush=True)
+        self.worker.stop()
+
+    def abort(self) -> None:
+        self.worker.abort()
 
 
 if __name__ == "__main__":

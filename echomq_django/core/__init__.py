@@ -2,7 +2,7 @@
 
 Everything a producer, a worker, a sweeper or an operator's page needs is
 importable from here, and the Django app around it imports nothing else of
-core (tests/test_packaging.py checks); the app only adds settings, commands,
+core (tests/system/test_packaging.py checks); the app only adds settings, commands,
 models and the admin.
 """
 

@@ -3,7 +3,7 @@
 Nothing here writes to Redis. `next_sweep_verdict` says what the next sweep
 will do with a job: the sweep script's decision (lua/moveStalledJobsToWait-8.lua,
 with recoverJob and the field readers of jobFields from lua/includes/) restated
-in Python, rule for rule. tests/test_inspection.py runs the real script on
+in Python, rule for rule. tests/protocol/test_inspection.py runs the real script on
 every case, and on generated ones, and compares the lists restated here with
 the script's.
 
@@ -48,7 +48,7 @@ NOTHING = "nothing"
 SWEEP_FIELDS = ("atm", "stc", "opts", "pri", "cxl", "grp")
 # The queue keys whose type the sweep checks before it writes anything (named as
 # QueueKeys names them), and the type each must have: the script's `expected`
-# list, which tests/test_inspection.py compares with this one.
+# list, which tests/protocol/test_inspection.py compares with this one.
 CHECKED_KEY_TYPES = (("active", "list"), ("wait", "list"), ("paused", "list"), ("stalled", "set"),
                      ("failed", "zset"), ("meta", "hash"), ("marker", "zset"), ("prioritized", "zset"),
                      ("locks", "zset"), ("events", "stream"), ("groups", "zset"), ("group_active", "hash"),

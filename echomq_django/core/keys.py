@@ -3,7 +3,7 @@
 A script gets the keys it works on as KEYS, in the order SCRIPT_KEYS gives,
 and builds from the queue's prefix (its ARGV "prefix") only the keys listed in
 DERIVED_KEYS. Its other arguments come as ARGV, in the order SCRIPT_ARGV (and
-SCRIPT_ARGV_EACH, per job or lock) gives. tests/test_lua_contract.py reads
+SCRIPT_ARGV_EACH, per job or lock) gives. tests/unit/test_lua_contract.py reads
 every script's header and source and holds the tables to them.
 """
 

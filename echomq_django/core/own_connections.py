@@ -9,7 +9,7 @@ pool builds its own, but held outside it, and sends its commands packed in
 one write. It is the one place in the package that uses redis-py's internals
 (the pool's connection options, a connection's socket and its raw send and
 read), which hold for the redis-py versions pyproject.toml allows;
-`tests/test_packaging.py` keeps every other module to the public API. It can
+`tests/system/test_packaging.py` keeps every other module to the public API. It can
 be switched off (`ScriptClient(own_connections=False)`, or the environment
 variable ECHOMQ_OWN_CONNECTIONS=0): the calls then go through the pool.
 """

@@ -1,0 +1,71 @@
+"""A call whose reply was lost is sent again: every such re-send must change nothing.
+
+Each test sends the very same script call twice through the real scripts, as
+redis-py does after a cut connection. (tests/system/test_chaos.py does it with real
+lost replies through a proxy.)
+"""
+
+import json
+
+from echomq_django.core import JobOptions, NewJob
+from echomq_django.core.queue import now_ms
+from tests.helpers import fetch, finish, renew_lock
+
+
+def send_twice(queue, call):
+    first = queue.scripts.run_batch([call], raise_on_error=True)[0]
+    again = queue.scripts.run_batch([call], raise_on_error=True)[0]
+    return first, again
+
+
+def test_a_resent_add_with_generated_ids_adds_nothing(queue):
+    jobs = [queue._encode(NewJob("work", {"n": n})) for n in range(3)]
+    first, again = send_twice(queue, queue.scripts.add_jobs_call(queue.keys, now_ms(), jobs))
+    assert first == again == ["1", 1, "2", 1, "3", 1]
+    assert queue.counts()["wait"] == 3
+    assert queue.client.get(queue.keys.id_counter) == "3"
+    # A new call (a new add token) adds again, as a new add must.
+    assert queue.add("work") == "4"
+
+
+def test_a_resent_add_record_lapses_and_the_ids_of_caller_given_adds_need_none(queue):
+    call = queue.scripts.add_jobs_call(queue.keys, now_ms(), [queue._encode(NewJob("work", job_id="mine"))])
+    send_twice(queue, call)
+    assert queue.counts()["wait"] == 1
+    assert not queue.client.exists(call[1][7]), "no record when no id was generated"
+    generated = queue.scripts.add_jobs_call(queue.keys, now_ms(), [queue._encode(NewJob("work"))])
+    queue.scripts.run_batch([generated])
+    assert 0 < queue.client.pttl(generated[1][7]) <= 30_000
+
+
+def test_a_resent_fetch_returns_the_same_jobs_and_takes_no_more(queue):
+    ids = queue.add_bulk([NewJob("work") for _ in range(5)])
+    call = queue.scripts.fetch_call(queue.keys, "tok-1", 30_000, now_ms(), 2, "w1")
+    first, again = (queue.scripts.fetched(reply)[2] for reply in send_twice(queue, call))
+    assert [job_id for job_id, _ in first] == [job_id for job_id, _ in again] == ids[:2]
+    assert queue.counts()["active"] == 2 and queue.counts()["wait"] == 3
+    for job_id in ids[:2]:
+        attempts_started, wids = queue.client.hmget(queue.keys.job(job_id), "ats", "wids")
+        assert attempts_started == "1" and json.loads(wids) == ["w1"], "the re-send started no second attempt"
+
+
+def test_a_resent_fetch_leaves_out_jobs_the_token_no_longer_owns_and_a_finish_ends_the_record(queue):
+    ids = queue.add_bulk([NewJob("work", opts=JobOptions(attempts=1)) for _ in range(2)])
+    call = queue.scripts.fetch_call(queue.keys, "tok-1", 30_000, now_ms(), 2, "w1")
+    queue.scripts.run_batch([call])
+    queue.client.hdel(queue.keys.job(ids[0]), "tok")  # as if the sweeper had recovered it
+    [reply] = queue.scripts.run_batch([call])
+    assert [job_id for job_id, _ in queue.scripts.fetched(reply)[2]] == [ids[1]]
+    finish(queue, ids[1], "tok-1")
+    assert not queue.client.exists(queue.keys.fetch_record("tok-1"))
+
+
+def test_a_renewal_racing_its_own_finish_is_not_a_lost_lock(queue):
+    job_id = queue.add("work")
+    fetch(queue, token="tok-1")
+    finish(queue, job_id, "tok-1")
+    assert queue.scripts.lock_codes(queue.keys, [(job_id, "tok-1")], 30_000) == [0], "finished by this token"
+    assert not renew_lock(queue, job_id, "tok-1", 30_000), "nothing was renewed"
+    assert not queue.client.exists(queue.keys.lock(job_id))
+    # Another token's renewal of the same finished job is a real loss.
+    assert queue.scripts.lock_codes(queue.keys, [(job_id, "tok-2")], 30_000) == [-1], "lost"

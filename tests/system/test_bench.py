@@ -1,0 +1,106 @@
+"""The side-by-side benchmark still runs (its numbers are meaningless at these sizes)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import current_redis_url
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.slow
+def test_compare_runs_and_prints_every_row():
+    command = [sys.executable, "bench/compare.py", "--quick", "--echomq-only", "--no-everyday", "--redis-url",
+               current_redis_url()]
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for row in ("steady sweep", "recover", "worker, no-op jobs/s", "bulk enqueue", "memory per waiting job"):
+        assert row in proc.stdout, f"{row!r} missing from:\n{proc.stdout}"
+
+
+@pytest.mark.timeout(360)
+@pytest.mark.slow
+def test_everyday_runs_every_figure_for_echomq_and_says_how_it_compares():
+    proc = subprocess.run([sys.executable, "bench/everyday.py", "--quick", "--only", "echomq"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    header, *rows = [line for line in proc.stdout.splitlines() if "echomq Task.enqueue" in line or
+                     line.startswith(("single enqueue, jobs/s", "pickup latency p50", "no-op jobs/s", "50 ms jobs/s",
+                                      "  Redis time per job"))]
+    assert header.split() == ["echomq", "echomq", "@job", "echomq", "Task.enqueue", "Django", "Tasks,", "no", "queue"]
+    figures = {row.rsplit(None, 4)[0]: row.split()[-4:] for row in rows}
+    assert set(figures) == {"single enqueue, jobs/s", "pickup latency p50, ms", "no-op jobs/s, concurrency 1",
+                            "no-op jobs/s, concurrency 8", "no-op jobs/s, concurrency 32",
+                            "50 ms jobs/s, concurrency 32", "  Redis time per job, µs"}, proc.stdout
+    assert all(cell != "err" for cells in figures.values() for cell in cells), proc.stdout
+    assert figures["single enqueue, jobs/s"][3] != "n/a" and figures["no-op jobs/s, concurrency 1"][1:] == \
+        ["n/a", "n/a", "n/a"], "the Django rows have the enqueue figures only"
+    assert float(figures["  Redis time per job, µs"][0]) > 0, "every job calls Redis"
+    assert "physical limits, one client, round trips/s: redis-benchmark PING_INLINE" in proc.stdout
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.slow
+def test_cluster_throughput_runs_for_one_and_three_masters():
+    proc = subprocess.run([sys.executable, "bench/cluster_throughput.py", "--masters", "1,3", "--queues", "3",
+                           "--jobs", "200", "--runs", "1"], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [row for row in map(str.split, proc.stdout.splitlines()) if len(row) == 5 and row[0].isdigit()]
+    assert [row[0] for row in rows] == ["1", "3"], proc.stdout
+
+
+@pytest.mark.timeout(240)
+def test_metrics_cost_runs_and_prints_every_row():
+    proc = subprocess.run([sys.executable, "bench/metrics_cost.py", "--quick", "--redis-url", current_redis_url()],
+                          cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for row in ("finish, 1 job per call", "finish, 32 jobs per call", "fetch, 1 job per call",
+                "fetch, 32 jobs per call", "worker, concurrency 8", "bytes per minute hash", "per queue per day"):
+        assert row in proc.stdout, f"{row!r} missing from:\n{proc.stdout}"
+
+
+@pytest.mark.timeout(240)
+def test_browse_cost_runs_and_prints_every_row():
+    proc = subprocess.run([sys.executable, "bench/browse_cost.py", "--quick", "--redis-url", current_redis_url()],
+                          cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith(("completed ", "wait "))]
+    assert [(row[0], row[1]) for row in rows] == [(state, call) for state in ("completed", "wait")
+                                                  for call in ("counts()", "first", "last")], proc.stdout
+
+
+
+@pytest.mark.timeout(360)
+@pytest.mark.slow
+def test_beat_cost_runs_and_finds_each_tick_fired_once():
+    proc = subprocess.run([sys.executable, "-u", "bench/beat_cost.py", "--quick"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith(("1 scheduler ", "2 schedulers "))]
+    assert [row[0] for row in rows] == ["1", "2"] * 3, proc.stdout  # the ticks, lateness and cost tables
+    for row in rows[:2]:  # ... >1 job, fired decisions, jobs (all), printed, missed
+        assert row[-5] == "0" and row[-4] == row[-3] == row[-2], proc.stdout
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.slow
+def test_pool_cost_runs_and_prints_every_row():
+    """Celery's rows are measured when it is installed (the bench extra), and said to be missing otherwise."""
+    proc = subprocess.run([sys.executable, "bench/pool_cost.py", "--quick", "--redis-url", current_redis_url()],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    cases = [("echomq", "threads", "no-op"), ("echomq", "processes", "no-op"), ("echomq", "processes", "counting")]
+    if "celery prefork: not measured" not in proc.stdout:
+        cases.append(("celery", "prefork", "counting"))
+    rows = [tuple(row[:4]) for row in map(str.split, lines) if len(row) == 9 and row[2] in ("no-op", "counting")]
+    assert rows == [(*case, conc) for conc in ("2", "8") for case in cases], proc.stdout
+    for row, times in {"processes / threads, no-op": 2, "echomq processes / celery prefork, counting": 2,
+                       "CPU-bound: 4 jobs": 1, "threads / processes wall time": 1}.items():
+        assert proc.stdout.count(row) == times, f"{row!r} missing from:\n{proc.stdout}"
+    walls = [row[0] for row in map(str.split, lines) if row[:1] in (["threads"], ["processes"]) and row[1] != "/"]
+    assert walls == ["threads", "processes"], proc.stdout

@@ -1,0 +1,227 @@
+"""core.signals.run_until_signalled: signals recorded by a handler that does nothing, acted on by the main thread.
+
+Each case runs a child process of its own and sends it real signals, in bursts
+where the old design hung: handlers landing inside a stop(), inside a wait,
+inside the end of run().
+"""
+
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from echomq_django.core import run_until_signalled
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# A runner whose run() waits for its stop (or, "deaf", ignores it as a call to a frozen Redis would),
+# whose stop() takes a lock and logs, as Worker's may, and which reports who called what.
+CHILD = textwrap.dedent("""
+    import logging, os, random, signal, sys, threading, time
+    from echomq_django.core import run_until_signalled
+
+    logging.basicConfig(level=logging.INFO)
+    case, count = sys.argv[1], int(sys.argv[2])
+
+    class Runner:
+        def __init__(self):
+            self.stopping, self.aborted, self.lock = threading.Event(), threading.Event(), threading.Lock()
+            self.calls = []
+            self.started = threading.Event()
+
+        def run(self):
+            self.started.set()
+            if case == "raises":
+                raise LookupError("from run")
+            if case == "deaf":
+                time.sleep(60)
+            (self.aborted if case == "finishing" else self.stopping).wait(30)
+            return case
+
+        def stop(self):
+            with self.lock:
+                logging.info("stop")
+                self.calls.append(("stop", threading.current_thread() is threading.main_thread()))
+                time.sleep(0.01)  # the next signal of a burst lands in here
+                self.stopping.set()
+
+        def abort(self):
+            with self.lock:
+                self.calls.append(("abort", threading.current_thread() is threading.main_thread()))
+                self.aborted.set()
+
+    runners = [Runner(), Runner()]
+
+    def burst():
+        for runner in runners:
+            runner.started.wait(10)
+        time.sleep(0.05)
+        for _ in range(count):
+            os.kill(os.getpid(), random.choice([signal.SIGTERM, signal.SIGINT]))
+            time.sleep(random.random() * 0.003)
+
+    # The burst goes on after run_until_signalled returned: its handlers restored, a default
+    # one would kill this process (SIGTERM) or raise in it (SIGINT) before it reports.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda signum, frame: None)
+    threading.Thread(target=burst, daemon=True).start()
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), signal.set_wakeup_fd(-1)
+    started = time.monotonic()
+    try:
+        print("returned", run_until_signalled(*runners, grace_s=0.5), flush=True)
+    except LookupError as error:
+        print("raised", error, flush=True)
+    print("calls", [runner.calls for runner in runners], flush=True)
+    print("restored", before == (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM),
+                                 signal.set_wakeup_fd(-1)), flush=True)
+""")
+
+
+def run_child(case: str, signals: int, timeout_s: float = 30) -> dict[str, str]:
+    """The child's lines, keyed by their first word; {"hung": ...} when it outlived the timeout."""
+    process = subprocess.Popen([sys.executable, "-c", CHILD, case, str(signals)], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return {"hung": process.communicate()[1][-2000:]}
+    lines = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+    return {**lines, "stderr": err[-2000:]}
+
+
+@pytest.mark.slow
+def test_one_signal_stops_every_runner_once_from_the_main_thread():
+    lines = run_child("stopping", 1)
+    assert lines.get("returned") == "['stopping', 'stopping']", lines
+    assert lines["calls"] == "[[('stop', True)], [('stop', True)]]", lines
+    assert lines["restored"] == "True"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attempt", range(5))
+def test_a_burst_of_signals_stops_then_aborts_every_runner_once(attempt):
+    lines = run_child("finishing", 2 + attempt * 7)  # "finishing" runners return only on abort()
+    assert lines.get("returned") == "['finishing', 'finishing']", lines
+    assert lines["calls"] == "[[('stop', True), ('abort', True)], [('stop', True), ('abort', True)]]", lines
+    assert lines["restored"] == "True"
+
+
+@pytest.mark.slow
+def test_a_runner_deaf_to_its_abort_is_left_behind_after_the_grace():
+    lines = run_child("deaf", 2)
+    assert lines.get("returned") == "[None, None]", lines  # their run() never returned
+    assert lines["restored"] == "True"
+
+
+@pytest.mark.slow
+def test_what_a_run_raises_is_raised_to_the_caller():
+    lines = run_child("raises", 0)
+    assert lines.get("raised") == "from run", lines
+
+
+def test_it_refuses_to_run_off_the_main_thread():
+    refused: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            run_until_signalled()
+        except RuntimeError as error:
+            refused.append(error)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    thread.join()
+    assert refused and "main thread" in str(refused[0])
+
+
+def test_no_runner_returns_at_once_and_restores_the_handlers():
+    before = signal.getsignal(signal.SIGTERM)
+    assert run_until_signalled() == []
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+# Found: signals.py _wait: it waited while a runner's thread was alive, and a thread sends its "returned"
+# byte before it ends: the main thread that read the byte could still find it alive and wait on
+# for a byte that never came (run() returning at once hung within a few hundred calls).
+INSTANT = textwrap.dedent("""
+    import sys
+    from echomq_django.core import run_until_signalled
+
+    class Instant:
+        def run(self):
+            return "ran"
+
+        def stop(self):
+            pass
+
+        def abort(self):
+            pass
+
+    for _ in range(int(sys.argv[1])):
+        assert run_until_signalled(Instant()) == ["ran"]
+    print("done", flush=True)
+""")
+
+
+@pytest.mark.slow
+def test_a_run_that_returns_at_once_never_leaves_it_waiting():
+    process = subprocess.Popen([sys.executable, "-c", INSTANT, "2000"], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = process.communicate(timeout=60)  # 2,000 calls take about a second
+    except subprocess.TimeoutExpired:
+        process.kill()  # SIGKILL: its SIGTERM would only be recorded
+        process.communicate()
+        pytest.fail("run_until_signalled waited on after its runner's run() had returned")
+    assert out == "done\n", err[-2000:]
+
+
+# Found: signals.py _wait: a stop() that raised went straight out of run_until_signalled: the runners
+# after it were never stopped, and the caller's exit killed their threads mid-job.
+RAISING_STOP = textwrap.dedent("""
+    import os, signal, threading
+    from echomq_django.core import run_until_signalled
+
+    class Runner:
+        def __init__(self, fails):
+            self.fails, self.started, self.stopping, self.calls = fails, threading.Event(), threading.Event(), []
+
+        def run(self):
+            self.started.set()
+            self.stopping.wait(30)
+            return "stopped" if self.stopping.is_set() else "never stopped"
+
+        def stop(self):
+            self.calls.append("stop")
+            self.stopping.set()
+            if self.fails:
+                raise LookupError("from stop")
+
+        def abort(self):
+            self.calls.append("abort")
+
+    runners = [Runner(fails=True), Runner(fails=False)]
+
+    def signal_once_running():  # their run() started: run_until_signalled's handler is in
+        for runner in runners:
+            runner.started.wait(30)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=signal_once_running, daemon=True).start()
+    try:
+        run_until_signalled(*runners)
+    except LookupError as error:
+        print("raised", error, flush=True)
+    print("calls", [runner.calls for runner in runners], flush=True)
+""")
+
+
+def test_a_stop_that_raises_still_stops_the_other_runners_and_is_raised_once_they_returned():
+    result = subprocess.run([sys.executable, "-c", RAISING_STOP], cwd=ROOT, capture_output=True, text=True,
+                            timeout=60)
+    assert result.stdout == "raised from stop\ncalls [['stop'], ['stop']]\n", result.stderr[-2000:]
