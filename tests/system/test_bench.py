@@ -31,14 +31,16 @@ def test_everyday_runs_every_figure_for_echomq_and_says_how_it_compares():
     header, *rows = [line for line in proc.stdout.splitlines() if "echomq Task.enqueue" in line or
                      line.startswith(("single enqueue, jobs/s", "pickup latency p50", "no-op jobs/s", "50 ms jobs/s",
                                       "  Redis time per job"))]
-    assert header.split() == ["echomq", "echomq", "@job", "echomq", "Task.enqueue", "Django", "Tasks,", "no", "queue"]
-    figures = {row.rsplit(None, 4)[0]: row.split()[-4:] for row in rows}
+    assert header.split() == ["echomq", "echomq,", "pool", "echomq", "@job", "echomq", "Task.enqueue", "Django",
+                              "Tasks,", "no", "queue"]
+    figures = {row.rsplit(None, 5)[0]: row.split()[-5:] for row in rows}
     assert set(figures) == {"single enqueue, jobs/s", "pickup latency p50, ms", "no-op jobs/s, concurrency 1",
                             "no-op jobs/s, concurrency 8", "no-op jobs/s, concurrency 32",
                             "50 ms jobs/s, concurrency 32", "  Redis time per job, µs"}, proc.stdout
     assert all(cell != "err" for cells in figures.values() for cell in cells), proc.stdout
-    assert figures["single enqueue, jobs/s"][3] != "n/a" and figures["no-op jobs/s, concurrency 1"][1:] == \
+    assert figures["single enqueue, jobs/s"][4] != "n/a" and figures["no-op jobs/s, concurrency 1"][2:] == \
         ["n/a", "n/a", "n/a"], "the Django rows have the enqueue figures only"
+    assert figures["no-op jobs/s, concurrency 1"][1] != "n/a", "the pool's way runs jobs too"
     assert float(figures["  Redis time per job, µs"][0]) > 0, "every job calls Redis"
     assert "physical limits, one client, round trips/s: redis-benchmark PING_INLINE" in proc.stdout
 
