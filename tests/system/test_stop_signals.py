@@ -14,9 +14,12 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
+from echomq_django.core import Queue, connect
+from echomq_django.core.metrics import totals
 from tests.redis_servers import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -137,26 +140,56 @@ def test_a_ctrl_c_in_run_raises_and_leaves_the_jobs_to_the_sweeper(redis_url, pr
 
 # -- the commands, on a Redis of their own that a run may stop (an outage) -----------------------
 
-COMMANDS = {"worker": ["echomq_worker", "--queue", "default"], "sweep": ["echomq_sweep", "--queue", "default"],
-            "beat": ["echomq_beat"]}
+# The worker runs the demo's real jobs (queue "demo": lock 3 s, a sweep every 2 s), and every run of it adds some.
+COMMANDS = {"worker": ["echomq_worker", "--queue", "demo", "--concurrency", "3"],
+            "sweep": ["echomq_sweep", "--queue", "demo"], "beat": ["echomq_beat"]}
+JOBS_PER_RUN = 8
+SLOW = "demo_project.demo_app.jobs.slow"
+
+
+def run_until(env: dict[str, str], queue: Queue, done: Callable[[], bool], deadline_s: float) -> bool:
+    """Run a worker and a sweeper command on `queue` until `done()` or the deadline; True when done."""
+    commands = [subprocess.Popen([sys.executable, "manage.py", *args], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL) for args in (COMMANDS["worker"], COMMANDS["sweep"])]
+    try:
+        deadline = time.monotonic() + deadline_s
+        while not done() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return done()
+    finally:
+        for process in commands:
+            process.kill()
+            process.wait()
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", sorted(COMMANDS))
-def test_each_command_exits_under_bursts_of_signals_also_during_an_outage(subprocess_env, command):
-    """Every run exits 0 after a random burst, whether Redis answers or not (every other run stops it)."""
-    server = RedisServer()
+def test_each_command_exits_under_bursts_of_signals_also_during_an_outage(subprocess_env, prefix, command):
+    """Every run exits 0 after a random burst, whether Redis answers or not (every other run stops it).
+
+    The worker's runs take real jobs as the signals land; afterwards a worker
+    and a sweeper finish what the runs left, and every job has completed
+    once: none lost, none finished twice, and a job started again only after
+    a sweep recovered it from a run that left it (the second stage).
+    """
+    server = RedisServer("--appendonly", "yes", "--appendfsync", "always")  # an outage loses nothing
     server.start()
     env = {**subprocess_env, "ECHOMQ_REDIS_URL": server.url}
+    queue = Queue("demo", connect(server.url), prefix=prefix)
+    ids: list[str] = []
     stopped_in_time = 0
     try:
         for attempt in range(RUNS):
             outage = attempt % 2 == 1
+            if command == "worker":
+                ids += [queue.add(SLOW, {"args": [random.choice([0.005, 0.05, 0.3])], "kwargs": {}})
+                        for _ in range(JOBS_PER_RUN)]
             process = subprocess.Popen([sys.executable, "manage.py", *COMMANDS[command]], cwd=ROOT, env=env,
                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             try:
                 assert process.stdout is not None
                 assert process.stdout.readline(), "no start-up line"  # after it the signals' handling is in place
+                time.sleep(random.random() * 0.3)  # not a synchronisation: the burst lands at a random moment
                 if outage:
                     server.stop()
                 for _ in range(random.randint(1, 12)):
@@ -174,6 +207,21 @@ def test_each_command_exits_under_bursts_of_signals_also_during_an_outage(subpro
                 process.communicate()
                 if outage:
                     server.start()
+        if command == "worker":
+            assert run_until(env, queue, lambda: queue.counts()["completed"] >= len(ids), deadline_s=120), \
+                f"{queue.counts()} of {len(ids)} jobs"
+            with queue.client.pipeline(transaction=False) as pipe:
+                for job_id in ids:
+                    pipe.hmget(queue.keys.job(job_id), "ats", "atm", "stc")
+                counters = dict(zip(ids, pipe.execute()))
+            states = {job_id: queue.get_state(job_id) for job_id in ids}
+            lost = [job_id for job_id, state in states.items() if state != "completed"]
+            # A recovery counts an attempt (atm) and a stall (stc); a start (ats) beyond the first needs one.
+            twice = {job_id: c for job_id, c in counters.items() if not int(c[0]) == int(c[1]) == 1 + int(c[2] or 0)}
+            assert not lost and not twice, f"lost: {lost}; (ats, atm, stc) off: {twice}"
+            assert queue.counts()["completed"] == totals(queue)["completed"] == len(ids), "a job finished twice"
+            recovered = sum(int(c[2] or 0) for c in counters.values())
+            print(f"{len(ids)} jobs completed once each, {recovered} of them after a sweep recovered them")
     finally:
         server.stop()
         server.workdir.cleanup()
