@@ -123,7 +123,8 @@ def completions(queue: Queue, job_id: str) -> int:
 # job's attempt fails without running
 def test_a_soft_limit_in_a_child_with_a_background_thread_leaves_the_next_jobs_alone(queue, redis_url):
     ids = queue.add_bulk([NewJob("chatty", data(queue, redis_url),
-                                 JobOptions(attempts=1, soft_time_limit_ms=50, time_limit_ms=10_000))
+                                 # The limit lands once the job is in its loop: 50 ms was too short on a busy machine.
+                                 JobOptions(attempts=1, soft_time_limit_ms=500, time_limit_ms=10_000))
                           for _ in range(8)])
     with running(make(queue, jobs.chatty_soft, max_log_lines=5)):
         assert wait_until(lambda: finished(queue, ids), 30)
