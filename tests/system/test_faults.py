@@ -97,9 +97,11 @@ def test_random_kill_9s_lose_nothing_and_count_attempts_exactly(queue, redis_url
     lock_ms, interval_ms = 800, 300
     ids = queue.add_bulk([NewJob("jitter", {"ms": 20}, JobOptions(attempts=50)) for _ in range(jobs)])
     killed_at: dict[str, int] = {}
-    with Fleet(queue, redis_url, lock_ms, interval_ms, max_stalled_count=50) as fleet:
+    queue.pause()  # until the three workers run: on a busy machine they took seconds to start, and the jobs
+    with Fleet(queue, redis_url, lock_ms, interval_ms, max_stalled_count=50) as fleet:  # ended before a kill
         for _ in range(3):
             fleet.spawn(concurrency=2)
+        queue.resume()
         deadline = time.monotonic() + 60 + jobs / 20
         while queue.counts()["completed"] < jobs and time.monotonic() < deadline:
             time.sleep(0.3)
