@@ -22,6 +22,7 @@ from .errors import InvalidNameError, JobCancelled, JobNotFoundError, LockLostEr
 from .job import Job, JobOptions
 from .keys import QueueKeys, validate_stored_id
 from .locks import RETRY_PAUSE_S, LockRenewer
+from .marker import MarkerWaiter
 from .pool import POOLS, AbandonedThreads, ChildStartError, Handler, ProcessSlot, ThreadSlot, class_path
 from .queue import now_ms
 from .scripts import Confirm, Finish, RateLimit, Scripts, Wait
@@ -224,11 +225,9 @@ class Worker:
         # What wakes the loop: an _Outcome from a job thread, or None (marker, stop).
         self._events: threadqueue.SimpleQueue[_Outcome | None] = threadqueue.SimpleQueue()
         self._wait = Wait()  # an idle loop's wait for work, which stop() cuts short
-        # The marker thread's connection while it blocks (its Redis client id), for the loop to end that wait.
-        self._marker_blocking: int | None = None
-        self._marker_wanted = threading.Event()  # the loop asks the marker thread to block
         self._idle = threading.Event()  # the loop has free slots and found nothing to take (stop() clears it)
-        self._marker_timeout_s = block_timeout_s
+        self._marker = MarkerWaiter(self.worker_id, self.client, self.scripts, self.keys, self._events, self._idle,
+                                    self._done, block_timeout_s)
         # The token of a fetch whose reply never came: sent again with the next
         # fetch, so the script answers with the jobs it took (see moveToActive).
         self._unanswered_token: str | None = None
@@ -279,7 +278,7 @@ class Worker:
         if not self._start_children():
             return 0  # stopped while they started
         threads = [threading.Thread(target=self._locks.run, name="echomq-renew", daemon=True),
-                   threading.Thread(target=self._wait_for_marker, name="echomq-marker", daemon=True)]
+                   threading.Thread(target=self._marker.run, name="echomq-marker", daemon=True)]
         if not self._inline:
             threads += [threading.Thread(target=self._job_thread, args=(slot,), name=f"echomq-job-{i}", daemon=True)
                         for i, slot in enumerate(self._slots)]
@@ -417,7 +416,7 @@ class Worker:
         self._locks.stop()
         if not self._aborted.is_set():  # (a second stop returns at once: they go within a lock duration)
             self._show_abandoned()  # none: the worker's slots are gone
-        self._marker_wanted.set()
+        self._marker.release()
         # The children first, while the job threads that started some still live (a child is
         # killed when the thread that started it ends); a second stop kills those of jobs left running.
         for slot in self._slots:
@@ -484,7 +483,7 @@ class Worker:
         try:
             if wait_s is not None:
                 waited = self.scripts.wait_then_run(self.keys.marker, wait_s, calls, self.confirm, self._wait,
-                                                    unblock=self._marker_blocking)
+                                                    unblock=self._marker.blocking)
                 assert waited is not None  # the loop waits so only where the client can (waits_then_runs)
                 woken, replies, acked = waited
                 if isinstance(woken, ResponseError):  # the marker's key holds another type; UNBLOCKED by a failover
@@ -653,58 +652,7 @@ class Worker:
 
     def _arm_marker(self, next_due: int | None) -> None:
         """Ask the marker thread to block until work is signalled or the next delayed job is due."""
-        self._marker_timeout_s = self._wait_s(next_due)
-        self._idle.set()
-        self._marker_wanted.set()
-
-    def _wait_for_marker(self) -> None:
-        while True:
-            self._marker_wanted.wait()
-            if self._done.is_set():
-                return
-            self._marker_wanted.clear()
-            woken: bool | None = False
-            try:
-                woken = self._block(self._marker_timeout_s)
-                if woken and not self._idle.is_set():
-                    # The loop filled its slots, began stopping or waits itself meanwhile:
-                    # the signal is for another wait, so put it back.
-                    self.client.zadd(self.keys.marker, {"0": 0})
-            except (*UNREACHABLE, ResponseError) as error:
-                # The signal is lost; other workers wake at their block timeout.
-                logger.error("worker %s: could not hand back a wake-up signal (%s)", self.worker_id, error)
-            finally:
-                if woken is not None:  # None: the loop ended this wait to wait itself
-                    self._events.put(None)  # the loop looks for work whatever happened here
-
-    def _block(self, timeout: float) -> bool | None:
-        """Sleep until a producer signals work (the marker) or the timeout ends; True if it took the marker.
-
-        None when the loop ended the wait (it waits for work itself).
-        """
-        try:
-            if not self.scripts.waits_then_runs:  # a cluster
-                return self.client.bzpopmin(self.keys.marker, timeout=timeout) is not None
-            # On the thread's own connection, which the loop may unblock (see run()).
-            self._marker_blocking = self.scripts.client_id()
-            try:
-                waited = self.scripts.wait_then_run(self.keys.marker, timeout, [], None, None)
-            finally:
-                self._marker_blocking = None
-            assert waited is not None
-            woken = waited[0]
-            if isinstance(woken, ResponseError):
-                if "CLIENT UNBLOCK" in str(woken):
-                    return None
-                raise woken
-            return isinstance(woken, list)
-        except (*UNREACHABLE, ResponseError) as error:
-            # ResponseError: UNBLOCKED, when a failover turns the server we wait
-            # on into a replica; the next wait goes to the new primary.
-            logger.error("worker %s: Redis unreachable or failing over while waiting (%s); retrying",
-                         self.worker_id, error)
-            self._done.wait(1.0)
-            return False
+        self._marker.arm(self._wait_s(next_due))
 
     # -- slots -------------------------------------------------------------
 
