@@ -192,7 +192,7 @@ def stop_twice_while_it_runs(worker: Worker, queue, job_id: str) -> None:
     assert not thread.is_alive(), "the second stop does not wait for the running job"
 
 
-# Concurrency 1 runs the job on the loop's own thread, 3 on job threads: a second stop leaves either at once.
+# Concurrency 1 runs the job on one job thread, 3 on three: a second stop leaves either at once.
 @pytest.mark.parametrize("concurrency", [1, 3])
 def test_second_stop_returns_at_once_and_the_sweeper_recovers_the_job(queue, concurrency):
     job_id = queue.add("work")
@@ -211,7 +211,7 @@ def new_threads(since: set[threading.Thread], name: str) -> list[threading.Threa
 
 
 def test_a_job_that_ends_after_a_second_stop_writes_nothing(queue):
-    """The job outlives run() (concurrency 1: on the loop's thread); its result is not written, as run() left."""
+    """The job outlives run() (on its job thread); its result is not written, as run() left."""
     job_id = queue.add("work")
     release, ended = threading.Event(), threading.Event()
 
@@ -222,11 +222,11 @@ def test_a_job_that_ends_after_a_second_stop_writes_nothing(queue):
 
     existing = set(threading.enumerate())
     stop_twice_while_it_runs(make_worker(queue, handler), queue, job_id)
-    [loop] = new_threads(existing, "echomq-loop")
+    [job_thread] = new_threads(existing, "echomq-job-0")
     release.set()
     assert ended.wait(5)
-    loop.join(5)
-    assert not loop.is_alive(), "the loop ends once its job does"
+    job_thread.join(5)
+    assert not job_thread.is_alive(), "the job thread ends once its job does"
     assert queue.get_state(job_id) == "active", "left to the sweeper, not completed behind run()'s back"
     assert queue.get_job(job_id).returnvalue is None
 

@@ -1,0 +1,347 @@
+"""A worker's fetch loop: the only caller of moveToActive and moveToFinished.
+
+Each round trip writes the results of every job that ended since the last
+one and takes new jobs for the free slots, in one pipeline. The loop hands
+the jobs to the slots (slots.py) and waits on the worker's one queue of
+events: a slot's result, or a wake-up (the marker waiter, a stop, a freed slot).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue as threadqueue
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from .connection import UNREACHABLE, socket_timeout
+from .errors import JobNotFoundError, LockLostError, QueueStateError
+from .job import Job, JobOptions, Reporter
+from .keys import QueueKeys
+from .locks import RETRY_PAUSE_S, LockRenewer
+from .marker import MarkerWaiter
+from .pool import class_path
+from .queue import now_ms
+from .scripts import Confirm, Finish, RateLimit, Scripts, Wait
+from .slots import Events, JobSlots, Outcome
+from .stopping import TwoStages
+
+logger = logging.getLogger("echomq.worker")
+# How often a worker that found its queue at MAX_ACTIVE looks again (a job of its own that ends wakes it sooner).
+CAP_POLL_S = 0.25
+
+# moveToFinished's status codes for a failed attempt, in words.
+_FAILURE_OUTCOMES = {2: "for good", 3: "retrying now", 4: "retrying after its backoff"}
+
+
+@dataclass(frozen=True)
+class FetchOptions:
+    """What each fetch asks of moveToActive and each finish of moveToFinished (the worker's options)."""
+
+    lock_duration_ms: int
+    block_timeout_s: float
+    default_attempts: int
+    keep_completed: tuple[int, int]  # (count, age_ms): see Retention (worker.py)
+    keep_failed: tuple[int, int]
+    metrics_minutes: int
+    confirm: Confirm | None
+    rate_limit: RateLimit | None
+    max_active: int
+    group_max_active: int
+
+
+class FetchLoop:
+    """Takes jobs for the free slots and writes the results of ended ones, until stopped.
+
+    `running` counts the jobs fetched and not yet written back (only the loop
+    changes it); `processed` the results written. Held back by flow control,
+    the loop sleeps as long as the script says, without calling Redis.
+    """
+
+    def __init__(self, client: Any, scripts: Scripts, keys: QueueKeys, worker_id: str, options: FetchOptions, *,
+                 slots: JobSlots, marker: MarkerWaiter, locks: LockRenewer, events: Events, stages: TwoStages,
+                 reporter: Reporter) -> None:
+        self.client, self.scripts, self.keys, self.worker_id, self.options = client, scripts, keys, worker_id, options
+        self.slots, self.marker, self.locks, self.events, self.stages = slots, marker, locks, events, stages
+        self.reporter = reporter
+        self.running = 0
+        self.processed = 0
+        self.wait = Wait()  # an idle loop's wait for work, which stop() cuts short
+        # The token of a fetch whose reply never came: sent again with the next
+        # fetch, so the script answers with the jobs it took (see moveToActive).
+        self._unanswered_token: str | None = None
+        self._cut_token = ""  # the token of the wait a stop cut, sent again once to learn what it took
+        self._unreachable = False  # the last round trip failed to reach Redis
+        # The last fetch's flow control: 0, ms until its rate limit or pause lets a job start, -1 capped.
+        self._held_back_ms = 0
+        # What fetches found broken in the queue's flow-control keys, reported once each (a fetch says it again).
+        self._reported_broken: set[str] = set()
+
+    def run(self, burst: bool, max_jobs: int | None) -> None:
+        fetched = 0
+        ended: list[Outcome] = []  # jobs whose results are still to be written
+        next_due: int | None = None
+        waited = False  # the last round trip was a wait that took nothing: the next one waits at once
+        while not self.stages.aborted.is_set():
+            want = free = 0
+            if not self.stages.stopping.is_set():
+                # Writing the ended jobs' results frees their slots in the same round trip.
+                free = self.slots.count - self.running + len(ended)
+                want = free if max_jobs is None else min(free, max_jobs - fetched)
+            if not want and not self.running and not ended and not self._unanswered_token:
+                break  # stopping, or max_jobs reached, and nothing left to write
+            # Not the jobs left to take (max_jobs) but the free slots are what a thread past its limit
+            # holds: its end wakes the loop (see Worker._abandoned_changed).
+            want = max(min(want, free - self.slots.abandoned.count), 0)
+            wrote = bool(ended)
+            got = 0
+            if (want and not waited) or ended or self._unanswered_token:
+                got, next_due = self._exchange(ended, want)
+            waited = False
+            fetched += got
+            if got or wrote or self._collect(ended, wait_s=None):
+                continue  # slots may have freed, more may be ready: go round again
+            if want and self._held_back_ms:
+                # Flow control held jobs back: wait as long as the script said (a cap: a while), not
+                # on the marker, which every add sets; a job of this worker that ends wakes it sooner.
+                self._collect(ended, wait_s=self._held_back_ms / 1000 if self._held_back_ms > 0 else CAP_POLL_S)
+                continue
+            if burst and (want or free) and not self.running and not self._unanswered_token:
+                # Nothing is ready and nothing is running (nor a fetch whose reply is owed); or every free
+                # slot is held by a thread past its limit, which may never end: burst leaves it behind.
+                break
+            if want and not burst and not self.running and not self._unanswered_token \
+                    and self.scripts.waits_then_runs and (next_due is None or next_due > now_ms()):
+                # Nothing runs, so nothing can end meanwhile: the loop itself waits for work and
+                # takes it in the same round trip (one wake-up for the worker, not two), ending the
+                # marker thread's wait if one is left from while jobs ran (a signal it took meanwhile
+                # it puts back, as the loop is not idle on it).
+                self.marker.idle.clear()
+                got, next_due = self._exchange(ended, want, wait_s=self._wait_s(next_due))
+                fetched += got
+                waited = not got
+                continue
+            if want and not burst:
+                self.marker.arm(self._wait_s(next_due))
+            self._collect(ended, wait_s=self.options.block_timeout_s + 1)
+        if ended and not self._unreachable:
+            # A second stop: still write what already ended, once, rather than rerun it; not when the
+            # last round trip failed, as the write would wait out the outage ("a second stop leaves now").
+            self._exchange(ended, 0)
+
+    def _collect(self, ended: list[Outcome], wait_s: float | None) -> bool:
+        """Move ended jobs from the slots into `ended`, waiting up to `wait_s` for the first.
+
+        Returns whether anything arrived (a wake-up from the marker or a stop counts).
+        """
+        try:
+            event = self.events.get_nowait() if wait_s is None else self.events.get(timeout=wait_s)
+        except threadqueue.Empty:
+            return False
+        while True:
+            if event is not None:
+                ended.append(event)
+            try:
+                event = self.events.get_nowait()
+            except threadqueue.Empty:
+                return True
+
+    def _wait_s(self, next_due: int | None) -> float:
+        """How long to wait for work: the block timeout, or until the next delayed job is due if sooner.
+
+        Never as long as the client's socket timeout, which would end the
+        wait with a TimeoutError (and retries) instead of an empty reply
+        (redis-py's own default socket timeout is 5 s).
+        """
+        timeout = self.options.block_timeout_s
+        if next_due is not None:
+            timeout = min(timeout, max((next_due - now_ms()) / 1000, 0.001))
+        return min(timeout, max((socket_timeout(self.client) or 5.0) - 1, 0.1))
+
+    # -- one round trip ------------------------------------------------------
+
+    def _exchange(self, ended: list[Outcome], want: int, wait_s: float | None = None) -> tuple[int, int | None]:
+        """One round trip: write the results in `ended` and take up to `want` jobs.
+
+        With `wait_s`, the fetch waits up to that long for a producer's signal
+        first, in the same round trip (it then runs on Redis's clock).
+
+        Returns (jobs taken, next delayed due time). Through a Redis outage the
+        results stay in `ended` to be sent again (a finish sent twice is
+        answered "already done"), and an unanswered fetch's token is sent
+        again, however long the outage: a lapsed lock does not make a job the
+        sweeper's (its hold waits for the owner after an outage), and a result
+        dropped then would have the job run again.
+        """
+        writing = [outcome for outcome in ended if outcome.finish]
+        # The lock token of this fetch: the unanswered one first, whatever `want` is now.
+        token = self._unanswered_token or (f"{self.worker_id}:{uuid.uuid4().hex}" if want else "")
+        calls = self._calls(writing, token, want, wait_s is not None)
+        sent = time.monotonic()
+        try:
+            replies = self._send(calls, wait_s, len(writing))
+        except UNREACHABLE as error:
+            self._unanswered_token = token or None
+            if wait_s is not None and self.wait.cut_short:
+                self._cut_token = token
+                return 0, None  # a stop ended the wait: the token is sent again, taking nothing new
+            if self.stages.stopping.is_set() and token == self._cut_token:
+                # Stopped, and Redis cannot say whether the wait it cut took jobs: whatever it took is
+                # left to the sweeper, as a second stop leaves running jobs, rather than wait on Redis.
+                logger.warning("worker %s: Redis unreachable (%s) while it stops; a job its last wait may "
+                               "have taken is left to the sweeper", self.worker_id, error)
+                self._unanswered_token = None
+                return 0, None
+            logger.error("worker %s: Redis unreachable (%s); retrying", self.worker_id, error)
+            self._unreachable = True
+            self.stages.aborted.wait(RETRY_PAUSE_S)
+            return 0, None
+        if self._unreachable:
+            self._unreachable = False
+            self.locks.renew_soon()  # back after an outage: renew every held lock now
+        self._unanswered_token = None
+        codes = replies.pop(0) if writing else []
+        if isinstance(codes, Exception):
+            codes = [codes] * len(writing)
+        for outcome, code in zip(writing, codes):
+            self._written(outcome, code)
+        for outcome in ended:
+            if not outcome.finish:
+                self._written(outcome, None)
+        ended.clear()
+        self._held_back_ms = 0
+        if not token:
+            return 0, None
+        [reply] = replies
+        return self._take(reply, token, sent, ended)
+
+    def _calls(self, writing: list[Outcome], token: str, want: int, waits: bool) -> list[Any]:
+        """The round trip's script calls: the finish of `writing`, then the fetch of `token` (if any)."""
+        calls = []
+        if writing:
+            options = self.options
+            calls.append(self.scripts.finish_call(
+                self.keys, [outcome.finish for outcome in writing if outcome.finish], now_ms(),
+                default_attempts=options.default_attempts,
+                keep_completed=options.keep_completed, keep_failed=options.keep_failed,
+                metrics_minutes=options.metrics_minutes))
+        if token:
+            calls.append(self.scripts.fetch_call(
+                self.keys, token, self.options.lock_duration_ms, None if waits else now_ms(), want, self.worker_id,
+                self.options.metrics_minutes, rate_limit=self.options.rate_limit,
+                max_active=self.options.max_active, group_max_active=self.options.group_max_active))
+        return calls
+
+    def _send(self, calls: list[Any], wait_s: float | None, writes: int) -> list[Any]:
+        """Send the calls (after a wait for work, with `wait_s`) and confirm them; their replies."""
+        confirm = self.options.confirm
+        if wait_s is not None:
+            waited = self.scripts.wait_then_run(self.keys.marker, wait_s, calls, confirm, self.wait,
+                                                unblock=self.marker.blocking)
+            assert waited is not None  # the loop waits so only where the client can (waits_then_runs)
+            woken, replies, acked = waited
+            if isinstance(woken, ResponseError):  # the marker's key holds another type; UNBLOCKED by a failover
+                logger.error("worker %s: waiting for work failed (%s)", self.worker_id, woken)
+                self.stages.aborted.wait(1.0)
+        else:
+            replies, acked = self.scripts.run_confirmed(calls, confirm)
+        if confirm and writes and acked < confirm.replicas:
+            logger.warning("worker %s: %d of %d replicas confirmed the results of %d job(s) within %d ms",
+                           self.worker_id, acked, confirm.replicas, writes, confirm.timeout_ms)
+        return list(replies)
+
+    def _take(self, reply: Any, token: str, sent: float, ended: list[Outcome]) -> tuple[int, int | None]:
+        """Hand the jobs a fetch took to the slots; (jobs taken, next delayed due time)."""
+        if isinstance(reply, Exception):  # e.g. a queue key of the wrong type: say so, keep trying
+            logger.error("worker %s: fetching from queue %s failed: %s", self.worker_id, self.keys.queue, reply)
+            self.stages.aborted.wait(1.0)
+            return 0, None
+        next_due, self._held_back_ms, jobs = self.scripts.fetched(reply)
+        for broken in self.scripts.broken_keys(reply):
+            if broken not in self._reported_broken:
+                self._reported_broken.add(broken)
+                logger.error("worker %s: queue %s: %s", self.worker_id, self.keys.queue, broken)
+        # Redis took the jobs somewhen during the round trip (at its end, after a wait): a round trip
+        # within half a lock leaves them half a lock at least, a longer one (the worker was frozen
+        # meanwhile, say) maybe none.
+        took_s = time.monotonic() - sent
+        if jobs and took_s > self.options.lock_duration_ms / 2000:
+            jobs = self._still_ours(jobs, token, took_s)
+        if jobs:
+            self.marker.idle.clear()
+        for job_id, flat in jobs:
+            self.running += 1
+            self.locks.hold(job_id, token)
+            try:
+                job = Job.from_flat(self.keys.queue, job_id, flat, strict=True)  # job.token: this fetch's
+            except Exception as error:  # a hash no producer of ours wrote: it fails alone
+                ended.append(self._unrunnable(job_id, token, error))
+                continue
+            job.attach(self.reporter)
+            self.slots.start(job)
+        return len(jobs), next_due
+
+    def _still_ours(self, jobs: list[tuple[str, list[str]]], token: str, took_s: float) -> list[tuple[str, list[str]]]:
+        """The jobs of a fetch whose round trip took `took_s` that are still this fetch's, their locks renewed.
+
+        Redis may have run the fetch long before the worker read the reply:
+        an idle worker's wait carries its fetch, which Redis runs when a job
+        comes, frozen worker or not (SIGSTOP, a paused container), and any
+        round trip can stall. Meanwhile the locks may have lapsed and the
+        sweeper recovered the jobs, which then run elsewhere; those must not
+        start here too. A job not renewed (or not known to be) is not
+        started, and its lock lapses, as any dead worker's.
+        """
+        try:
+            codes = self.scripts.lock_codes(self.keys, [(job_id, token) for job_id, _ in jobs],
+                                            self.options.lock_duration_ms)
+        except (*UNREACHABLE, ResponseError) as error:
+            logger.error("worker %s: could not check the locks of %d job(s) fetched up to %.1f s ago (%s); not "
+                         "starting them", self.worker_id, len(jobs), took_s, error)
+            return []
+        for (job_id, _), code in zip(jobs, codes):
+            if code not in (1, 2):  # 2: ours, and cancelled meanwhile (the renewals stop it)
+                logger.warning("worker %s: job %s of queue %s was fetched up to %.1f s before this worker read it "
+                               "(was it frozen?) and is no longer its own; not starting it", self.worker_id, job_id,
+                               self.keys.queue, took_s)
+        return [job for job, code in zip(jobs, codes) if code in (1, 2)]
+
+    def _unrunnable(self, job_id: str, token: str, error: Exception) -> Outcome:
+        """The end of an attempt that cannot start: the job's hash cannot be decoded into a job."""
+        job = Job(self.keys.queue, job_id, name="", data=None, opts=JobOptions(), token=token)
+        logger.error("worker %s: job %s of queue %s cannot run: %s", self.worker_id, job_id, self.keys.queue, error)
+        finish = Finish(job_id, token, completed=False, value=f"cannot run the job: {error}", final=True,
+                        error_class=class_path(error))
+        return Outcome(job, finish)
+
+    def _written(self, outcome: Outcome, code: Any) -> None:
+        """Account for one job whose result was just written (or could not be)."""
+        job, finish = outcome.job, outcome.finish
+        self.running -= 1
+        self.locks.release(job.id, job.token or "")
+        if finish is None:
+            return
+        try:
+            if isinstance(code, Exception):
+                raise code
+            status = self.scripts.finished(code, self.keys, job.id)
+        except LockLostError as lost:
+            logger.warning("worker %s: %s", self.worker_id, lost)
+            return
+        except JobNotFoundError as gone:
+            logger.warning("worker %s: %s; it was removed while running", self.worker_id, gone)
+            return
+        except (ResponseError, QueueStateError) as error:
+            logger.error("worker %s: could not finish job %s (%s); the sweeper will recover it",
+                         self.worker_id, job.id, error)
+            return
+        self.processed += 1
+        if status == 6:
+            logger.info("job %s of queue %s was rate limited: back in the queue, its fetching paused for %g s",
+                        job.id, self.keys.queue, finish.backoff_ms / 1000)
+        elif not finish.completed:
+            logger.info("job %s of queue %s failed, %s: %s", job.id, self.keys.queue,
+                        _FAILURE_OUTCOMES.get(status, "failed"), finish.value)
