@@ -1,17 +1,21 @@
 """A worker's fetch loop: the only caller of moveToActive and moveToFinished.
 
-Each round trip writes the results of every job that ended since the last
-one and takes new jobs for the free slots, in one pipeline. The loop hands
-the jobs to the slots (slots.py) and waits on the worker's one queue of
-events: a slot's result, or a wake-up (the marker waiter, a stop, a freed slot).
+Each round trip (`RoundTrips`) writes the results of every job that ended
+since the last one and takes new jobs for the free slots, in one pipeline.
+The loop (`FetchLoop`) decides when to make one and when to wait, on the
+worker's one queue of events: a slot's result, or a wake-up (the marker
+waiter, a stop, a freed slot). It runs on the thread of a free slot, which
+then runs the first job it took (see FetchLoop.lead).
 """
 
 from __future__ import annotations
 
 import logging
 import queue as threadqueue
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +46,6 @@ class FetchOptions:
     """What each fetch asks of moveToActive and each finish of moveToFinished (the worker's options)."""
 
     lock_duration_ms: int
-    block_timeout_s: float
     default_attempts: int
     keep_completed: tuple[int, int]  # (count, age_ms): see Retention (worker.py)
     keep_failed: tuple[int, int]
@@ -54,86 +57,119 @@ class FetchOptions:
 
 
 class FetchLoop:
-    """Takes jobs for the free slots and writes the results of ended ones, until stopped.
+    """Decides, turn by turn, to make a round trip, to wait for what comes next, or to end.
 
-    `running` counts the jobs fetched and not yet written back (only the loop
-    changes it); `processed` the results written. Held back by flow control,
-    the loop sleeps as long as the script says, without calling Redis.
+    There is no thread of its own: the loop runs on the thread of a free
+    slot, which holds the turn to lead (JobSlots.pass_lead), until a round
+    trip takes jobs. The first is that thread's to run, the others go to the
+    other free slots, and the turn to the next free slot, behind them. At
+    concurrency 1 the one slot's thread thus writes a result, takes the next
+    job and runs it with no hand-off to another thread. Held back by flow
+    control, the loop sleeps as long as the script says, without calling
+    Redis. `on_end` is called once the loop is done (stopped and nothing
+    left to write, max_jobs, burst, or an abort).
     """
 
-    def __init__(self, client: Any, scripts: Scripts, keys: QueueKeys, worker_id: str, options: FetchOptions, *,
-                 slots: JobSlots, marker: MarkerWaiter, locks: LockRenewer, events: Events, stages: TwoStages,
-                 reporter: Reporter) -> None:
-        self.client, self.scripts, self.keys, self.worker_id, self.options = client, scripts, keys, worker_id, options
-        self.slots, self.marker, self.locks, self.events, self.stages = slots, marker, locks, events, stages
-        self.reporter = reporter
-        self.running = 0
-        self.processed = 0
-        self.wait = Wait()  # an idle loop's wait for work, which stop() cuts short
-        # The token of a fetch whose reply never came: sent again with the next
-        # fetch, so the script answers with the jobs it took (see moveToActive).
-        self._unanswered_token: str | None = None
-        self._cut_token = ""  # the token of the wait a stop cut, sent again once to learn what it took
-        self._unreachable = False  # the last round trip failed to reach Redis
-        # The last fetch's flow control: 0, ms until its rate limit or pause lets a job start, -1 capped.
-        self._held_back_ms = 0
-        # What fetches found broken in the queue's flow-control keys, reported once each (a fetch says it again).
-        self._reported_broken: set[str] = set()
+    def __init__(self, client: Any, trips: RoundTrips, *, slots: JobSlots, marker: MarkerWaiter, events: Events,
+                 stages: TwoStages, block_timeout_s: float, on_end: Callable[[], None]) -> None:
+        self.client, self.trips, self.slots, self.marker, self.events = client, trips, slots, marker, events
+        self.stages, self.block_timeout_s, self.on_end = stages, block_timeout_s, on_end
+        self._turn_lock = threading.Lock()  # held by the slot that leads (or by conclude)
+        self._burst = False
+        self._max_jobs: int | None = None
+        self._fetched = 0
+        self._results: list[Outcome] = []  # jobs whose results are still to be written
+        self._next_due: int | None = None
+        self._waited = False  # the last round trip was a wait that took nothing: the next one waits at once
+        self._mine: Job | None = None  # the job the last round trip took for the leading slot
+        self._ended = False
 
-    def run(self, burst: bool, max_jobs: int | None) -> None:
-        fetched = 0
-        ended: list[Outcome] = []  # jobs whose results are still to be written
-        next_due: int | None = None
-        waited = False  # the last round trip was a wait that took nothing: the next one waits at once
-        while not self.stages.aborted.is_set():
-            want = free = 0
-            if not self.stages.stopping.is_set():
-                # Writing the ended jobs' results frees their slots in the same round trip.
-                free = self.slots.count - self.running + len(ended)
-                want = free if max_jobs is None else min(free, max_jobs - fetched)
-            if not want and not self.running and not ended and not self._unanswered_token:
-                break  # stopping, or max_jobs reached, and nothing left to write
-            # Not the jobs left to take (max_jobs) but the free slots are what a thread past its limit
-            # holds: its end wakes the loop (see Worker._abandoned_changed).
-            want = max(min(want, free - self.slots.abandoned.count), 0)
-            wrote = bool(ended)
-            got = 0
-            if (want and not waited) or ended or self._unanswered_token:
-                got, next_due = self._exchange(ended, want)
-            waited = False
-            fetched += got
-            if got or wrote or self._collect(ended, wait_s=None):
-                continue  # slots may have freed, more may be ready: go round again
-            if want and self._held_back_ms:
-                # Flow control held jobs back: wait as long as the script said (a cap: a while), not
-                # on the marker, which every add sets; a job of this worker that ends wakes it sooner.
-                self._collect(ended, wait_s=self._held_back_ms / 1000 if self._held_back_ms > 0 else CAP_POLL_S)
-                continue
-            if burst and (want or free) and not self.running and not self._unanswered_token:
-                # Nothing is ready and nothing is running (nor a fetch whose reply is owed); or every free
-                # slot is held by a thread past its limit, which may never end: burst leaves it behind.
-                break
-            if want and not burst and not self.running and not self._unanswered_token \
-                    and self.scripts.waits_then_runs and (next_due is None or next_due > now_ms()):
-                # Nothing runs, so nothing can end meanwhile: the loop itself waits for work and
-                # takes it in the same round trip (one wake-up for the worker, not two), ending the
-                # marker thread's wait if one is left from while jobs ran (a signal it took meanwhile
-                # it puts back, as the loop is not idle on it).
-                self.marker.idle.clear()
-                got, next_due = self._exchange(ended, want, wait_s=self._wait_s(next_due))
-                fetched += got
-                waited = not got
-                continue
-            if want and not burst:
-                self.marker.arm(self._wait_s(next_due))
-            self._collect(ended, wait_s=self.options.block_timeout_s + 1)
-        if ended and not self._unreachable:
+    def begin(self, burst: bool, max_jobs: int | None) -> None:
+        """Set the loop's bounds, before the turn to lead is first passed."""
+        self._burst, self._max_jobs = burst, max_jobs
+
+    def lead(self) -> Job | None:
+        """Run the loop on this slot's thread until it takes a job for it (returned) or ends (None)."""
+        with self._turn_lock:
+            while not self._ended:
+                if self.stages.aborted.is_set() or not self._turn():
+                    self._end()
+                elif self._mine is not None:
+                    mine, self._mine = self._mine, None
+                    self.slots.pass_lead()  # behind the other jobs taken: the next free slot leads
+                    return mine
+            return None
+
+    def conclude(self) -> None:
+        """End the loop after an abort, once no slot leads it (it sees the abort at its next turn)."""
+        with self._turn_lock:
+            if not self._ended:
+                self._end()
+
+    def _end(self) -> None:
+        if self._results and self.stages.aborted.is_set() and not self.trips.unreachable:
             # A second stop: still write what already ended, once, rather than rerun it; not when the
             # last round trip failed, as the write would wait out the outage ("a second stop leaves now").
-            self._exchange(ended, 0)
+            self.trips.exchange(self._results, 0)
+        self._ended = True
+        self.on_end()
 
-    def _collect(self, ended: list[Outcome], wait_s: float | None) -> bool:
-        """Move ended jobs from the slots into `ended`, waiting up to `wait_s` for the first.
+    def _turn(self) -> bool:
+        """One turn: a round trip, or a wait for what comes next; False when the loop is done."""
+        trips, results, burst = self.trips, self._results, self._burst
+        want = free = 0
+        if not self.stages.stopping.is_set():
+            # Writing the ended jobs' results frees their slots in the same round trip.
+            free = self.slots.count - trips.running + len(results)
+            want = free if self._max_jobs is None else min(free, self._max_jobs - self._fetched)
+        if not want and not trips.running and not results and not trips.unanswered_token:
+            return False  # stopping, or max_jobs reached, and nothing left to write
+        # Not the jobs left to take (max_jobs) but the free slots are what a thread past its limit
+        # holds: its end wakes the loop (see Worker._abandoned_changed).
+        want = max(min(want, free - self.slots.abandoned.count), 0)
+        wrote = bool(results)
+        got = 0
+        if (want and not self._waited) or results or trips.unanswered_token:
+            got = self._exchange(want)
+        self._waited = False
+        if got or wrote or self._collect(wait_s=None):
+            return True  # slots may have freed, more may be ready: go round again
+        if want and trips.held_back_ms:
+            # Flow control held jobs back: wait as long as the script said (a cap: a while), not
+            # on the marker, which every add sets; a job of this worker that ends wakes it sooner.
+            self._collect(wait_s=trips.held_back_ms / 1000 if trips.held_back_ms > 0 else CAP_POLL_S)
+            return True
+        if burst and (want or free) and not trips.running and not trips.unanswered_token:
+            # Nothing is ready and nothing is running (nor a fetch whose reply is owed); or every free
+            # slot is held by a thread past its limit, which may never end: burst leaves it behind.
+            return False
+        if want and not burst and not trips.running and not trips.unanswered_token \
+                and trips.scripts.waits_then_runs and (self._next_due is None or self._next_due > now_ms()):
+            # Nothing runs, so nothing can end meanwhile: the loop itself waits for work and
+            # takes it in the same round trip (one wake-up for the worker, not two), ending the
+            # marker thread's wait if one is left from while jobs ran (a signal it took meanwhile
+            # it puts back, as the loop is not idle on it).
+            self.marker.idle.clear()
+            self._waited = not self._exchange(want, wait_s=self._wait_s())
+            return True
+        if want and not burst:
+            self.marker.arm(self._wait_s())
+        self._collect(wait_s=self.block_timeout_s + 1)
+        return True
+
+    def _exchange(self, want: int, wait_s: float | None = None) -> int:
+        """A round trip; the jobs it took go to the slots, the first kept for this one. How many it took."""
+        jobs, self._next_due = self.trips.exchange(self._results, want, wait_s, unblock=self.marker.blocking)
+        self._fetched += len(jobs)
+        if jobs:
+            self.marker.idle.clear()
+            self._mine = jobs[0]
+            for job in jobs[1:]:
+                self.slots.start(job)
+        return len(jobs)
+
+    def _collect(self, wait_s: float | None) -> bool:
+        """Move ended jobs from the slots into the results to write, waiting up to `wait_s` for the first.
 
         Returns whether anything arrived (a wake-up from the marker or a stop counts).
         """
@@ -143,33 +179,60 @@ class FetchLoop:
             return False
         while True:
             if event is not None:
-                ended.append(event)
+                self._results.append(event)
             try:
                 event = self.events.get_nowait()
             except threadqueue.Empty:
                 return True
 
-    def _wait_s(self, next_due: int | None) -> float:
+    def _wait_s(self) -> float:
         """How long to wait for work: the block timeout, or until the next delayed job is due if sooner.
 
         Never as long as the client's socket timeout, which would end the
         wait with a TimeoutError (and retries) instead of an empty reply
         (redis-py's own default socket timeout is 5 s).
         """
-        timeout = self.options.block_timeout_s
-        if next_due is not None:
-            timeout = min(timeout, max((next_due - now_ms()) / 1000, 0.001))
+        timeout = self.block_timeout_s
+        if self._next_due is not None:
+            timeout = min(timeout, max((self._next_due - now_ms()) / 1000, 0.001))
         return min(timeout, max((socket_timeout(self.client) or 5.0) - 1, 0.1))
 
-    # -- one round trip ------------------------------------------------------
 
-    def _exchange(self, ended: list[Outcome], want: int, wait_s: float | None = None) -> tuple[int, int | None]:
+class RoundTrips:
+    """The loop's round trips to Redis, and what they leave to remember across one another.
+
+    `running` counts the jobs taken and not yet written back, `processed`
+    the results written. Through a Redis outage a fetch whose reply never
+    came is sent again (`unanswered_token`); `held_back_ms` is the last
+    fetch's flow control (0; ms until its rate limit or pause lets a job
+    start; -1 capped).
+    """
+
+    def __init__(self, scripts: Scripts, keys: QueueKeys, worker_id: str, options: FetchOptions, *,
+                 locks: LockRenewer, stages: TwoStages, reporter: Reporter) -> None:
+        self.scripts, self.keys, self.worker_id, self.options = scripts, keys, worker_id, options
+        self.locks, self.stages, self.reporter = locks, stages, reporter
+        self.running = 0
+        self.processed = 0
+        self.wait = Wait()  # an idle loop's wait for work, which stop() cuts short
+        # The token of a fetch whose reply never came: sent again with the next
+        # fetch, so the script answers with the jobs it took (see moveToActive).
+        self.unanswered_token: str | None = None
+        self._cut_token = ""  # the token of the wait a stop cut, sent again once to learn what it took
+        self.unreachable = False  # the last round trip failed to reach Redis
+        self.held_back_ms = 0
+        # What fetches found broken in the queue's flow-control keys, reported once each (a fetch says it again).
+        self._reported_broken: set[str] = set()
+
+    def exchange(self, ended: list[Outcome], want: int, wait_s: float | None = None, *,
+                 unblock: int | None = None) -> tuple[list[Job], int | None]:
         """One round trip: write the results in `ended` and take up to `want` jobs.
 
         With `wait_s`, the fetch waits up to that long for a producer's signal
         first, in the same round trip (it then runs on Redis's clock).
 
-        Returns (jobs taken, next delayed due time). Through a Redis outage the
+        Returns (the jobs taken, next delayed due time); `unblock` is the
+        marker waiter's connection, whose wait a wait of the loop's ends. Through a Redis outage the
         results stay in `ended` to be sent again (a finish sent twice is
         answered "already done"), and an unanswered fetch's token is sent
         again, however long the outage: a lapsed lock does not make a job the
@@ -178,31 +241,31 @@ class FetchLoop:
         """
         writing = [outcome for outcome in ended if outcome.finish]
         # The lock token of this fetch: the unanswered one first, whatever `want` is now.
-        token = self._unanswered_token or (f"{self.worker_id}:{uuid.uuid4().hex}" if want else "")
+        token = self.unanswered_token or (f"{self.worker_id}:{uuid.uuid4().hex}" if want else "")
         calls = self._calls(writing, token, want, wait_s is not None)
         sent = time.monotonic()
         try:
-            replies = self._send(calls, wait_s, len(writing))
+            replies = self._send(calls, wait_s, len(writing), unblock)
         except UNREACHABLE as error:
-            self._unanswered_token = token or None
+            self.unanswered_token = token or None
             if wait_s is not None and self.wait.cut_short:
                 self._cut_token = token
-                return 0, None  # a stop ended the wait: the token is sent again, taking nothing new
+                return [], None  # a stop ended the wait: the token is sent again, taking nothing new
             if self.stages.stopping.is_set() and token == self._cut_token:
                 # Stopped, and Redis cannot say whether the wait it cut took jobs: whatever it took is
                 # left to the sweeper, as a second stop leaves running jobs, rather than wait on Redis.
                 logger.warning("worker %s: Redis unreachable (%s) while it stops; a job its last wait may "
                                "have taken is left to the sweeper", self.worker_id, error)
-                self._unanswered_token = None
-                return 0, None
+                self.unanswered_token = None
+                return [], None
             logger.error("worker %s: Redis unreachable (%s); retrying", self.worker_id, error)
-            self._unreachable = True
+            self.unreachable = True
             self.stages.aborted.wait(RETRY_PAUSE_S)
-            return 0, None
-        if self._unreachable:
-            self._unreachable = False
+            return [], None
+        if self.unreachable:
+            self.unreachable = False
             self.locks.renew_soon()  # back after an outage: renew every held lock now
-        self._unanswered_token = None
+        self.unanswered_token = None
         codes = replies.pop(0) if writing else []
         if isinstance(codes, Exception):
             codes = [codes] * len(writing)
@@ -212,9 +275,9 @@ class FetchLoop:
             if not outcome.finish:
                 self._written(outcome, None)
         ended.clear()
-        self._held_back_ms = 0
+        self.held_back_ms = 0
         if not token:
-            return 0, None
+            return [], None
         [reply] = replies
         return self._take(reply, token, sent, ended)
 
@@ -235,12 +298,12 @@ class FetchLoop:
                 max_active=self.options.max_active, group_max_active=self.options.group_max_active))
         return calls
 
-    def _send(self, calls: list[Any], wait_s: float | None, writes: int) -> list[Any]:
+    def _send(self, calls: list[Any], wait_s: float | None, writes: int, unblock: int | None) -> list[Any]:
         """Send the calls (after a wait for work, with `wait_s`) and confirm them; their replies."""
         confirm = self.options.confirm
         if wait_s is not None:
             waited = self.scripts.wait_then_run(self.keys.marker, wait_s, calls, confirm, self.wait,
-                                                unblock=self.marker.blocking)
+                                                unblock=unblock)
             assert waited is not None  # the loop waits so only where the client can (waits_then_runs)
             woken, replies, acked = waited
             if isinstance(woken, ResponseError):  # the marker's key holds another type; UNBLOCKED by a failover
@@ -253,13 +316,13 @@ class FetchLoop:
                            self.worker_id, acked, confirm.replicas, writes, confirm.timeout_ms)
         return list(replies)
 
-    def _take(self, reply: Any, token: str, sent: float, ended: list[Outcome]) -> tuple[int, int | None]:
-        """Hand the jobs a fetch took to the slots; (jobs taken, next delayed due time)."""
+    def _take(self, reply: Any, token: str, sent: float, ended: list[Outcome]) -> tuple[list[Job], int | None]:
+        """The jobs a fetch took, their locks held (one that cannot run ends in `ended`); the next due time."""
         if isinstance(reply, Exception):  # e.g. a queue key of the wrong type: say so, keep trying
             logger.error("worker %s: fetching from queue %s failed: %s", self.worker_id, self.keys.queue, reply)
             self.stages.aborted.wait(1.0)
-            return 0, None
-        next_due, self._held_back_ms, jobs = self.scripts.fetched(reply)
+            return [], None
+        next_due, self.held_back_ms, jobs = self.scripts.fetched(reply)
         for broken in self.scripts.broken_keys(reply):
             if broken not in self._reported_broken:
                 self._reported_broken.add(broken)
@@ -270,8 +333,7 @@ class FetchLoop:
         took_s = time.monotonic() - sent
         if jobs and took_s > self.options.lock_duration_ms / 2000:
             jobs = self._still_ours(jobs, token, took_s)
-        if jobs:
-            self.marker.idle.clear()
+        taken = []
         for job_id, flat in jobs:
             self.running += 1
             self.locks.hold(job_id, token)
@@ -281,8 +343,8 @@ class FetchLoop:
                 ended.append(self._unrunnable(job_id, token, error))
                 continue
             job.attach(self.reporter)
-            self.slots.start(job)
-        return len(jobs), next_due
+            taken.append(job)
+        return taken, next_due
 
     def _still_ours(self, jobs: list[tuple[str, list[str]]], token: str, took_s: float) -> list[tuple[str, list[str]]]:
         """The jobs of a fetch whose round trip took `took_s` that are still this fetch's, their locks renewed.

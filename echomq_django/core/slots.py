@@ -1,9 +1,10 @@
 """A worker's job slots: one thread each, running a handler (there, or in a child) one job at a time.
 
-The fetch loop (fetching.py) hands each job it takes to `JobSlots.start`; the
-first free slot's thread runs it, through a ThreadSlot or a ProcessSlot
-(pool.py: the same interface), and puts its end, an `Outcome`, on the
-worker's queue of events, which wakes the loop to write it.
+Each slot's thread takes from one queue, in turn: a job, which it runs
+through a ThreadSlot or a ProcessSlot (pool.py: the same interface), putting
+its end, an `Outcome`, on the worker's queue of events for the fetch loop to
+write; or the turn to lead, `LEAD`, when it runs the fetch loop itself
+(fetching.py) until a round trip takes a job for it.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ class Outcome:
 # What wakes the fetch loop: an Outcome from a slot, or None (the marker, a stop, a slot freed).
 Events = threadqueue.SimpleQueue[Outcome | None]
 
+LEAD = "lead"  # the turn to run the fetch loop, passed from slot to slot in their queue of jobs
+
 
 @dataclass(frozen=True)
 class SlotOptions:
@@ -64,8 +67,10 @@ class JobSlots:
     """
 
     def __init__(self, handler: Handler, reporter: Reporter, concurrency: int, options: SlotOptions,
-                 events: Events, stages: TwoStages, worker_id: str, on_abandoned: Callable[[], None]) -> None:
+                 events: Events, stages: TwoStages, worker_id: str, *, on_abandoned: Callable[[], None],
+                 lead: Callable[[], Job | None]) -> None:
         self.options, self.events, self.stages, self.worker_id = options, events, stages, worker_id
+        self._lead = lead
         self.abandoned = AbandonedThreads(on_change=on_abandoned)
         self.broken: ChildStartError | None = None
         try:
@@ -77,7 +82,7 @@ class JobSlots:
         except (pickle.PicklingError, TypeError, AttributeError) as error:  # ProcessSlot pickles the handler
             raise ValueError(f"the processes pool needs a handler it can send to a child process "
                              f"(a module-level function): {error}") from None
-        self._jobs: threadqueue.SimpleQueue[Job | None] = threadqueue.SimpleQueue()
+        self._jobs: threadqueue.SimpleQueue[Job | str | None] = threadqueue.SimpleQueue()
         # The jobs handed over and not yet ended, with the slot running each (None until one takes it).
         self._in_hand: dict[tuple[str, str], tuple[Job, ThreadSlot | ProcessSlot | None]] = {}
         self._in_hand_lock = threading.Lock()
@@ -96,6 +101,10 @@ class JobSlots:
         with self._in_hand_lock:
             self._in_hand[(job.id, job.token or "")] = (job, None)
         self._jobs.put(job)
+
+    def pass_lead(self) -> None:
+        """Give the turn to lead to the next free slot (behind the jobs handed out before)."""
+        self._jobs.put(LEAD)
 
     def start_children(self) -> bool:
         """Start the processes pool's children; False when the worker was stopped meanwhile."""
@@ -129,6 +138,9 @@ class JobSlots:
 
     def _serve(self, slot: ThreadSlot | ProcessSlot) -> None:
         while (job := self._jobs.get()) is not None:
+            if isinstance(job, str):  # LEAD: run the loop until it takes a job for this slot, or ends
+                if (job := self._lead()) is None:
+                    continue
             outcome = Outcome(job, None)
             try:
                 outcome = self._run(slot, job)

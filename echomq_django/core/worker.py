@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue as threadqueue
 import socket
 import threading
 import uuid
@@ -29,7 +30,7 @@ from redis.exceptions import ResponseError
 from . import defaults
 from .connection import UNREACHABLE
 from .errors import InvalidNameError
-from .fetching import FetchLoop, FetchOptions
+from .fetching import FetchLoop, FetchOptions, RoundTrips
 from .job import Job, JobOptions
 from .keys import QueueKeys, validate_stored_id
 from .locks import LockRenewer
@@ -41,6 +42,8 @@ from .slots import AbandonedShown, Events, JobSlots, SlotOptions
 from .stopping import TwoStages
 
 logger = logging.getLogger("echomq.worker")
+# How often run(), which waits while the parts work, lets a Ctrl-C in.
+SIGNAL_CHECK_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -177,24 +180,28 @@ class Worker:
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._stages = TwoStages()  # what stop() and abort() set
         self._events: Events = Events()  # the parts' one queue: the loop reads it
+        # Why run() may return: "ended" (the loop), "aborted" (abort()), or the loop's error.
+        self._returned: threadqueue.SimpleQueue[str | BaseException] = threadqueue.SimpleQueue()
         self._slots = JobSlots(handler, self._reporter, concurrency, slot_options, self._events, self._stages,
-                               self.worker_id, on_abandoned=self._abandoned_changed)
+                               self.worker_id, on_abandoned=self._abandoned_changed, lead=self._lead)
         self._shown = AbandonedShown(client, self.keys, self._slots.abandoned, lock_duration_ms, self.worker_id)
         self._locks = LockRenewer(self.scripts, self.keys, lock_duration_ms, renew_interval_ms, self.worker_id,
                                   on_stop=self._slots.stop_attempt, beside=self._shown.show)
         self._marker = MarkerWaiter(client, self.scripts, self.keys, self._events, self.worker_id)
-        self._fetch = FetchLoop(
-            client, self.scripts, self.keys, self.worker_id,
-            FetchOptions(lock_duration_ms, block_timeout_s, default_attempts,
+        self._trips = RoundTrips(
+            self.scripts, self.keys, self.worker_id,
+            FetchOptions(lock_duration_ms, default_attempts,
                          (keep_completed.count, keep_completed.age_ms), (keep_failed.count, keep_failed.age_ms),
                          metrics_minutes, confirm, rate_limit, max_active, group_max_active),
-            slots=self._slots, marker=self._marker, locks=self._locks, events=self._events, stages=self._stages,
-            reporter=self._reporter)
+            locks=self._locks, stages=self._stages, reporter=self._reporter)
+        self._fetch = FetchLoop(client, self._trips, slots=self._slots, marker=self._marker, events=self._events,
+                                stages=self._stages, block_timeout_s=block_timeout_s,
+                                on_end=lambda: self._returned.put("ended"))
 
     @property
     def processed(self) -> int:
         """Job attempts whose results this worker wrote."""
-        return self._fetch.processed
+        return self._trips.processed
 
     # -- control ---------------------------------------------------------
 
@@ -206,7 +213,7 @@ class Worker:
         if self._stages.stop():
             self.abort()
             return
-        logger.info("worker %s: stopping after %d running job(s)", self.worker_id, self._fetch.running)
+        logger.info("worker %s: stopping after %d running job(s)", self.worker_id, self._trips.running)
         self._marker.idle.clear()
         self._wake()
 
@@ -214,8 +221,9 @@ class Worker:
         """Make run() return now (writing what it holds if Redis answers), leaving running jobs to the sweeper."""
         if self._stages.abort():
             logger.warning("worker %s: leaving now, %d running job(s) to the sweeper", self.worker_id,
-                           self._fetch.running)
+                           self._trips.running)
         self._wake()
+        self._returned.put("aborted")
 
     def run(self, *, burst: bool = False, max_jobs: int | None = None) -> int:
         """Process jobs until stopped (or, in burst mode, until none is ready); returns the count.
@@ -234,10 +242,12 @@ class Worker:
                    *self._slots.threads()]
         # Whatever cuts run() short (a Ctrl-C, say, also while the threads start) is a second stop: none of
         # them may run on, the renewer would for good.
+        self._fetch.begin(burst, max_jobs)
         try:
             for thread in threads:
                 thread.start()
-            self._fetch.run(burst, max_jobs)
+            self._slots.pass_lead()  # to the first free slot: the loop starts
+            self._wait_to_return()
             self._close()
         except BaseException:
             self._stages.abort()
@@ -248,9 +258,36 @@ class Worker:
             raise RuntimeError(str(self._slots.broken))
         return self.processed
 
+    def _wait_to_return(self) -> None:
+        """Wait, on run()'s thread, until the loop ends or an abort leaves it; raise the loop's error.
+
+        In slices: a signal (Ctrl-C) that another thread received is handled
+        here between two. A loop of its own, outside the caller's try:
+        CPython 3.13 raises a Ctrl-C that lands on the condition of a `while`
+        past that loop's enclosing `finally` (python/cpython#130279).
+        """
+        while True:
+            try:
+                why = self._returned.get(timeout=SIGNAL_CHECK_S)
+            except threadqueue.Empty:
+                continue
+            if isinstance(why, BaseException):
+                raise why
+            if why == "aborted":
+                self._fetch.conclude()  # once the slot that leads (if one does) saw the abort
+            return
+
+    def _lead(self) -> Job | None:
+        """A free slot's turn to run the loop (see FetchLoop.lead); its error goes to run()."""
+        try:
+            return self._fetch.lead()
+        except BaseException as error:  # run() raises it, as the loop's own error
+            self._returned.put(error)
+            return None
+
     def _wake(self) -> None:
         """Have the loop look at the stages now: end its wait for work, and wake it."""
-        self._fetch.wait.cut()
+        self._trips.wait.cut()
         self._events.put(None)
 
     def _close(self) -> None:
