@@ -247,7 +247,7 @@ class Worker:
             for thread in threads:
                 thread.start()
             self._slots.pass_lead()  # to the first free slot: the loop starts
-            self._wait_to_return()
+            self._until_it_ends()
             self._close()
         except BaseException:
             self._stages.abort()
@@ -258,7 +258,7 @@ class Worker:
             raise RuntimeError(str(self._slots.broken))
         return self.processed
 
-    def _wait_to_return(self) -> None:
+    def _until_it_ends(self) -> None:
         """Wait, on run()'s thread, until the loop ends or an abort leaves it; raise the loop's error.
 
         In slices: a signal (Ctrl-C) that another thread received is handled
