@@ -3,8 +3,9 @@
 The parts, each with one job, talk through one queue of events:
 
 - the fetch loop (fetching.py), the only caller of moveToActive and
-  moveToFinished, runs on run()'s thread: each round trip writes the results
-  of the jobs that ended and takes jobs for the free slots;
+  moveToFinished, runs on the thread of a free slot: each round trip writes
+  the results of the jobs that ended and takes jobs for the free slots (run()'s
+  own thread only waits for the end);
 - the job slots (slots.py), a thread each, run handlers on that thread or in
   a child process (pool.py), and put each job's end on the queue;
 - the marker waiter (marker.py) blocks on the queue's marker while jobs run,
