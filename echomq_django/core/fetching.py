@@ -164,6 +164,7 @@ class FetchLoop:
         if jobs:
             self.marker.idle.clear()
             self._mine = jobs[0]
+            self.slots.take(jobs[0])  # in hand from now on, as the others, until this thread runs it
             for job in jobs[1:]:
                 self.slots.start(job)
         return len(jobs)

@@ -96,10 +96,14 @@ class JobSlots:
         return [threading.Thread(target=self._serve, args=(slot,), name=f"echomq-job-{i}", daemon=True)
                 for i, slot in enumerate(self.slots)]
 
-    def start(self, job: Job) -> None:
-        """Have the first free slot run `job`."""
+    def take(self, job: Job) -> None:
+        """Hold `job` in hand until a slot runs it, so that a renewal meanwhile can stop it (stop_attempt)."""
         with self._in_hand_lock:
             self._in_hand[(job.id, job.token or "")] = (job, None)
+
+    def start(self, job: Job) -> None:
+        """Have the first free slot run `job`."""
+        self.take(job)
         self._jobs.put(job)
 
     def pass_lead(self) -> None:
