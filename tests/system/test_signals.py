@@ -225,3 +225,51 @@ def test_a_stop_that_raises_still_stops_the_other_runners_and_is_raised_once_the
     result = subprocess.run([sys.executable, "-c", RAISING_STOP], cwd=ROOT, capture_output=True, text=True,
                             timeout=60)
     assert result.stdout == "raised from stop\ncalls [['stop'], ['stop']]\n", result.stderr[-2000:]
+
+
+# Found (hostile test of issue 25): signals.py run_until_signalled: a run() that raised was kept until
+# every other runner returned, and they were never told: a script running a worker and a sweeper whose
+# worker crashed sat there, sweeping, with nothing logged, until someone signalled it.
+ONE_RAISES = textwrap.dedent("""
+    import threading
+    from echomq_django.core import run_until_signalled
+
+    class Crashing:
+        def run(self):
+            raise LookupError("from run")
+
+        def stop(self):
+            pass
+
+        def abort(self):
+            pass
+
+    class Waiting:
+        def __init__(self):
+            self.stopped, self.calls = threading.Event(), []
+
+        def run(self):
+            self.stopped.wait(20)
+            return "stopped" if self.stopped.is_set() else "never stopped"
+
+        def stop(self):
+            self.calls.append("stop")
+            self.stopped.set()
+
+        def abort(self):
+            self.calls.append("abort")
+            self.stopped.set()
+
+    waiting = Waiting()
+    try:
+        run_until_signalled(Crashing(), waiting)
+    except LookupError as error:
+        print("raised", error, flush=True)
+    print("calls", waiting.calls, flush=True)
+""")
+
+
+def test_a_run_that_raises_stops_the_other_runners_and_is_raised_once_they_returned():
+    result = subprocess.run([sys.executable, "-c", ONE_RAISES], cwd=ROOT, capture_output=True, text=True,
+                            timeout=60)  # the other runner gives up after 20 s: a hang fails, not blocks
+    assert result.stdout == "raised from run\ncalls ['stop']\n", result.stderr[-2000:]
