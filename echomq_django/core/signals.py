@@ -92,7 +92,8 @@ def run_until_signalled(*runners: Runner, grace_s: float = SECOND_STOP_GRACE_S,
     not (a call waiting out a Redis outage would hold the exit for minutes),
     leaving its daemon thread behind. What a run() raised, or a stop() or an
     abort() (the other runners are still told), is raised here once every
-    runner has returned. Call it on the main thread (Python handles
+    runner has returned; a run() that raises stops the others, as a first
+    signal would. Call it on the main thread (Python handles
     signals there only); the handlers from before come back when it returns.
     `recorded`: signals recorded since earlier (a command's start-up), acted on first.
     """
@@ -133,7 +134,12 @@ def _wait(returned: list[int], runners: tuple[Runner, ...], recorded: RecordedSi
         timeout = None if deadline is None else deadline - time.monotonic()
         if timeout is not None and timeout <= 0:
             return
-        for _ in recorded.wait(timeout):
+        stages = len(recorded.wait(timeout))
+        if raised and received == 0:
+            # A run() that raised is a first stop for the others: a process whose worker crashed must
+            # not sit on, its sweeper sweeping, until someone signals it (the error is raised once they return).
+            stages = max(stages, 1)
+        for _ in range(stages):
             received += 1
             if received > 2:
                 continue
