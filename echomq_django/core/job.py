@@ -19,6 +19,8 @@ from .keys import validate_name
 MAX_ATTEMPTS = 1_000_000
 MIN_PRIORITY, MAX_PRIORITY = -100, 100  # higher runs first
 MAX_DELAY_MS = 10 * 365 * 86_400_000  # ten years: any delay or backoff, exact in a double
+# The latest creation time a producer may give a job: it plus the longest delay is still exact in a double.
+MAX_TIMESTAMP_MS = 2**53 - 1 - MAX_DELAY_MS
 # A counter field of a job hash (atm, stc) counts only as plain decimal digits
 # of at most this many characters: exact in a Lua number, and what HINCRBY takes.
 MAX_COUNTER_CHARS = 15

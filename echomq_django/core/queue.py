@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from . import defaults
 from .errors import NotConfirmedError, QueueStateError
-from .job import Job, JobOptions, encode_json
+from .job import MAX_TIMESTAMP_MS, Job, JobOptions, encode_json, whole_number
 from .keys import (
     LIST_STATES,
     STATES,
@@ -99,7 +99,10 @@ class Queue:
     def _add(self, encoded: list[list[Any]], timestamp_ms: int | None = None) -> list[str]:
         if not encoded:
             return []
-        timestamp = now_ms() if timestamp_ms is None else timestamp_ms
+        # Checked here: the script would fail on text after taking an id, or, on NaN with a delay, after
+        # writing the job's hash (a job in no state).
+        timestamp = now_ms() if timestamp_ms is None else whole_number(
+            timestamp_ms, "timestamp (ms)", 0, MAX_TIMESTAMP_MS)
         calls = [self.scripts.add_jobs_call(self.keys, timestamp, chunk) for chunk in batched(encoded, JOBS_PER_CALL)]
         replies, acked = self.scripts.run_confirmed(calls, self.confirm, raise_on_error=True)
         ids = [job_id for reply in replies for job_id, _added in pairs(reply)]
