@@ -223,3 +223,18 @@ def test_a_job_with_a_wrong_attempt_count_is_refused_where_it_is_declared():
 
     with pytest.raises(PayloadError, match="attempts must be a whole number from 1"):
         job(attempts=0)
+
+
+# Found (hostile test of issue 25): a bad ECHOMQ_OWN_CONNECTIONS passed `manage.py check`; the commands
+# refused it at start, but a web process started and then raised ValueError on every enqueue.
+@pytest.mark.parametrize("value", ["yes", "", "true", " 1"])
+def test_a_bad_own_connections_switch_fails_the_checks(monkeypatch, value):
+    monkeypatch.setenv("ECHOMQ_OWN_CONNECTIONS", value)
+    errors = [message for message in checks.run_checks(tags=["echomq"]) if message.id == "echomq.E024"]
+    assert len(errors) == 1 and "ECHOMQ_OWN_CONNECTIONS" in errors[0].msg and repr(value) in errors[0].msg
+
+
+@pytest.mark.parametrize("value", ["0", "1"])
+def test_a_good_own_connections_switch_passes_the_checks(monkeypatch, value):
+    monkeypatch.setenv("ECHOMQ_OWN_CONNECTIONS", value)
+    assert "echomq.E024" not in {message.id for message in checks.run_checks(tags=["echomq"])}
