@@ -17,6 +17,7 @@ from .conf import (
     threads_time_limit_warning,
     unserved_queue,
 )
+from .core.transport import OWN_CONNECTIONS_ENV, own_connections_wanted
 from .jobs import discover_jobs, registered_jobs
 from .schedules import schedules_problems
 
@@ -30,6 +31,17 @@ def as_check(problem: Problem) -> checks.CheckMessage:
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Report every problem of the ECHOMQ setting, each with its id and a hint."""
     return [as_check(problem) for problem in settings_problems()]
+
+
+@checks.register("echomq")
+def check_own_connections(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """ECHOMQ_OWN_CONNECTIONS: refused at a command's start, and a web process's every enqueue; reported here."""
+    try:
+        own_connections_wanted()
+    except ValueError as error:
+        return [checks.Error(str(error), hint=f"Set {OWN_CONNECTIONS_ENV} to 1 or 0, or unset it.",
+                             id="echomq.E024")]
+    return []
 
 
 @checks.register("echomq")
