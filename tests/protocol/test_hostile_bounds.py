@@ -36,3 +36,20 @@ def test_a_creation_time_at_the_bounds_is_kept_exactly(queue, redis_client):
         job = queue.get_job(job_id)
         assert job is not None and job.timestamp == timestamp_ms
         assert redis_client.zscore(queue.keys.delayed, job_id) == timestamp_ms + MAX_DELAY_MS
+
+
+# Found (hostile test of issue 25): Queue.get_jobs(state, start, count) read positions start to start+count-1,
+# so a count of 0 read up to -1, Redis's "the last one": every job of the state (a million-job queue in one
+# reply); a count of -1 all but the last, a negative start the tail.
+@pytest.mark.parametrize("state", ["wait", "prioritized", "delayed"])
+def test_a_page_of_no_jobs_is_empty_and_a_negative_position_is_refused(queue, state):
+    opts = JobOptions(priority=1) if state == "prioritized" else JobOptions(delay_ms=60_000) \
+        if state == "delayed" else None
+    for _ in range(5):
+        queue.add("work", opts=opts)
+    assert len(queue.get_jobs(state, 0, 5)) == 5
+    assert queue.get_jobs(state, 0, 0) == []
+    assert queue.get_jobs(state, 4, 0) == []
+    for start, count in ((0, -1), (-2, 1), (0, 2.5), ("0", 1)):
+        with pytest.raises(ValueError):
+            queue.get_jobs(state, start, count)
