@@ -144,6 +144,11 @@ class Queue:
         """
         if state not in STATES:
             raise ValueError(f"state must be one of {', '.join(STATES)}, not {state!r}")
+        for value, what in ((start, "start"), (count, "count")):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{what} must be a whole number >= 0, not {value!r}")
+        if count == 0:  # a stop of start - 1 would be Redis's -1: the last job, so every job from start on
+            return []
         key = getattr(self.keys, state)
         stop = start + count - 1
         if state in LIST_STATES:
