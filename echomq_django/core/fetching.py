@@ -219,7 +219,6 @@ class RoundTrips:
         # The token of a fetch whose reply never came: sent again with the next
         # fetch, so the script answers with the jobs it took (see moveToActive).
         self.unanswered_token: str | None = None
-        self._cut_token = ""  # the token of the wait a stop cut, sent again once to learn what it took
         self.unreachable = False  # the last round trip failed to reach Redis
         self.held_back_ms = 0
         # What fetches found broken in the queue's flow-control keys, reported once each (a fetch says it again).
@@ -250,14 +249,15 @@ class RoundTrips:
         except UNREACHABLE as error:
             self.unanswered_token = token or None
             if wait_s is not None and self.wait.cut_short:
-                self._cut_token = token
                 return [], None  # a stop ended the wait: the token is sent again, taking nothing new
-            if self.stages.stopping.is_set() and token == self._cut_token:
-                # Stopped, and Redis cannot say whether the wait it cut took jobs: whatever it took is
-                # left to the sweeper, as a second stop leaves running jobs, rather than wait on Redis.
-                logger.warning("worker %s: Redis unreachable (%s) while it stops; a job its last wait may "
+            if self.stages.stopping.is_set() and token:
+                # Stopped, and Redis cannot say whether the unanswered fetch took jobs: whatever it took
+                # never ran here, so it is left to the sweeper rather than waited for through an outage.
+                # The results in `ended` are not given up: they stay to be written (a second stop leaves).
+                logger.warning("worker %s: Redis unreachable (%s) while it stops; a job its last fetch may "
                                "have taken is left to the sweeper", self.worker_id, error)
                 self.unanswered_token = None
+                self.unreachable = True
                 return [], None
             logger.error("worker %s: Redis unreachable (%s); retrying", self.worker_id, error)
             self.unreachable = True
