@@ -37,6 +37,7 @@ from django.dispatch import receiver
 
 from .core import (
     ALPHABET,
+    MAX_ATTEMPTS,
     MAX_DELAY_MS,
     MAX_RATE_WINDOW_MS,
     POOLS,
@@ -212,11 +213,13 @@ def _pool(value: Any, where: str, problems: list[Problem]) -> str:
     return value
 
 
-def _count(value: Any, where: str, problems: list[Problem], *, minimum: int, allow_none: bool = False) -> int | None:
+def _count(value: Any, where: str, problems: list[Problem], *, minimum: int, maximum: int | None = None,
+           allow_none: bool = False) -> int | None:
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        problems.append(Problem("echomq.E005", f"{where} must be a whole number >= {minimum}, not {value!r}.",
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum and value > maximum):
+        bounds = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum:,}"
+        problems.append(Problem("echomq.E005", f"{where} must be a whole number {bounds}, not {value!r}.",
                                 "Use a whole number."))
         return None
     return value
@@ -286,18 +289,18 @@ def _queue_config(name: str, raw: Any) -> tuple[QueueConfig, list[Problem]]:
 
     lock_ms = option("LOCK_DURATION", _seconds_to_ms)
     renew_ms = option("LOCK_RENEW_INTERVAL", functools.partial(_seconds_to_ms, allow_none=True)) or lock_ms // 2
-    if renew_ms >= lock_ms:
+    if not 0 < renew_ms < lock_ms:  # a lock of 1 ms has no shorter whole interval: the worker refuses it
         problems.append(Problem(
-            "echomq.E004", f"{where}: the lock is renewed every {renew_ms / 1000:g} s, which is not shorter "
-            f"than the lock duration of {lock_ms / 1000:g} s, so live jobs would look stalled.",
-            "Make LOCK_RENEW_INTERVAL at most half of LOCK_DURATION, or leave it None."))
+            "echomq.E004", f"{where}: the lock is renewed every {renew_ms / 1000:g} s, which is not between 0 "
+            f"and the lock duration of {lock_ms / 1000:g} s, so live jobs would look stalled.",
+            "Make LOCK_RENEW_INTERVAL at most half of LOCK_DURATION (of at least 2 ms), or leave it None."))
     config = QueueConfig(
         name=name,
         lock_duration_ms=lock_ms,
         renew_interval_ms=renew_ms,
         sweep_interval_ms=option("SWEEP_INTERVAL", _seconds_to_ms),
         max_stalled_count=option("MAX_STALLED_COUNT", functools.partial(_count, minimum=0)),
-        attempts=option("ATTEMPTS", functools.partial(_count, minimum=1)),
+        attempts=option("ATTEMPTS", functools.partial(_count, minimum=1, maximum=MAX_ATTEMPTS)),
         backoff=option("BACKOFF", _backoff),
         concurrency=option("CONCURRENCY", functools.partial(_count, minimum=1)),
         keep_completed=option("KEEP_COMPLETED", functools.partial(_retention,

@@ -52,6 +52,7 @@ from .inspection import (
     read_jobs,
 )
 from .job import (
+    MAX_ATTEMPTS,
     MAX_DELAY_MS,
     MAX_PRIORITY,
     MIN_PRIORITY,
@@ -73,8 +74,9 @@ from .sweeper import Sweeper, SweepReport, SweepTarget, last_sweep
 from .worker import Retention, Worker, abandoned_threads
 
 __all__ = [
-    "ALPHABET", "BROWSABLE", "MAX_SCHEDULE_NAME", "MIN_EVERY_MS", "COUNTED", "DEFAULT_REDIS_URL", "MAX_DELAY_MS",
-    "MAX_RATE_WINDOW_MS", "POOLS", "STATES", "UNREACHABLE", "Backoff", "Beat", "Cancel", "Confirm", "Firing",
+    "ALPHABET", "BROWSABLE", "MAX_SCHEDULE_NAME", "MIN_EVERY_MS", "COUNTED", "DEFAULT_REDIS_URL", "MAX_ATTEMPTS",
+    "MAX_DELAY_MS", "MAX_RATE_WINDOW_MS", "POOLS", "STATES", "UNREACHABLE", "Backoff", "Beat", "Cancel", "Confirm",
+    "Firing",
     "Record", "Schedule", "ScheduleError", "check_cron", "read_records", "run_now", "seconds_text", "transient",
     "zone", "EchoMQError", "Entry", "Handler", "InvalidNameError", "Job", "JobCancelled", "JobLockedError",
     "JobNotFoundError", "JobOptions", "LiveJob", "LockLostError", "Minute", "NewJob", "NotConfirmedError", "Page",

@@ -99,6 +99,9 @@ def test_a_correct_setting_passes_the_checks():
     ({"QUEUES": {"a": {"SWEEP_INTERVAL": 0}}}, "echomq.E005"),
     ({"QUEUES": {"a": {"LOCK_DURATION": -1}}}, "echomq.E005"),
     ({"QUEUES": {"a": {"ATTEMPTS": 0}}}, "echomq.E005"),
+    # Values a worker or a job refuses must fail the check, not the worker's start or each enqueue.
+    ({"QUEUES": {"a": {"ATTEMPTS": 1_000_001}}}, "echomq.E005"),
+    ({"QUEUES": {"a": {"LOCK_DURATION": 0.001}}}, "echomq.E004"),
     ({"QUEUES": {"a": {"BACKOFF": {"TYPE": "linear"}}}}, "echomq.E006"),
     ({"QUEUES": {"a": "fast"}}, "echomq.E006"),
     ({"CONFIRM_REPLICAS": -1}, "echomq.E005"),
