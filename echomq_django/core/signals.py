@@ -58,16 +58,35 @@ class RecordedSignals:
     def __enter__(self) -> RecordedSignals:
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError("signals can be recorded on the main thread only, where Python handles them")
-        self._before_fd = signal.set_wakeup_fd(self._write.fileno(), warn_on_full_buffer=False)
-        self._before = {signum: signal.signal(signum, _record) for signum in STOP_SIGNALS}
+        # A handler from before (Ctrl-C's KeyboardInterrupt, a SIGTERM handler that exits) may raise
+        # between any two steps, here and in __exit__. Ours go in first, SIGINT's first: once both are
+        # in, no stop signal raises, so the wake-up fd set last is always undone (left behind, the
+        # interpreter would write signal numbers into whatever file later gets its number). A signal
+        # in the microseconds between the handlers and the fd is not recorded.
+        try:
+            for signum in STOP_SIGNALS:
+                self._before[signum] = signal.getsignal(signum)
+                signal.signal(signum, _record)
+            self._before_fd = signal.set_wakeup_fd(self._write.fileno(), warn_on_full_buffer=False)
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        signal.set_wakeup_fd(self._before_fd if self._before_fd is not None else -1)
-        for signum, handler in self._before.items():
-            signal.signal(signum, handler)
+        if self._before_fd is not None:
+            signal.set_wakeup_fd(self._before_fd)
         self._read.close()
         self._write.close()
+        self._restore(list(self._before))
+
+    def _restore(self, signums: list[int]) -> None:
+        """The handlers from before, SIGINT's last, each restored even if one restored earlier raises."""
+        if signums:
+            try:
+                signal.signal(signums[-1], self._before[signums[-1]])
+            finally:
+                self._restore(signums[:-1])
 
     def returned(self) -> None:
         """Wake the reader: a runner's run() has returned (called on that runner's thread)."""

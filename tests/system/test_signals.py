@@ -5,11 +5,14 @@ where the old design hung: handlers landing inside a stop(), inside a wait,
 inside the end of run().
 """
 
+import os
+import random
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -273,3 +276,67 @@ def test_a_run_that_raises_stops_the_other_runners_and_is_raised_once_they_retur
     result = subprocess.run([sys.executable, "-c", ONE_RAISES], cwd=ROOT, capture_output=True, text=True,
                             timeout=60)  # the other runner gives up after 20 s: a hang fails, not blocks
     assert result.stdout == "raised from run\ncalls ['stop']\n", result.stderr[-2000:]
+
+
+# Found (hostile test of issue 25): the handler from before (Ctrl-C's KeyboardInterrupt) raising
+# between two steps of RecordedSignals' enter or exit left the wake-up fd set to a socket about to be
+# closed (the interpreter then writes signal numbers into whatever file reuses its number: a Redis
+# connection) or one of its do-nothing handlers in place (Ctrl-C ignored from then on).
+ENTERED_UNDER_FIRE = textwrap.dedent("""
+    import signal, sys
+    from echomq_django.core import RecordedSignals
+
+    class Interrupt(Exception):
+        pass
+
+    armed = False
+
+    def interrupt(signum, frame):  # raises once per arming, as Ctrl-C's default handler would
+        global armed
+        if armed:
+            armed = False
+            raise Interrupt
+
+    signal.signal(signal.SIGINT, interrupt)
+    interrupted = left_behind = 0
+    print("ready", flush=True)
+    for _ in range(int(sys.argv[1])):
+        try:
+            armed = True
+            with RecordedSignals():
+                pass
+            armed = False
+        except Interrupt:
+            interrupted += 1
+        wakeup_fd = signal.set_wakeup_fd(-1)
+        if wakeup_fd != -1 or (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) \\
+                != (interrupt, signal.SIG_DFL):
+            left_behind += 1
+            signal.signal(signal.SIGINT, interrupt)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    print(interrupted, left_behind, flush=True)
+""")
+
+
+@pytest.mark.slow
+def test_an_interrupt_inside_recorded_signals_leaves_no_wakeup_fd_nor_handler_behind():
+    child = subprocess.Popen([sys.executable, "-c", ENTERED_UNDER_FIRE, "20000"], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        sent = 0
+        while child.poll() is None:  # SIGINTs at random moments of the child's 20,000 rounds
+            try:
+                os.kill(child.pid, signal.SIGINT)
+            except ProcessLookupError:
+                break
+            sent += 1
+            time.sleep(random.uniform(0, 0.0003))
+        out, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    interrupted, left_behind = map(int, out.split())
+    assert interrupted > 100, (sent, out, err[-2000:])  # the enters and exits were under fire
+    assert left_behind == 0, (sent, out, err[-2000:])
