@@ -17,7 +17,7 @@ from .conf import (
     threads_time_limit_warning,
     unserved_queue,
 )
-from .core.transport import OWN_CONNECTIONS_ENV, own_connections_wanted
+from .core import OWN_CONNECTIONS_ENV, own_connections_wanted
 from .jobs import discover_jobs, registered_jobs
 from .schedules import schedules_problems
 

@@ -71,11 +71,13 @@ from .queue import Cancel, NewJob, Queue, now_ms
 from .scripts import MAX_RATE_WINDOW_MS, Confirm, RateLimit, Scripts
 from .signals import SECOND_STOP_GRACE_S, RecordedSignals, Runner, run_until_signalled
 from .sweeper import Sweeper, SweepReport, SweepTarget, last_sweep
+from .transport import OWN_CONNECTIONS_ENV, own_connections_wanted
 from .worker import Retention, Worker, abandoned_threads
 
 __all__ = [
     "ALPHABET", "BROWSABLE", "MAX_SCHEDULE_NAME", "MIN_EVERY_MS", "COUNTED", "DEFAULT_REDIS_URL", "MAX_ATTEMPTS",
-    "MAX_DELAY_MS", "MAX_RATE_WINDOW_MS", "POOLS", "STATES", "UNREACHABLE", "Backoff", "Beat", "Cancel", "Confirm",
+    "MAX_DELAY_MS", "MAX_RATE_WINDOW_MS", "OWN_CONNECTIONS_ENV", "own_connections_wanted", "POOLS", "STATES",
+    "UNREACHABLE", "Backoff", "Beat", "Cancel", "Confirm",
     "Firing",
     "Record", "Schedule", "ScheduleError", "check_cron", "read_records", "run_now", "seconds_text", "transient",
     "zone", "EchoMQError", "Entry", "Handler", "InvalidNameError", "Job", "JobCancelled", "JobLockedError",
