@@ -67,7 +67,7 @@ from .job import (
 from .keys import ALPHABET, COUNTED, STATES, QueueKeys, validate_job_id, validate_name, validate_stored_id
 from .metrics import Minute, oldest_waiting_age_ms, recent_minutes, totals
 from .pool import POOLS, Handler, class_path
-from .queue import Cancel, NewJob, Queue, now_ms
+from .queue import Cancel, EncodedJob, NewJob, Queue, now_ms, send_adds
 from .scripts import MAX_RATE_WINDOW_MS, Confirm, RateLimit, Scripts
 from .signals import SECOND_STOP_GRACE_S, RecordedSignals, Runner, run_until_signalled
 from .sweeper import Sweeper, SweepReport, SweepTarget, last_sweep
@@ -77,8 +77,7 @@ from .worker import Retention, Worker, abandoned_threads
 __all__ = [
     "ALPHABET", "BROWSABLE", "MAX_SCHEDULE_NAME", "MIN_EVERY_MS", "COUNTED", "DEFAULT_REDIS_URL", "MAX_ATTEMPTS",
     "MAX_DELAY_MS", "MAX_RATE_WINDOW_MS", "OWN_CONNECTIONS_ENV", "own_connections_wanted", "POOLS", "STATES",
-    "UNREACHABLE", "Backoff", "Beat", "Cancel", "Confirm",
-    "Firing",
+    "UNREACHABLE", "Backoff", "Beat", "Cancel", "Confirm", "EncodedJob", "Firing",
     "Record", "Schedule", "ScheduleError", "check_cron", "read_records", "run_now", "seconds_text", "transient",
     "zone", "EchoMQError", "Entry", "Handler", "InvalidNameError", "Job", "JobCancelled", "JobLockedError",
     "JobNotFoundError", "JobOptions", "LiveJob", "LockLostError", "Minute", "NewJob", "NotConfirmedError", "Page",
@@ -89,5 +88,5 @@ __all__ = [
     "failed_count", "failed_since", "inspect_jobs", "last_sweep", "log_line", "now_ms", "oldest_waiting_age_ms",
     "parse_redis_url", "read_jobs", "recent_minutes", "redacted_url", "totals", "validate_job_id", "validate_name",
     "validate_stored_id", "FlowState", "GroupState", "flow_state", "RecordedSignals", "Runner", "SECOND_STOP_GRACE_S",
-    "run_until_signalled", "MAX_PRIORITY", "MIN_PRIORITY",
+    "run_until_signalled", "MAX_PRIORITY", "MIN_PRIORITY", "send_adds",
 ]

@@ -54,7 +54,7 @@ COUNTED = ("wait", "prioritized", "paused", "active", "stalled", "delayed", "com
 # header lists the same names, and the wrappers in scripts.py take their KEYS
 # from here (QueueKeys.for_script).
 SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
-    "addJob-8": ("wait", "paused", "meta", "id", "delayed", "marker", "prioritized", "add:<token>"),
+    "addJob-9": ("wait", "paused", "meta", "id", "delayed", "marker", "prioritized", "add:<token>", "sent"),
     "addLog-2": ("<id>", "<id>:logs"),
     "cancelJob-6": ("wait", "paused", "delayed", "prioritized", "failed", "meta"),
     "cleanJobs-1": ("<state>",),
@@ -78,7 +78,7 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
 # values once per item after these (its header's `ARGV[n+i] name`). The
 # wrappers build ARGV from here with script_argv and script_argv_each.
 SCRIPT_ARGV: dict[str, tuple[str, ...]] = {
-    "addJob-8": ("prefix", "timestamp", "token", "record_ms"),
+    "addJob-9": ("prefix", "timestamp", "token", "record_ms", "sent_ms"),
     "addLog-2": ("token", "line", "keep", "call_id"),
     "cancelJob-6": ("prefix", "job_id", "reason", "now"),
     "cleanJobs-1": ("prefix", "cutoff_ms", "limit"),
@@ -100,7 +100,7 @@ SCRIPT_ARGV: dict[str, tuple[str, ...]] = {
     "updateProgress-1": ("prefix", "job_id", "token", "progress"),
 }
 SCRIPT_ARGV_EACH: dict[str, tuple[str, ...]] = {
-    "addJob-8": ("job_id", "name", "data", "opts", "delay_ms", "priority", "group"),
+    "addJob-9": ("job_id", "name", "data", "opts", "delay_ms", "priority", "group"),
     "extendLocks-1": ("job_id", "token"),
     "getCounts-9": ("command",),
     "moveToFinished-10": ("job_id", "token", "outcome", "value", "stacktrace", "backoff_ms", "final", "error_class"),
@@ -131,7 +131,7 @@ _PLACEHOLDER = re.compile(r"<([a-z]+)>")
 RESERVED_IDS = frozenset(
     {"wait", "paused", "active", "stalled", "failed", "completed", "delayed", "prioritized",
      "stalled-check", "meta", "marker", "id", "events", "locks", "schedule", "limiter", "groups", "group-active",
-     "group-waiting", "group-running"}
+     "group-waiting", "group-running", "sent"}
 )
 
 
@@ -314,6 +314,11 @@ class QueueKeys:
     def limiter(self) -> str:
         """The rate limit's window (ZSET): one member per attempt started in it, scored by Redis's time."""
         return self.base + "limiter"
+
+    @property
+    def sent(self) -> str:
+        """The ids an outbox sent, each scored by when its record lapses (ZSET); see addJob."""
+        return self.base + "sent"
 
     @property
     def abandoned(self) -> str:

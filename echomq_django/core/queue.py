@@ -5,9 +5,9 @@ from __future__ import annotations
 import enum
 import re
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from . import defaults
 from .errors import NotConfirmedError, QueueStateError
@@ -16,13 +16,12 @@ from .keys import (
     LIST_STATES,
     STATES,
     QueueKeys,
-    script_argv_each,
     validate_job_id,
     validate_job_name,
     validate_name,
     validate_stored_id,
 )
-from .scripts import Confirm, Scripts, pairs
+from .scripts import Call, Confirm, Scripts, pairs
 
 T = TypeVar("T")
 # Jobs per addJob call in add_bulk: large enough that per-call costs vanish, small
@@ -38,6 +37,18 @@ class NewJob:
     data: Any = None
     opts: JobOptions | None = None
     job_id: str | None = None
+
+
+class EncodedJob(NamedTuple):
+    """A job validated and encoded as addJob takes it, its fields in the order of its ARGV (Queue.encode)."""
+
+    job_id: str  # "" for an id Redis generates
+    name: str
+    data: str  # JSON
+    opts: str  # JSON
+    delay_ms: int
+    priority: int
+    group: str
 
 
 def now_ms() -> int:
@@ -69,13 +80,14 @@ class Queue:
     def __repr__(self) -> str:
         return f"<Queue {self.name!r} prefix={self.keys.prefix!r}>"
 
-    def _encode(self, job: NewJob) -> list[Any]:
+    def encode(self, job: NewJob) -> EncodedJob:
+        """The job validated and encoded as an add sends it (PayloadError or InvalidNameError if it cannot be)."""
         validate_job_name(job.name)
         job_id = "" if job.job_id is None else validate_job_id(job.job_id)
         opts = job.opts or self.default_opts
         data = encode_json(job.data, f"data of job {job.name!r}", self.max_payload_bytes)
-        return script_argv_each("addJob-8", job_id=job_id, name=job.name, data=data, opts=opts.encoded(),
-                                delay_ms=opts.delay_ms, priority=opts.priority, group=opts.group)
+        return EncodedJob(job_id=job_id, name=job.name, data=data, opts=opts.encoded(), delay_ms=opts.delay_ms,
+                          priority=opts.priority, group=opts.group)
 
     def add(
         self, name: str, data: Any = None, *, opts: JobOptions | None = None,
@@ -86,7 +98,7 @@ class Queue:
         `timestamp_ms` is stored as the job's creation time (and a delay counts
         from it); now by default.
         """
-        [new_id] = self._add([self._encode(NewJob(name, data, opts, job_id))], timestamp_ms)
+        [new_id] = self._add([self.encode(NewJob(name, data, opts, job_id))], timestamp_ms)
         return new_id
 
     def add_bulk(self, jobs: Iterable[NewJob]) -> list[str]:
@@ -94,24 +106,27 @@ class Queue:
 
         Every job is validated before anything is sent, so bad input adds nothing.
         """
-        return self._add([self._encode(job) for job in jobs])
+        return self._add([self.encode(job) for job in jobs])
 
-    def _add(self, encoded: list[list[Any]], timestamp_ms: int | None = None) -> list[str]:
-        if not encoded:
-            return []
+    def add_calls(self, encoded: Sequence[EncodedJob], timestamp_ms: int | None = None, *,
+                  sent_ms: int = 0) -> list[Call]:
+        """The addJob calls that add `encoded` (see send_adds): JOBS_PER_CALL jobs per call.
+
+        `sent_ms` > 0 records each id added for that long, so that a second
+        send adds nothing even after the job ended and was removed (an outbox's
+        send, whose row may be sent twice).
+        """
         # Checked here: the script would fail on text after taking an id, or, on NaN with a delay, after
         # writing the job's hash (a job in no state).
         timestamp = now_ms() if timestamp_ms is None else whole_number(
             timestamp_ms, "timestamp (ms)", 0, MAX_TIMESTAMP_MS)
-        calls = [self.scripts.add_jobs_call(self.keys, timestamp, chunk) for chunk in batched(encoded, JOBS_PER_CALL)]
-        replies, acked = self.scripts.run_confirmed(calls, self.confirm, raise_on_error=True)
-        ids = [job_id for reply in replies for job_id, _added in pairs(reply)]
-        if self.confirm is not None and acked < self.confirm.replicas:
-            raise NotConfirmedError(
-                f"{len(ids)} job(s) were added to queue {self.name!r}, but {acked} of {self.confirm.replicas} "
-                f"replicas confirmed them within {self.confirm.timeout_ms} ms; a failover now could lose them",
-                ids)
-        return ids
+        return [self.scripts.add_jobs_call(self.keys, timestamp, chunk, sent_ms)
+                for chunk in batched(encoded, JOBS_PER_CALL)]
+
+    def _add(self, encoded: list[EncodedJob], timestamp_ms: int | None = None) -> list[str]:
+        if not encoded:
+            return []
+        return send_adds(self.scripts, self.add_calls(encoded, timestamp_ms), self.confirm, f"queue {self.name!r}")
 
     def get_job(self, job_id: str, *, log_lines: int = -1) -> Job | None:
         """The job with this id, with its progress and its newest `log_lines` log lines (-1: all), or None."""
@@ -279,6 +294,21 @@ def read_jobs(queue: Queue, job_ids: Iterable[str]) -> list[JobRead]:
         else:
             reads.append(JobRead(job_id, Job.from_hash(queue.name, job_id, fields)))
     return reads
+
+
+def send_adds(scripts: Scripts, calls: Sequence[Call], confirm: Confirm | None, where: str) -> list[str]:
+    """Send add calls (Queue.add_calls, of one queue or several on one client) in one round trip; the ids in order.
+
+    With `confirm`, NotConfirmedError when fewer replicas than it asks for
+    confirmed the adds in time (the jobs were added; a failover could lose them).
+    """
+    replies, acked = scripts.run_confirmed(calls, confirm, raise_on_error=True)
+    ids = [job_id for reply in replies for job_id, _added in pairs(reply)]
+    if confirm is not None and acked < confirm.replicas:
+        raise NotConfirmedError(
+            f"{len(ids)} job(s) were added to {where}, but {acked} of {confirm.replicas} "
+            f"replicas confirmed them within {confirm.timeout_ms} ms; a failover now could lose them", ids)
+    return ids
 
 
 def batched(items: Iterable[T], size: int) -> Iterator[list[T]]:

@@ -61,18 +61,21 @@ class RateLimit:
 class Scripts(ScriptClient):
     """The protocol's scripts registered on one client, one typed method each."""
 
-    def add_jobs_call(self, keys: QueueKeys, timestamp: int, jobs: Sequence[Sequence[Any]]) -> Call:
-        """The addJob call for jobs given as their ARGV (script_argv_each("addJob-8", ...), see Queue).
+    def add_jobs_call(self, keys: QueueKeys, timestamp: int, jobs: Sequence[Sequence[Any]], sent_ms: int = 0) -> Call:
+        """The addJob call for jobs given as their ARGV (script_argv_each("addJob-9", ...), see Queue).
 
         Its reply, read by `pairs`, is [(id, added), ...] in order. The call
         carries an add token of its own, so a re-send (after a lost reply)
         is answered with the first reply instead of adding the jobs again.
+        `sent_ms` > 0: each caller-given id added is recorded for that long,
+        and not added again meanwhile, even once its job is gone (an outbox's send).
         """
         token = secrets.token_hex(16)
-        args = script_argv("addJob-8", prefix=keys.base, timestamp=timestamp, token=token, record_ms=ADD_RECORD_MS)
+        args = script_argv("addJob-9", prefix=keys.base, timestamp=timestamp, token=token, record_ms=ADD_RECORD_MS,
+                           sent_ms=sent_ms)
         for job in jobs:
             args += job
-        return ("addJob-8", keys.for_script("addJob-8", token=token), args)
+        return ("addJob-9", keys.for_script("addJob-9", token=token), args)
 
     def fetch_call(
         self, keys: QueueKeys, token: str, lock_ms: int, now: int | None, count: int, worker_id: str,

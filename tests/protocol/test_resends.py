@@ -19,7 +19,7 @@ def send_twice(queue, call):
 
 
 def test_a_resent_add_with_generated_ids_adds_nothing(queue):
-    jobs = [queue._encode(NewJob("work", {"n": n})) for n in range(3)]
+    jobs = [queue.encode(NewJob("work", {"n": n})) for n in range(3)]
     first, again = send_twice(queue, queue.scripts.add_jobs_call(queue.keys, now_ms(), jobs))
     assert first == again == ["1", 1, "2", 1, "3", 1]
     assert queue.counts()["wait"] == 3
@@ -29,13 +29,45 @@ def test_a_resent_add_with_generated_ids_adds_nothing(queue):
 
 
 def test_a_resent_add_record_lapses_and_the_ids_of_caller_given_adds_need_none(queue):
-    call = queue.scripts.add_jobs_call(queue.keys, now_ms(), [queue._encode(NewJob("work", job_id="mine"))])
+    call = queue.scripts.add_jobs_call(queue.keys, now_ms(), [queue.encode(NewJob("work", job_id="mine"))])
     send_twice(queue, call)
     assert queue.counts()["wait"] == 1
     assert not queue.client.exists(call[1][7]), "no record when no id was generated"
-    generated = queue.scripts.add_jobs_call(queue.keys, now_ms(), [queue._encode(NewJob("work"))])
+    generated = queue.scripts.add_jobs_call(queue.keys, now_ms(), [queue.encode(NewJob("work"))])
     queue.scripts.run_batch([generated])
     assert 0 < queue.client.pttl(generated[1][7]) <= 30_000
+
+
+def sent(queue, job_id, timestamp, sent_ms=60_000):
+    """An outbox's send of one job: a new call each time (a row sent twice is two calls, two add tokens)."""
+    [call] = queue.add_calls([queue.encode(NewJob("work", {"id": job_id}, job_id=job_id))], timestamp,
+                             sent_ms=sent_ms)
+    [reply] = queue.scripts.run_batch([call], raise_on_error=True)
+    return reply
+
+
+def test_a_job_sent_twice_with_a_record_is_added_once_even_after_it_ended_and_was_removed(queue):
+    now = now_ms()
+    assert sent(queue, "t1", now) == ["t1", 1]
+    assert queue.client.zscore(queue.keys.sent, "t1") == now + 60_000
+    assert queue.remove("t1")  # as retention trims a completed job
+    assert sent(queue, "t1", now) == ["t1", 0], "the record keeps a second send out"
+    assert queue.get_job("t1") is None and queue.counts()["wait"] == 0
+    # Without a record (an ordinary add with the caller's id), a removed job's id may be added again.
+    assert queue.add("work", job_id="t1") == "t1" and queue.counts()["wait"] == 1
+
+
+def test_lapsed_sent_records_are_removed_by_later_sends_a_bounded_number_at_a_time(queue):
+    now = now_ms()
+    for n in range(250):
+        sent(queue, f"old{n}", now - 10_000, sent_ms=1_000)  # lapsed 9 s ago
+    assert queue.client.zcard(queue.keys.sent) == 250
+    sent(queue, "new", now)
+    assert queue.client.zcard(queue.keys.sent) == 250 + 1 - 102, "one job's send removes 2 + 100"
+    sent(queue, "newer", now)
+    sent(queue, "newest", now)
+    assert set(queue.client.zrange(queue.keys.sent, 0, -1)) == {"new", "newer", "newest"}
+    assert sent(queue, "old1", now) == ["old1", 0], "its job is still there"
 
 
 def test_a_resent_fetch_returns_the_same_jobs_and_takes_no_more(queue):

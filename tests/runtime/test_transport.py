@@ -40,7 +40,7 @@ def add_call(queue: Queue, job_id: str = ""):
     """The addJob call of one job, as Queue.add sends it."""
     from echomq_django.core import NewJob
 
-    return queue.scripts.add_jobs_call(queue.keys, 1, [queue._encode(NewJob("x", job_id=job_id or None))])
+    return queue.scripts.add_jobs_call(queue.keys, 1, [queue.encode(NewJob("x", job_id=job_id or None))])
 
 
 def in_thread(function) -> tuple[threading.Thread, list]:

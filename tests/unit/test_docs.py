@@ -192,7 +192,7 @@ def test_the_readers_find_what_the_scripts_plainly_do():
     assert {("job", "tok"), ("job", "wids"), ("job", "startedOn")} <= WRITES["moveToActive-10"]
     assert {("job", "stacktrace"), ("job", "errc"), ("meta", "prioritySequence")} <= WRITES["moveToFinished-10"]
     assert ("meta", "paused") in WRITES["pauseQueue-5"]
-    assert EVENTS["addJob-8"]["delayed"] == {"due"} and "removed" in EVENTS["cleanJobs-1"]
+    assert EVENTS["addJob-9"]["delayed"] == {"due"} and "removed" in EVENTS["cleanJobs-1"]
     assert {"name", "atm", "wids", "errc"} <= fields_read_by_job_py()
 
 

@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+from echomq_django.core import EncodedJob
 from echomq_django.core.keys import (
     DERIVED_KEYS,
     SCRIPT_ARGV,
@@ -98,7 +99,8 @@ def test_the_table_names_the_same_keys_as_queue_keys():
     keys = QueueKeys("q", "p")
     named = {keys.wait, keys.paused, keys.active, keys.stalled, keys.failed, keys.completed, keys.delayed,
              keys.prioritized, keys.stalled_check, keys.meta, keys.marker, keys.id_counter, keys.add_record("T"),
-             keys.fetch_record("T"), keys.failed, keys.job("J"), keys.logs("J"), keys.schedule("S"), keys.limiter}
+             keys.fetch_record("T"), keys.failed, keys.job("J"), keys.logs("J"), keys.schedule("S"), keys.limiter,
+             keys.sent}
     for name in SCRIPT_KEYS:
         assert set(keys.for_script(name, token="T", state="failed", id="J", name="S")) <= named, name
 
@@ -175,3 +177,7 @@ def test_the_scripts_count_the_all_time_totals_python_reads():
 
     [listed] = re.findall(r"^local TOTAL_FIELDS = \{(.*)\}$", script_source("moveToFinished-10"), re.MULTILINE)
     assert set(re.findall(r"(\w+) = true", listed)) == set(TOTALS)
+
+
+def test_an_encoded_job_has_the_fields_of_add_jobs_argv_in_its_order():
+    assert EncodedJob._fields == SCRIPT_ARGV_EACH["addJob-9"]

@@ -8,7 +8,11 @@
   recorded under the token (KEYS[8]) for ARGV[4] ms, longer than a client
   re-sends a call whose reply was lost, and a call that finds the record
   answers with it instead of adding the jobs a second time. (Caller-given
-  ids need no record: an id that exists is never added again.)
+  ids need no record: an id that exists is never added again.) A call with
+  ARGV[5] > 0 (an outbox's send, which may come twice, the second time after
+  the job ended and was trimmed) also records each caller-given id it adds in
+  `sent` until timestamp + sent_ms, and adds no id found there; each such
+  call removes as many lapsed records as twice its jobs, plus 100.
 
   KEYS[1] wait      LIST
   KEYS[2] paused    LIST
@@ -18,12 +22,14 @@
   KEYS[6] marker    ZSET   wakes blocked workers
   KEYS[7] prioritized ZSET ready jobs with a priority
   KEYS[8] add:<token> STRING: this call's reply, JSON, when it generated ids
+  KEYS[9] sent      ZSET   caller-given ids sent with a record, score = when the record lapses (ms)
 
   ARGV[1] prefix     key prefix of the queue, e.g. "emq:{default}:"
   ARGV[2] timestamp  ms (the same for every job of the call)
   ARGV[3] token      add token: unique to this call (a re-send carries the same one)
   ARGV[4] record_ms  how long the record of a call that generated ids is kept, ms
-  then seven values per job, ARGV[n+1] to ARGV[n+7] with n = 4, 11, 18, ...:
+  ARGV[5] sent_ms    0, or how long each caller-given id added is recorded in KEYS[9], ms
+  then seven values per job, ARGV[n+1] to ARGV[n+7] with n = 5, 12, 19, ...:
   ARGV[n+1] job_id    id chosen by the caller, or "" to generate one (INCR KEYS[4])
   ARGV[n+2] name      the job's name
   ARGV[n+3] data      JSON text
@@ -39,7 +45,7 @@
 -- @include "emitEvent"
 -- @include "pushReady"
 
-local prefix, timestamp = ARGV[1], tonumber(ARGV[2])
+local prefix, timestamp, sentMs = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[5])
 local record = redis.call("GET", KEYS[8])
 if record then return cjson.decode(record) end
 local paused = redis.call("HEXISTS", KEYS[3], "paused") == 1
@@ -55,7 +61,7 @@ local function flushReady()
 end
 
 local generated = false
-for i = 5, #ARGV, 7 do
+for i = 6, #ARGV, 7 do
   local id = ARGV[i]
   local added = 1
   if id == "" then
@@ -65,8 +71,11 @@ for i = 5, #ARGV, 7 do
     repeat
       id = tostring(redis.call("INCR", KEYS[4]))
     until redis.call("EXISTS", prefix .. id) == 0
-  elseif redis.call("EXISTS", prefix .. id) == 1 then
+  elseif redis.call("EXISTS", prefix .. id) == 1
+      or (sentMs > 0 and redis.call("ZSCORE", KEYS[9], id)) then
     added = 0
+  elseif sentMs > 0 then
+    redis.call("ZADD", KEYS[9], timestamp + sentMs, id)
   end
   if added == 1 then
     local delay, priority, group = tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5]), groupOf(ARGV[i + 6])
@@ -101,6 +110,10 @@ for i = 5, #ARGV, 7 do
   result[#result + 1] = added
 end
 flushReady()
+if sentMs > 0 then
+  local lapsed = redis.call("ZRANGEBYSCORE", KEYS[9], "-inf", "(" .. timestamp, "LIMIT", 0, #result + 100)
+  if #lapsed > 0 then redis.call("ZREM", KEYS[9], unpack(lapsed)) end
+end
 if generated then
   redis.call("SET", KEYS[8], cjson.encode(result), "PX", ARGV[4])
 end
