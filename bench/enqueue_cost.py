@@ -67,7 +67,7 @@ def main() -> None:
     returns = client.script_load("return 1")
 
     def prepare() -> tuple:
-        return scripts.add_jobs_call(queue.keys, now_ms(), [queue._encode(NewJob(greet.name, data))])
+        return scripts.add_jobs_call(queue.keys, now_ms(), [queue.encode(NewJob(greet.name, data))])
 
     # The way the queue's calls go (its own connections unless ECHOMQ_OWN_CONNECTIONS=0).
     own = OwnConnections(client) if scripts.own_connections else None

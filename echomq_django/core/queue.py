@@ -110,7 +110,7 @@ class Queue:
 
     def add_calls(self, encoded: Sequence[EncodedJob], timestamp_ms: int | None = None, *,
                   sent_ms: int = 0) -> list[Call]:
-        """The addJob calls that add `encoded` (see send_adds): JOBS_PER_CALL jobs per call.
+        """The addJob calls that add `encoded`, JOBS_PER_CALL jobs per call, to send in one round trip.
 
         `sent_ms` > 0 records each id added for that long, so that a second
         send adds nothing even after the job ended and was removed (an outbox's
@@ -126,7 +126,15 @@ class Queue:
     def _add(self, encoded: list[EncodedJob], timestamp_ms: int | None = None) -> list[str]:
         if not encoded:
             return []
-        return send_adds(self.scripts, self.add_calls(encoded, timestamp_ms), self.confirm, f"queue {self.name!r}")
+        replies, acked = self.scripts.run_confirmed(self.add_calls(encoded, timestamp_ms), self.confirm,
+                                                    raise_on_error=True)
+        ids = [job_id for reply in replies for job_id, _added in pairs(reply)]
+        if self.confirm is not None and acked < self.confirm.replicas:
+            raise NotConfirmedError(
+                f"{len(ids)} job(s) were added to queue {self.name!r}, but {acked} of {self.confirm.replicas} "
+                f"replicas confirmed them within {self.confirm.timeout_ms} ms; a failover now could lose them",
+                ids)
+        return ids
 
     def get_job(self, job_id: str, *, log_lines: int = -1) -> Job | None:
         """The job with this id, with its progress and its newest `log_lines` log lines (-1: all), or None."""
@@ -294,21 +302,6 @@ def read_jobs(queue: Queue, job_ids: Iterable[str]) -> list[JobRead]:
         else:
             reads.append(JobRead(job_id, Job.from_hash(queue.name, job_id, fields)))
     return reads
-
-
-def send_adds(scripts: Scripts, calls: Sequence[Call], confirm: Confirm | None, where: str) -> list[str]:
-    """Send add calls (Queue.add_calls, of one queue or several on one client) in one round trip; the ids in order.
-
-    With `confirm`, NotConfirmedError when fewer replicas than it asks for
-    confirmed the adds in time (the jobs were added; a failover could lose them).
-    """
-    replies, acked = scripts.run_confirmed(calls, confirm, raise_on_error=True)
-    ids = [job_id for reply in replies for job_id, _added in pairs(reply)]
-    if confirm is not None and acked < confirm.replicas:
-        raise NotConfirmedError(
-            f"{len(ids)} job(s) were added to {where}, but {acked} of {confirm.replicas} "
-            f"replicas confirmed them within {confirm.timeout_ms} ms; a failover now could lose them", ids)
-    return ids
 
 
 def batched(items: Iterable[T], size: int) -> Iterator[list[T]]:
