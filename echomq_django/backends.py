@@ -23,17 +23,17 @@ import json
 import logging
 import math
 import traceback
-import uuid
 from datetime import datetime
 from typing import Any
 
 from django.apps import apps
 from django.conf import settings
 from django.core import checks
-from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.utils import timezone as django_timezone
 from django.utils.module_loading import import_string
 
+from . import outbox
 from .conf import get_settings, own_time_limits_ms, settings_readable, unserved_queue
 from .core import (
     MAX_PRIORITY,
@@ -43,6 +43,7 @@ from .core import (
     Job,
     JobCancelled,
     JobOptions,
+    NewJob,
     PayloadError,
     UnrecoverableError,
     class_path,
@@ -112,11 +113,6 @@ def time_limited_tasks() -> list[Task]:
     return [_time_limited[key] for key in sorted(_time_limited)]
 
 
-def new_job_id() -> str:
-    """A random job id that can never look like a generated (all-digit) one."""
-    return "t" + uuid.uuid4().hex
-
-
 class EchoMQBackend(BaseTaskBackend):
     task_class = EchoMQTask
     supports_defer = True
@@ -178,7 +174,7 @@ class EchoMQBackend(BaseTaskBackend):
                                              delay_ms=delay_until(task.run_after, timestamp_ms),
                                              priority=task.priority, **own_time_limits_ms(task),
                                              group=getattr(task, "group", ""))
-        job_id = new_job_id()
+        job_id = outbox.new_job_id()
         result = TaskResult(
             task=task, id=job_id, status=TaskResultStatus.READY, enqueued_at=task_datetime(timestamp_ms),
             started_at=None, finished_at=None, last_attempted_at=None, args=payload["args"],
@@ -189,7 +185,12 @@ class EchoMQBackend(BaseTaskBackend):
             queue.add(task.module_path, payload, opts=opts, job_id=job_id, timestamp_ms=timestamp_ms)
             task_enqueued.send(type(self), task_result=result)
 
-        if self.enqueue_on_commit:
+        if get_settings().uses_outbox(queue.name) and connections[self.database].in_atomic_block:
+            # Written in this transaction, sent after its commit (outbox.py): enqueued once committed.
+            outbox.enqueue(queue, NewJob(task.module_path, payload, opts, job_id), timestamp_ms=timestamp_ms,
+                           using=self.database)
+            transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result), using=self.database)
+        elif self.enqueue_on_commit:
             transaction.on_commit(send, using=self.database, robust=False)
         else:
             send()

@@ -72,6 +72,12 @@ TOP_LEVEL_DEFAULTS: dict[str, Any] = {
     "QUEUES": {"default": {}},
     # Periodic jobs: name -> options, read by echomq_beat (schedules.py checks them).
     "SCHEDULES": {},
+    # An enqueue inside a transaction writes the job to the database's outbox in that transaction,
+    # sent to Redis after the commit (outbox.py); a queue's own OUTBOX overrides it.
+    "OUTBOX": False,
+    # Seconds an outbox row may wait to be sent; an older one is not sent (the record that keeps a
+    # second send out lasts this long), and manage.py check --deploy reports it.
+    "OUTBOX_MAX_AGE": 86_400,
 }
 QUEUE_DEFAULTS: dict[str, Any] = {
     "LOCK_DURATION": defaults.LOCK_DURATION_MS / 1000,  # seconds a lock lives unless renewed
@@ -100,6 +106,7 @@ QUEUE_DEFAULTS: dict[str, Any] = {
     "MAX_ACTIVE": None,  # at most this many of the queue's jobs run at once, across all its workers (None: no cap)
     # At most this many jobs of one group run at once (None: no cap); groups take turns either way.
     "GROUP_MAX_ACTIVE": None,
+    "OUTBOX": None,  # True or False: this queue's enqueues in a transaction go through the outbox; None: ECHOMQ's
 }
 
 
@@ -145,6 +152,7 @@ class QueueConfig:
     rate_limit: RateLimit | None = None  # None: no limit
     max_active: int = 0  # 0: no cap
     group_max_active: int = 0  # 0: no cap
+    outbox: bool | None = None  # None: the top-level OUTBOX
 
 
 @dataclass(frozen=True)
@@ -157,6 +165,13 @@ class EchoMQSettings:
     enqueue_timeout_s: float = TOP_LEVEL_DEFAULTS["ENQUEUE_TIMEOUT"]
     metrics_minutes: int = defaults.METRICS_MINUTES
     metrics_token: str | None = None
+    outbox: bool = False
+    outbox_max_age_ms: int = TOP_LEVEL_DEFAULTS["OUTBOX_MAX_AGE"] * 1000
+
+    def uses_outbox(self, name: str) -> bool:
+        """Whether queue `name`'s enqueues inside a transaction go through the outbox."""
+        own = self.queue(name).outbox
+        return self.outbox if own is None else own
 
     def queue(self, name: str) -> QueueConfig:
         """The configuration of `name`; a queue that is not configured gets the defaults."""
@@ -202,6 +217,16 @@ def _rate_limit(value: Any, where: str, problems: list[Problem]) -> RateLimit | 
     if jobs is None or window_ms is None:
         return None
     return RateLimit(jobs, window_ms)
+
+
+def _flag(value: Any, where: str, problems: list[Problem], *, allow_none: bool = False) -> bool | None:
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, bool):
+        problems.append(Problem("echomq.E006", f"{where} must be True or False{' or None' if allow_none else ''}, "
+                                f"not {value!r}.", "Use True or False."))
+        return None
+    return value
 
 
 def _pool(value: Any, where: str, problems: list[Problem]) -> str:
@@ -313,6 +338,7 @@ def _queue_config(name: str, raw: Any) -> tuple[QueueConfig, list[Problem]]:
         rate_limit=option("RATE_LIMIT", _rate_limit),
         max_active=option("MAX_ACTIVE", functools.partial(_count, minimum=1, allow_none=True)) or 0,
         group_max_active=option("GROUP_MAX_ACTIVE", functools.partial(_count, minimum=1, allow_none=True)) or 0,
+        outbox=option("OUTBOX", functools.partial(_flag, allow_none=True)),
         **_time_limits(option, where, problems),
     )
     if config.pool == "threads" and config.time_limit_ms:
@@ -434,6 +460,8 @@ def parse_settings(raw: Any) -> tuple[EchoMQSettings, list[Problem]]:
     enqueue_timeout_ms = option("ENQUEUE_TIMEOUT", _seconds_to_ms)
     metrics_minutes = option("METRICS_MINUTES", _metrics_minutes)
     metrics_token = option("METRICS_TOKEN", _token)
+    outbox = option("OUTBOX", _flag)
+    outbox_max_age_ms = option("OUTBOX_MAX_AGE", _seconds_to_ms)
     queues: dict[str, QueueConfig] = {}
     raw_queues = values["QUEUES"]
     if not isinstance(raw_queues, dict) or not raw_queues:
@@ -452,7 +480,7 @@ def parse_settings(raw: Any) -> tuple[EchoMQSettings, list[Problem]]:
     resolved = EchoMQSettings(redis_url=url, prefix=prefix, max_payload_bytes=max_payload, queues=queues,
                               confirm=Confirm(replicas, confirm_ms) if replicas else None,
                               enqueue_timeout_s=enqueue_timeout_ms / 1000, metrics_minutes=metrics_minutes,
-                              metrics_token=metrics_token)
+                              metrics_token=metrics_token, outbox=outbox, outbox_max_age_ms=outbox_max_age_ms)
     return resolved, problems
 
 

@@ -32,8 +32,9 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections
 
+from . import outbox
 from .conf import own_time_limits_ms, time_limits_ms, unserved_queue
-from .core import Backoff, Job, JobOptions, UnrecoverableError
+from .core import Backoff, Job, JobOptions, NewJob, UnrecoverableError
 from .discovery import discover_jobs  # noqa: F401  (public here: echomq_django.jobs.discover_jobs)
 from .queues import get_queue
 
@@ -82,6 +83,9 @@ class JobFunction:
                      delay_ms: int = 0, job_id: str | None = None, group: str | None = None) -> str:
         """`enqueue` with a delay, a job id of the caller's choosing, or a group (the job function's by default).
 
+        Inside a transaction on a queue with the outbox (ECHOMQ["OUTBOX"]), the
+        job is written in that transaction and sent after the commit (outbox.py).
+
         A group (a tenant, a user: the id alphabet) takes turns with the queue's
         other groups, and the queue's GROUP_MAX_ACTIVE caps its running jobs.
 
@@ -90,11 +94,9 @@ class JobFunction:
         if problem := unserved_queue(self.queue):
             raise ImproperlyConfigured(f"@job {self.name} cannot be enqueued: {problem}.")
         queue = get_queue(self.queue)
-        return queue.add(self.name, {"args": list(args), "kwargs": kwargs or {}},
-                         opts=queue.default_opts.overridden(attempts=self.attempts, backoff=self.backoff,
-                                                            delay_ms=delay_ms, **own_time_limits_ms(self),
-                                                            group=self.group if group is None else group),
-                         job_id=job_id)
+        opts = queue.default_opts.overridden(attempts=self.attempts, backoff=self.backoff, delay_ms=delay_ms,
+                                             **own_time_limits_ms(self), group=self.group if group is None else group)
+        return outbox.enqueue(queue, NewJob(self.name, {"args": list(args), "kwargs": kwargs or {}}, opts, job_id))
 
 
 def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queue: str = "default",

@@ -8,6 +8,7 @@ before it touches a row.
 from django.db import models
 
 from .core import MAX_PRIORITY, MIN_PRIORITY
+from .outbox_model import OutboxJob  # noqa: F401  (a model of this app, defined below the layers that use it)
 
 
 class JobRecord(models.Model):
@@ -188,3 +189,4 @@ class Schedule(models.Model):
                 f"ECHOMQ['SCHEDULES'] has a schedule named {self.name!r}; pick another name.")
         if errors:
             raise ValidationError(errors)
+

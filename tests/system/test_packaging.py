@@ -148,8 +148,9 @@ def test_the_package_has_no_import_circle():
 REDIS_INTERNALS = {"connection_kwargs", "connection_class", "send_packed_command", "send_command", "read_response",
                    "can_read", "register_connect_callback", "pack_command", "_sock"}
 FAST_PATH = ("own_connections.py", "OwnConnections")
-# Private-looking names that are public API where they come from: Django's Model._meta, Python's os._exit.
-NOT_PRIVATE = {"_meta", "_exit"}
+# Private-looking names that are public API where they come from: Django's Model._meta, Python's os._exit, a
+# NamedTuple's _asdict.
+NOT_PRIVATE = {"_meta", "_exit", "_asdict"}
 
 
 def test_only_the_fast_path_uses_redis_py_internals():

@@ -1,0 +1,295 @@
+"""The transactional outbox: a job enqueued inside a transaction is committed with it, then sent to Redis.
+
+With ECHOMQ["OUTBOX"] (or a queue's own OUTBOX), an enqueue inside
+`transaction.atomic()` writes the job, validated and encoded, as an OutboxJob
+row of that transaction, so the job exists exactly when the data it is about
+does. Right after the commit the process sends the rows it wrote, one round
+trip per queue, and deletes them. A send that fails (Redis away, the process
+killed) leaves them, and the relay (`Relay`: `echomq_sweep` runs one,
+`echomq_relay` runs it alone) sends rows older than RELAY_AFTER_S. The commit
+never raises because of Redis.
+
+A row may be sent twice: the process died after the add and before the
+delete, or it and a relay sent it at once. The add records each id it sends
+(addJob's `sent`, for OUTBOX_MAX_AGE plus an hour), so the second send adds
+nothing, even once the job has completed and been trimmed. Rows older than
+OUTBOX_MAX_AGE are never sent: the record that would keep them from running
+twice may be gone; `manage.py check --deploy` and the admin report them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import DatabaseError, close_old_connections, connections, router, transaction
+from django.db.models import Count, Min
+from redis.exceptions import RedisError
+
+from .conf import get_settings
+from .core import (
+    JOBS_PER_CALL,
+    UNREACHABLE,
+    EchoMQError,
+    EncodedJob,
+    InvalidNameError,
+    NewJob,
+    Queue,
+    now_ms,
+    validate_job_id,
+    validate_job_name,
+)
+from .outbox_model import OutboxJob
+from .queues import get_queue
+
+logger = logging.getLogger("echomq.outbox")
+
+# A relay sends the rows at least this old: younger ones are their committing process's to send.
+RELAY_AFTER_S = 5.0
+# Seconds between a relay's passes, and the most rows one pass sends per query.
+RELAY_INTERVAL_S = 1.0
+RELAY_BATCH = 500
+# The record of a sent id outlives the oldest row that may still be sent by this much (clocks differ).
+RECORD_MARGIN_MS = 3_600_000
+
+
+def new_job_id() -> str:
+    """A random job id that can never look like a generated (all-digit) one."""
+    return "t" + uuid.uuid4().hex
+
+
+def enqueue(queue: Queue, job: NewJob, *, timestamp_ms: int | None = None, using: str | None = None) -> str:
+    """Add `job` to `queue` now, or, inside a transaction on a queue with the outbox, after the commit.
+
+    The id is returned either way (an outbox job without one gets one here).
+    `using`: the database whose transaction counts (default: OutboxJob's, per the routers).
+    """
+    database = using or router.db_for_write(OutboxJob)
+    if not (get_settings().uses_outbox(queue.name) and connections[database].in_atomic_block):
+        return queue.add(job.name, job.data, opts=job.opts, job_id=job.job_id, timestamp_ms=timestamp_ms)
+    if job.job_id is None:
+        job = NewJob(job.name, job.data, job.opts, new_job_id())
+    encoded = queue.encode(job)  # refused now, in the request, rather than after the commit
+    row = OutboxJob(queue=queue.name, timestamp_ms=now_ms() if timestamp_ms is None else timestamp_ms,
+                    **encoded._asdict())
+    # A caller's id enqueued twice in one transaction is one row, as it is one job in Redis.
+    OutboxJob.objects.using(database).bulk_create([row], ignore_conflicts=True)
+    _written(database).append(row)
+    transaction.on_commit(lambda: send_written(database), using=database, robust=True)
+    return encoded.job_id
+
+
+_local = threading.local()
+
+
+def _written(database: str) -> list[OutboxJob]:
+    """The rows this thread wrote in its transactions on `database` that no commit has sent yet."""
+    if not hasattr(_local, "written"):
+        _local.written = defaultdict(list)
+    return _local.written[database]
+
+
+def send_written(database: str) -> None:
+    """After a commit: send the rows this thread wrote that the commit kept, and delete them.
+
+    Called once per row written; the first call sends them all, the others
+    find nothing left. Rows of a transaction or savepoint that rolled back
+    are not in the table: the query that finds the kept ones leaves them out.
+    """
+    written = _written(database)
+    if not written:
+        return
+    rows, written[:] = list(written), []
+    kept = set(OutboxJob.objects.using(database).filter(pk__in=[row.pk for row in rows]).values_list("pk", flat=True))
+    send(database, [row for row in rows if row.pk in kept])
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What one send did: rows added (or found added before), refused (kept, with their error), left to retry."""
+
+    sent: int = 0
+    refused: int = 0
+    unsent: int = 0
+
+
+def send(database: str, rows: list[OutboxJob]) -> Sent:
+    """Send `rows` to Redis, one round trip per queue, and delete those Redis took (or had already).
+
+    A queue Redis cannot be reached on leaves its rows for the relay; a row
+    that cannot be sent (refused by the script, or unreadable) keeps its error
+    and is not sent again. Never raises for Redis.
+    """
+    done, refused, unsent = [], {}, 0
+    settings = get_settings()
+    record_ms = settings.outbox_max_age_ms + RECORD_MARGIN_MS
+    by_queue: dict[str, list[OutboxJob]] = defaultdict(list)
+    for row in rows:
+        by_queue[row.queue].append(row)
+    for name, queue_rows in by_queue.items():
+        try:
+            queue = get_queue(name)
+        except EchoMQError as error:
+            refused.update((row.pk, str(error)) for row in queue_rows)
+            continue
+        readable = []
+        for row in queue_rows:
+            problem = _unreadable(row)
+            if problem:
+                refused[row.pk] = problem
+            else:
+                readable.append(row)
+        # One call per timestamp: a job's delay counts from its own enqueue.
+        by_time: dict[int, list[OutboxJob]] = defaultdict(list)
+        for row in readable:
+            by_time[row.timestamp_ms].append(row)
+        calls, called = [], []
+        for timestamp, timed in by_time.items():
+            for start in range(0, len(timed), JOBS_PER_CALL):  # one call each (Queue.add_calls cuts no further)
+                chunk = timed[start:start + JOBS_PER_CALL]
+                calls += queue.add_calls([_encoded(row) for row in chunk], timestamp, sent_ms=record_ms)
+                called.append(chunk)
+        if not calls:
+            continue
+        try:
+            replies, acked = queue.scripts.run_confirmed(calls, queue.confirm)
+        except (*UNREACHABLE, RedisError) as error:
+            logger.warning("outbox: %d job(s) of queue %s not sent (%s); the relay sends them later",
+                           len(readable), name, error)
+            unsent += len(readable)
+            continue
+        if queue.confirm is not None and acked < queue.confirm.replicas:
+            logger.warning("outbox: %d job(s) of queue %s sent, but %d of %d replicas confirmed them; they stay "
+                           "in the outbox, and a later send (which adds nothing twice) tries again",
+                           len(readable), name, acked, queue.confirm.replicas)
+            unsent += len(readable)
+            continue
+        for reply, chunk in zip(replies, called):
+            if isinstance(reply, Exception):
+                refused.update((row.pk, f"{type(reply).__name__}: {reply}") for row in chunk)
+            else:
+                done += [row.pk for row in chunk]
+    _record(database, done, refused)
+    return Sent(len(done), len(refused), unsent)
+
+
+def _encoded(row: OutboxJob) -> EncodedJob:
+    return EncodedJob(job_id=row.job_id, name=row.name, data=row.data, opts=row.opts, delay_ms=row.delay_ms,
+                      priority=row.priority, group=row.group)
+
+
+def _unreadable(row: OutboxJob) -> str:
+    """Why a stored row cannot be sent ("" if it can): it was written by enqueue, but the table is anyone's."""
+    try:
+        validate_job_id(row.job_id)
+        validate_job_name(row.name)
+        json.loads(row.data)
+        if not isinstance(json.loads(row.opts), dict):
+            return "opts is not a JSON object"
+    except (InvalidNameError, ValueError) as error:
+        return str(error)
+    return ""
+
+
+def _record(database: str, done: list[Any], refused: dict[Any, str]) -> None:
+    """Delete the rows sent; keep each refused one's error. A database error is logged (the row is sent again)."""
+    try:
+        with transaction.atomic(using=database):
+            if done:
+                OutboxJob.objects.using(database).filter(pk__in=done).delete()
+            for pk, error in refused.items():
+                OutboxJob.objects.using(database).filter(pk=pk).update(error=error[:2000])
+    except DatabaseError as error:
+        logger.warning("outbox: %d sent row(s) not deleted (%s); a later send adds nothing twice", len(done), error)
+    for pk, error in refused.items():
+        logger.error("outbox: row %s refused, not sent again: %s", pk, error)
+
+
+def relay(*, batch: int = RELAY_BATCH, after_s: float = RELAY_AFTER_S, now: int | None = None,
+          using: str | None = None) -> Sent:
+    """Send one batch of the rows older than `after_s` and younger than OUTBOX_MAX_AGE, oldest first.
+
+    Where the database has SELECT ... FOR UPDATE SKIP LOCKED, the rows one
+    relay sends are locked until it has deleted them, so relays running at
+    once send different rows; elsewhere (SQLite) two may send one row, and
+    the add's record keeps the second from adding anything.
+    """
+    database = using or router.db_for_write(OutboxJob)
+    now = now_ms() if now is None else now
+    rows = OutboxJob.objects.using(database).filter(
+        error="", timestamp_ms__lt=now - after_s * 1000,
+        timestamp_ms__gte=now - get_settings().outbox_max_age_ms).order_by("timestamp_ms")
+    if connections[database].features.has_select_for_update_skip_locked:
+        rows = rows.select_for_update(skip_locked=True)
+    with transaction.atomic(using=database):
+        return send(database, list(rows[:batch]))
+
+
+@dataclass(frozen=True)
+class QueueOutbox:
+    """A queue's rows in the outbox: how many, the oldest one's age, and those too old or refused (never sent)."""
+
+    rows: int
+    oldest_age_s: float
+    stale: int
+    refused: int
+
+
+def outbox_state(now: int | None = None, using: str | None = None) -> dict[str, QueueOutbox]:
+    """Per queue with rows in the outbox, what `QueueOutbox` says; two queries."""
+    database = using or router.db_for_write(OutboxJob)
+    now = now_ms() if now is None else now
+    oldest_allowed = now - get_settings().outbox_max_age_ms
+    table = OutboxJob.objects.using(database)
+    counts = {row["queue"]: row for row in table.values("queue").annotate(rows=Count("pk"), oldest=Min("timestamp_ms"))}
+    stale: dict[str, int] = defaultdict(int)
+    refused: dict[str, int] = defaultdict(int)
+    for queue, error in table.exclude(error="", timestamp_ms__gte=oldest_allowed).values_list("queue", "error"):
+        if error:
+            refused[queue] += 1
+        else:
+            stale[queue] += 1
+    return {queue: QueueOutbox(row["rows"], max(0.0, (now - row["oldest"]) / 1000), stale[queue], refused[queue])
+            for queue, row in sorted(counts.items())}
+
+
+class Relay:
+    """A Runner (core.run_until_signalled) that relays the outbox every RELAY_INTERVAL_S until stopped."""
+
+    def __init__(self, interval_s: float = RELAY_INTERVAL_S, after_s: float = RELAY_AFTER_S) -> None:
+        self.interval_s, self.after_s = interval_s, after_s
+        self._stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self._stopped.is_set():
+            self.run_once()
+            self._stopped.wait(self.interval_s)
+
+    def run_once(self) -> Sent:
+        """Relay batches until one comes back short (or a stop); a database error is logged, not raised."""
+        total = Sent()
+        close_old_connections()
+        try:
+            while not self._stopped.is_set():
+                sent = relay(after_s=self.after_s)
+                total = Sent(total.sent + sent.sent, total.refused + sent.refused, total.unsent + sent.unsent)
+                if sent.sent + sent.refused < RELAY_BATCH:
+                    break
+        except DatabaseError as error:
+            logger.error("outbox relay: the database failed (%s); trying again in %g s", error, self.interval_s)
+        finally:
+            close_old_connections()
+        if total.sent or total.refused:
+            logger.info("outbox relay: sent %d job(s), refused %d", total.sent, total.refused)
+        return total
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def abort(self) -> None:
+        self._stopped.set()

@@ -1,0 +1,38 @@
+"""The outbox's table: defined apart from models.py so that the outbox, which the enqueue paths use, sits below them."""
+
+import uuid
+
+from django.db import models
+
+
+class OutboxJob(models.Model):
+    """A job enqueued inside a transaction, written in that transaction and sent to Redis after it (outbox.py).
+
+    The fields are the job as the add sends it, already validated and encoded.
+    The committing process sends its rows right after the commit and deletes
+    them; a row left behind (Redis was away, the process died) is sent by the
+    relay of `echomq_sweep` or `echomq_relay`. A row its send refused keeps
+    the error and is not sent again.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    queue = models.CharField(max_length=128)
+    job_id = models.CharField("job id", max_length=128)
+    name = models.CharField(max_length=255)
+    data = models.TextField(help_text="JSON, as sent")
+    opts = models.TextField(help_text="JSON, as sent")
+    delay_ms = models.BigIntegerField(default=0)
+    priority = models.IntegerField(default=0)
+    group = models.CharField(max_length=128, blank=True)
+    # When it was enqueued (ms), the job's timestamp in Redis: its delay counts from here.
+    timestamp_ms = models.BigIntegerField()
+    error = models.TextField(blank=True, help_text="Why Redis refused it; such a row is not sent again.")
+
+    class Meta:
+        verbose_name = "outbox job"
+        default_permissions = ("view", "delete")
+        constraints = [models.UniqueConstraint(fields=["queue", "job_id"], name="echomq_outbox_queue_job")]
+        indexes = [models.Index(fields=["timestamp_ms"], name="echomq_outbox_timestamp")]
+
+    def __str__(self) -> str:
+        return f"{self.queue}/{self.job_id} {self.name}"

@@ -1,0 +1,160 @@
+"""The transactional outbox (outbox.py) on the test database and the real Redis, through the real scripts."""
+
+import json
+
+import pytest
+from django.db import transaction
+
+from echomq_django import jobs, outbox
+from echomq_django.core import Queue, now_ms
+from echomq_django.outbox_model import OutboxJob
+
+pytestmark = pytest.mark.django_db(transaction=True)  # on_commit callbacks run only on a real commit
+
+UNREACHABLE_URL = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+
+
+def record(*args, **kwargs):
+    return args
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    monkeypatch.setattr(jobs, "_registry", dict(jobs.registered_jobs()))
+
+
+@pytest.fixture
+def mail(registry):
+    return jobs.job(name="mail.send", queue="q")(record)
+
+
+@pytest.fixture
+def with_outbox(settings, redis_url, prefix):
+    settings.ECHOMQ = {"REDIS_URL": redis_url, "PREFIX": prefix, "OUTBOX": True, "ENQUEUE_TIMEOUT": 1,
+                       "QUEUES": {"q": {}, "direct": {"OUTBOX": False}}}
+    return settings
+
+
+@pytest.fixture
+def q(redis_client, prefix):
+    return Queue("q", redis_client, prefix=prefix)
+
+
+def test_a_job_enqueued_in_a_transaction_is_a_row_until_the_commit_then_in_redis_and_the_row_gone(
+        with_outbox, mail, q):
+    with transaction.atomic():
+        job_id = mail.enqueue(7, to="a@example.com")
+        row = OutboxJob.objects.get()
+        assert (row.queue, row.job_id, row.name) == ("q", job_id, "mail.send")
+        assert json.loads(row.data) == {"args": [7], "kwargs": {"to": "a@example.com"}}
+        assert q.get_job(job_id) is None, "nothing reaches Redis before the commit"
+    job = q.get_job(job_id)
+    assert job is not None and job.data == {"args": [7], "kwargs": {"to": "a@example.com"}}
+    assert not OutboxJob.objects.exists()
+
+
+def test_a_rollback_sends_nothing_and_a_rolled_back_savepoint_only_its_own_jobs(with_outbox, mail, q):
+    with pytest.raises(ZeroDivisionError), transaction.atomic():
+        mail.enqueue(1)
+        1 / 0
+    assert q.counts()["wait"] == 0 and not OutboxJob.objects.exists()
+    with transaction.atomic():
+        kept = mail.enqueue(2)
+        with pytest.raises(ZeroDivisionError), transaction.atomic():
+            mail.enqueue(3)
+            1 / 0
+        also_kept = mail.enqueue(4)
+    assert sorted(q.get_jobs("wait")[i].id for i in range(2)) == sorted([kept, also_kept])
+    assert q.counts()["wait"] == 2 and not OutboxJob.objects.exists()
+
+
+def test_outside_a_transaction_or_with_the_queue_off_an_enqueue_goes_straight_to_redis(
+        with_outbox, mail, registry, redis_client, prefix, q):
+    assert q.get_job(mail.enqueue(1)) is not None
+    direct = jobs.job(name="direct.send", queue="direct")(record)
+    with transaction.atomic():
+        job_id = direct.enqueue(1)
+        assert Queue("direct", redis_client, prefix=prefix).get_job(job_id) is not None
+    assert not OutboxJob.objects.exists()
+
+
+def test_a_transactions_jobs_go_in_one_round_trip_per_queue_with_their_delays_counted_from_their_enqueue(
+        with_outbox, mail, q):
+    with transaction.atomic():
+        ids = [mail.enqueue(n) for n in range(100)]
+        delayed = mail.enqueue_with(args=(1,), delay_ms=60_000)
+        enqueued_at = OutboxJob.objects.get(job_id=delayed).timestamp_ms
+    assert q.counts()["wait"] == 100 and q.counts()["delayed"] == 1
+    assert {job.id for job in q.get_jobs("wait", 0, 100)} == set(ids)
+    assert q.client.zscore(q.keys.delayed, delayed) == enqueued_at + 60_000
+
+
+def test_redis_away_at_the_commit_leaves_the_rows_and_the_commit_does_not_raise_then_the_relay_sends_them(
+        with_outbox, mail, settings, redis_url, q):
+    settings.ECHOMQ = {**settings.ECHOMQ, "REDIS_URL": UNREACHABLE_URL}
+    with transaction.atomic():
+        ids = [mail.enqueue(n) for n in range(3)]
+    assert sorted(OutboxJob.objects.values_list("job_id", flat=True)) == sorted(ids)
+    settings.ECHOMQ = {**settings.ECHOMQ, "REDIS_URL": redis_url}
+    assert outbox.relay().sent == 0, "rows younger than RELAY_AFTER_S are their process's to send"
+    assert outbox.relay(now=now_ms() + 6_000).sent == 3
+    assert sorted(job.id for job in q.get_jobs("wait")) == sorted(ids)
+    assert not OutboxJob.objects.exists()
+
+
+def test_a_row_sent_twice_adds_its_job_once_even_after_the_job_completed_and_was_trimmed(with_outbox, mail, q):
+    with transaction.atomic():
+        job_id = mail.enqueue(1)
+        row = OutboxJob.objects.get()
+    assert q.get_job(job_id) is not None
+    assert q.remove(job_id)  # as retention trims a completed job
+    row.save(force_insert=True)  # as if the process had died between the add and the delete
+    assert outbox.send("default", [row]).sent == 1
+    assert q.get_job(job_id) is None and q.counts()["wait"] == 0
+    assert not OutboxJob.objects.exists()
+
+
+def test_the_relay_leaves_rows_older_than_outbox_max_age_and_reports_them(with_outbox, mail, settings, q):
+    settings.ECHOMQ = {**settings.ECHOMQ, "OUTBOX_MAX_AGE": 60}
+    old = OutboxJob.objects.create(queue="q", job_id="told", name="mail.send", data="{}", opts='{"attempts": 3}',
+                                   timestamp_ms=now_ms() - 61_000)
+    assert outbox.relay().sent == 0
+    assert q.get_job(old.job_id) is None
+    assert outbox.outbox_state()["q"].stale == 1
+
+
+def test_a_row_redis_refuses_keeps_its_error_is_not_sent_again_and_does_not_hold_up_the_others(
+        with_outbox, mail, q):
+    then = now_ms() - 10_000
+    bad = OutboxJob.objects.create(queue="q", job_id="tbad", name="has space", data="{}", opts="{}",
+                                   timestamp_ms=then)
+    good = OutboxJob.objects.create(queue="q", job_id="tgood", name="mail.send", data="{}", opts='{"attempts": 1}',
+                                    timestamp_ms=then)
+    sent = outbox.relay()
+    assert (sent.sent, sent.refused) == (1, 1)
+    assert q.get_job(good.job_id) is not None
+    bad.refresh_from_db()
+    assert "job name" in bad.error
+    assert outbox.relay(now=now_ms() + 60_000).refused == 0, "a refused row is not sent again"
+    state = outbox.outbox_state()["q"]
+    assert (state.rows, state.refused, state.stale) == (1, 1, 0)
+
+
+def test_a_task_enqueued_in_a_transaction_goes_through_the_outbox(with_outbox, settings, redis_client, prefix):
+    from demo_project.demo_app import tasks
+
+    settings.ECHOMQ = {**settings.ECHOMQ, "QUEUES": {**settings.ECHOMQ["QUEUES"], "default": {}}}
+    default = Queue("default", redis_client, prefix=prefix)
+    with transaction.atomic():
+        result = tasks.add.enqueue(2, 3)
+        assert OutboxJob.objects.filter(job_id=result.id).exists()
+        assert default.get_job(result.id) is None
+    assert default.get_job(result.id) is not None and not OutboxJob.objects.exists()
+
+
+def test_a_callers_id_enqueued_twice_in_one_transaction_is_one_row_and_one_job(with_outbox, mail, q):
+    with transaction.atomic():
+        assert mail.enqueue_with(args=(1,), job_id="welcome-42") == "welcome-42"
+        assert mail.enqueue_with(args=(2,), job_id="welcome-42") == "welcome-42"
+        assert OutboxJob.objects.count() == 1
+    assert q.counts()["wait"] == 1 and q.get_job("welcome-42").data["args"] == [1]
