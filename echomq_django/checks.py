@@ -7,6 +7,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core import checks
+from django.db import DatabaseError
 
 from .conf import (
     Problem,
@@ -19,6 +20,7 @@ from .conf import (
 )
 from .core import OWN_CONNECTIONS_ENV, own_connections_wanted
 from .jobs import discover_jobs, registered_jobs
+from .outbox import outbox_in_use, outbox_state
 from .schedules import schedules_problems
 
 
@@ -102,3 +104,28 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
     """Report every problem of ECHOMQ["SCHEDULES"]: a bad cron, an unknown task, arguments that are not JSON..."""
     discover_jobs()
     return [as_check(problem) for problem in schedules_problems()]
+
+
+@checks.register("echomq", deploy=True)
+def check_outbox(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Report outbox rows that will never be sent: older than OUTBOX_MAX_AGE (W018), or refused by Redis (W019)."""
+    if not settings_readable() or not outbox_in_use():
+        return []
+    try:
+        state = outbox_state()
+    except DatabaseError as error:  # not migrated yet, or the database is away: not this check's to say
+        return [checks.Warning(f"The outbox could not be read: {error}.", hint="Run manage.py migrate.",
+                               id="echomq.W018")]
+    found = []
+    for queue, rows in state.items():
+        if rows.stale:
+            found.append(checks.Warning(
+                f"Queue {queue!r} has {rows.stale} outbox row(s) older than ECHOMQ['OUTBOX_MAX_AGE']; they are "
+                "not sent, as the record that keeps a job from being added twice may be gone.",
+                hint="Look at them in the admin (Outbox jobs): enqueue again what must still run, then delete them. "
+                     "Is a relay (echomq_sweep or echomq_relay) running?", id="echomq.W018"))
+        if rows.refused:
+            found.append(checks.Warning(
+                f"Queue {queue!r} has {rows.refused} outbox row(s) that Redis refused; they are not sent again.",
+                hint="The admin's Outbox jobs page shows each one's error.", id="echomq.W019"))
+    return found

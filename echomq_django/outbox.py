@@ -258,6 +258,18 @@ def outbox_state(now: int | None = None, using: str | None = None) -> dict[str, 
             for queue, row in sorted(counts.items())}
 
 
+def outbox_in_use() -> bool:
+    """Whether ECHOMQ or any configured queue has OUTBOX on (then echomq_sweep relays)."""
+    settings = get_settings()
+    return any(settings.uses_outbox(name) for name in settings.queues)
+
+
+def relayed(command: Any, sent: Sent, verbosity: int) -> None:
+    """A command's line on what one relay pass did (nothing when it did nothing, below verbosity 2)."""
+    if verbosity >= 2 or (verbosity >= 1 and (sent.sent or sent.refused or sent.unsent)):
+        command.stdout.write(f"outbox: sent {sent.sent}, refused {sent.refused}, left to retry {sent.unsent}")
+
+
 class Relay:
     """A Runner (core.run_until_signalled) that relays the outbox every RELAY_INTERVAL_S until stopped."""
 

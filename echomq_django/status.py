@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError
 from redis.exceptions import ResponseError
 
 from .conf import QueueConfig, get_settings
@@ -20,7 +23,10 @@ from .core import (
     last_sweep,
     recent_minutes,
 )
+from .outbox import QueueOutbox, outbox_in_use, outbox_state
 from .queues import get_queue
+
+logger = logging.getLogger("echomq.outbox")
 
 # The complete minutes whose rates `echomq_status --json` reports (its key "last_5_minutes" says so too).
 RATE_MINUTES = 5
@@ -28,10 +34,40 @@ RATE_MINUTES = 5
 RATED = ("completed", "failed", "recovered")
 
 
-def queue_status(name: str, *, rates: bool = False, now: int | None = None) -> dict[str, Any]:
+def read_outbox() -> dict[str, QueueOutbox] | None:
+    """The outbox's rows per queue; None when no queue uses it, ECHOMQ is unreadable or the database fails (logged)."""
+    try:
+        if not outbox_in_use():
+            return None
+        return outbox_state()
+    except ImproperlyConfigured:  # the dashboard and the check say what is wrong with ECHOMQ
+        return None
+    except DatabaseError as error:
+        logger.warning("the outbox could not be read: %s", error)
+        return None
+
+
+def outbox_summary(rows: QueueOutbox | None) -> dict[str, Any]:
+    """A queue's outbox as `echomq_status --json` shows it."""
+    rows = rows or QueueOutbox(0, 0.0, 0, 0)
+    return {"rows": rows.rows, "oldest_age_s": rows.oldest_age_s, "stale": rows.stale, "refused": rows.refused}
+
+
+def describe_outbox(outbox: dict[str, Any]) -> str:
+    """A queue's outbox in words ("" when it has no rows)."""
+    if not outbox["rows"]:
+        return ""
+    unsent = [f"{outbox[key]} {key}" for key in ("stale", "refused") if outbox[key]]
+    return (f"outbox: {outbox['rows']} job(s) not yet in Redis, the oldest {outbox['oldest_age_s']:.0f} s old"
+            + (f" ({', '.join(unsent)}: never sent)" if unsent else ""))
+
+
+def queue_status(name: str, *, rates: bool = False, now: int | None = None,
+                 outbox: dict[str, QueueOutbox] | None = None) -> dict[str, Any]:
     """Everything the status shows for one queue, as plain data; `error` instead when a key is broken.
 
-    `rates` adds `recent_rates` as of `now` (ms; default: the time now).
+    `rates` adds `recent_rates` as of `now` (ms; default: the time now);
+    `outbox` is read_outbox()'s, read once for every queue shown.
     """
     queue = get_queue(name)
     config = get_settings().queue(name)
@@ -41,7 +77,8 @@ def queue_status(name: str, *, rates: bool = False, now: int | None = None) -> d
                   "flow": flow_summary(flow_state(queue, config.rate_limit), config),
                   # Worker slots held by a thread past its hard limit (threads pool): no job starts in them.
                   "abandoned_threads": [{"worker": worker, "job": job}
-                                        for worker, job in abandoned_threads(queue.client, queue.keys)]}
+                                        for worker, job in abandoned_threads(queue.client, queue.keys)],
+                  "outbox": outbox_summary((outbox or {}).get(name))}
     except (QueueStateError, ResponseError) as error:  # a key another client gave another Redis type
         return {"queue": name, "error": str(error)}
     return {**status, **recent_rates(queue, now)} if rates else status

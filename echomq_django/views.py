@@ -27,7 +27,7 @@ from redis.exceptions import ResponseError
 from .conf import get_settings, short_token_problem
 from .core import COUNTED, UNREACHABLE, QueueStateError, last_sweep, oldest_waiting_age_ms, totals
 from .queues import get_queue
-from .status import seconds_since
+from .status import read_outbox, seconds_since
 
 logger = logging.getLogger("echomq.metrics")
 
@@ -85,7 +85,17 @@ class QueueCollector:
             "echomq_last_sweep_age_seconds",
             "Seconds since the last sweep of the queue ended; no sample for a queue never swept.",
             labels=["queue"])
+        outbox_rows = GaugeMetricFamily(
+            "echomq_outbox_rows", "Jobs committed in the outbox and not yet sent to Redis.", labels=["queue"])
+        outbox_oldest = GaugeMetricFamily(
+            "echomq_outbox_oldest_seconds", "Seconds the oldest job in the outbox has waited to be sent; 0 when none.",
+            labels=["queue"])
+        outbox = read_outbox()  # None: no queue uses the outbox
         for reading in self.readings():
+            if outbox is not None:
+                rows = outbox.get(reading.name)
+                outbox_rows.add_metric([reading.name], rows.rows if rows else 0)
+                outbox_oldest.add_metric([reading.name], rows.oldest_age_s if rows else 0)
             label = [reading.name]
             completed.add_metric(label, reading.totals["completed"])
             failed.add_metric(label, reading.totals["failed"])
@@ -96,6 +106,8 @@ class QueueCollector:
             if reading.last_sweep_age_s is not None:
                 swept.add_metric(label, reading.last_sweep_age_s)
         yield from (completed, failed, recovered, jobs, oldest, swept)
+        if outbox is not None:
+            yield from (outbox_rows, outbox_oldest)
 
     def readings(self) -> Iterator[QueueReading]:
         """Each queue's reading; a queue with a broken key is left out, Redis out of reach raises."""

@@ -1,4 +1,4 @@
-"""The admin: a queue dashboard, a browser of every queue's states, the failed and stalled lists, and the schedules.
+"""The admin: a queue dashboard, every queue's states, the failed and stalled lists, schedules, the outbox.
 
 Every change goes through the Lua scripts first, so Redis stays the source
 of truth. Changes are POST-only, CSRF-protected and need their own
@@ -6,6 +6,6 @@ permission; the bulk ones that act on a whole set run only on the POST of a
 confirmation page.
 """
 
-from . import browser, dashboard, mirror_lists, schedules
+from . import browser, dashboard, mirror_lists, outbox, schedules
 
-__all__ = ["browser", "dashboard", "mirror_lists", "schedules"]
+__all__ = ["browser", "dashboard", "mirror_lists", "outbox", "schedules"]

@@ -33,8 +33,9 @@ from ..core import (
 )
 from ..mirror import sync_queue
 from ..models import Queue as QueueModel
+from ..outbox import QueueOutbox
 from ..queues import get_queue, make_sweeper
-from ..status import describe_abandoned, describe_sweep, queue_status
+from ..status import describe_abandoned, describe_outbox, describe_sweep, queue_status, read_outbox
 from .charts_context import HOUR, SPANS, Span, queue_charts, slot_metrics
 from .common import REDIS_ERRORS, configured_queue, confirmation, confirmed, redis_problem
 
@@ -104,6 +105,7 @@ class QueueAdmin(admin.ModelAdmin):
             "can_view_failed": user.has_perm("echomq.view_failedjob"),
             "can_view_stalled": user.has_perm("echomq.view_stalledjob"),
             "can_view_metrics": user.has_perm("echomq.view_metrics"),
+            "can_view_outbox": user.has_perm("echomq.view_outboxjob"),
             "metrics_off": settings is not None and metrics_minutes == 0,
             **page_controls(span, refresh),
         }
@@ -115,21 +117,22 @@ class QueueAdmin(admin.ModelAdmin):
         With a `span`, each line has its charts too, from its last `read_minutes` of metrics.
         """
         rows: list[dict[str, Any]] = []
+        outbox = read_outbox()
         for name in names:
             unreachable = next((row["error"] for row in rows if row.get("unreachable")), None)
             if unreachable:
                 rows.append({"name": name, "error": unreachable, "unreachable": True})
                 continue
-            row = self.queue_row(name)
+            row = self.queue_row(name, outbox)
             if span and "counts" in row:
                 row.update(self.queue_charts(name, row["counts"], span, read_minutes))
             rows.append(row)
         return rows
 
-    def queue_row(self, name: str) -> dict[str, Any]:
+    def queue_row(self, name: str, outbox: dict[str, QueueOutbox]) -> dict[str, Any]:
         """One queue's line of the dashboard; `error` instead of counts when one of its keys is broken."""
         try:
-            status = queue_status(name)  # what echomq_status shows, read the same way
+            status = queue_status(name, outbox=outbox)  # what echomq_status shows, read the same way
         except REDIS_ERRORS as error:  # out of reach: a page says so rather than failing
             return {"name": name, "error": redis_problem(error), "unreachable": isinstance(error, UNREACHABLE)}
         if "error" in status:
@@ -140,7 +143,9 @@ class QueueAdmin(admin.ModelAdmin):
         return {"name": name, "counts": counts, "paused": status["paused"],
                 "cells": [{"state": state, "count": counts[state]} for state in COUNTED],
                 "last_sweep": describe_sweep(status["last_sweep"]), "flow": flow if limited else None,
-                "abandoned": describe_abandoned(status["abandoned_threads"])}
+                "abandoned": describe_abandoned(status["abandoned_threads"]),
+                "outbox": describe_outbox(status["outbox"]), "outbox_unsent": bool(
+                    status["outbox"]["stale"] or status["outbox"]["refused"])}
 
     def queue_charts(self, name: str, counts: dict[str, int], span: Span, read_minutes: int) -> dict[str, Any]:
         """A queue's charts over `span`, from one pipelined read of its metrics; `charts_error` when unread."""

@@ -1,9 +1,14 @@
 """The transactional outbox (outbox.py) on the test database and the real Redis, through the real scripts."""
 
+import io
 import json
 
 import pytest
+from django.contrib.auth.models import Permission, User
+from django.core import checks
+from django.core.management import call_command
 from django.db import transaction
+from django.test import Client
 
 from echomq_django import jobs, outbox
 from echomq_django.core import Queue, now_ms
@@ -158,3 +163,61 @@ def test_a_callers_id_enqueued_twice_in_one_transaction_is_one_row_and_one_job(w
         assert mail.enqueue_with(args=(2,), job_id="welcome-42") == "welcome-42"
         assert OutboxJob.objects.count() == 1
     assert q.counts()["wait"] == 1 and q.get_job("welcome-42").data["args"] == [1]
+
+
+def stranded(q, job_ids, age_s=10):
+    """Rows left behind as if their process had died after the commit: `age_s` old."""
+    then = now_ms() - age_s * 1000
+    return [OutboxJob.objects.create(queue=q.name, job_id=job_id, name="mail.send", data='{"args": [], "kwargs": {}}',
+                                     opts='{"attempts": 1}', timestamp_ms=then) for job_id in job_ids]
+
+
+def test_echomq_relay_once_and_the_sweepers_pass_send_what_their_processes_did_not(with_outbox, q):
+    stranded(q, ["ta", "tb"])
+    out = io.StringIO()
+    call_command("echomq_relay", "--once", stdout=out)
+    assert "outbox: sent 2, refused 0, left to retry 0" in out.getvalue()
+    assert {job.id for job in q.get_jobs("wait")} == {"ta", "tb"}
+    stranded(q, ["tc"])
+    call_command("echomq_sweep", "--once", "--queue", "q", stdout=io.StringIO())
+    assert q.get_job("tc") is not None and not OutboxJob.objects.exists()
+    stranded(q, ["td"])
+    call_command("echomq_sweep", "--once", "--queue", "q", "--no-relay", stdout=io.StringIO())
+    assert q.get_job("td") is None and OutboxJob.objects.count() == 1
+
+
+def test_status_prometheus_and_the_deploy_check_show_the_rows_not_yet_sent(with_outbox, settings, q):
+    settings.ECHOMQ = {**settings.ECHOMQ, "OUTBOX_MAX_AGE": 60, "METRICS_TOKEN": "t" * 30}
+    stranded(q, ["fresh"], age_s=10)
+    stranded(q, ["stale"], age_s=120)
+    out = io.StringIO()
+    call_command("echomq_status", "--json", stdout=out)
+    [status] = [s for s in json.loads(out.getvalue()) if s["queue"] == "q"]
+    assert status["outbox"]["rows"] == 2 and status["outbox"]["stale"] == 1
+    assert 119 <= status["outbox"]["oldest_age_s"] < 200
+    out = io.StringIO()
+    call_command("echomq_status", stdout=out)
+    assert "outbox: 2 job(s) not yet in Redis" in out.getvalue() and "1 stale" in out.getvalue()
+    text = Client().get("/echomq/metrics/", headers={"Authorization": "Bearer " + "t" * 30}).content.decode()
+    assert 'echomq_outbox_rows{queue="q"} 2.0' in text and 'echomq_outbox_rows{queue="direct"} 0.0' in text
+    found = [message for message in checks.run_checks(include_deployment_checks=True) if message.id == "echomq.W018"]
+    assert len(found) == 1 and "'q' has 1 outbox row(s) older than" in found[0].msg
+
+
+def test_the_dashboard_shows_a_queues_outbox_and_links_its_rows_for_those_allowed(with_outbox, q):
+    stranded(q, ["tx"])
+    OutboxJob.objects.filter(job_id="tx").update(error="<script>alert(1)</script>")
+    admin = User.objects.create_superuser("admin", "a@example.com", "pw")
+    client = Client()
+    client.force_login(admin)
+    page = client.get("/admin/echomq/queue/").content.decode()
+    assert "outbox: 1 job(s) not yet in Redis" in page and "1 refused: never sent" in page
+    assert "/admin/echomq/outboxjob/?queue=q" in page
+    rows = client.get("/admin/echomq/outboxjob/").content.decode()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in rows and "<script>alert(1)" not in rows
+    viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_queue"))
+    client.force_login(viewer)
+    page = client.get("/admin/echomq/queue/").content.decode()
+    assert "outbox: 1 job(s)" in page and "/admin/echomq/outboxjob/" not in page
+    assert client.get("/admin/echomq/outboxjob/").status_code == 403

@@ -26,6 +26,8 @@ FAMILIES = {  # name as parsed (counters without _total) -> (type, name in the t
     "echomq_queue_jobs": ("gauge", "echomq_queue_jobs"),
     "echomq_oldest_waiting_seconds": ("gauge", "echomq_oldest_waiting_seconds"),
     "echomq_last_sweep_age_seconds": ("gauge", "echomq_last_sweep_age_seconds"),
+    "echomq_outbox_rows": ("gauge", "echomq_outbox_rows"),
+    "echomq_outbox_oldest_seconds": ("gauge", "echomq_outbox_oldest_seconds"),
 }
 
 
@@ -55,7 +57,7 @@ def run_known_jobs(queue: Queue) -> str:
 
 @pytest.fixture
 def metrics_settings(echomq_settings):
-    echomq_settings.ECHOMQ = {**echomq_settings.ECHOMQ, "METRICS_TOKEN": TOKEN}
+    echomq_settings.ECHOMQ = {**echomq_settings.ECHOMQ, "METRICS_TOKEN": TOKEN, "OUTBOX": True}
     return echomq_settings
 
 

@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from echomq_django.core import COUNTED, UNREACHABLE, InvalidNameError, now_ms
 from echomq_django.queues import queue_names
-from echomq_django.status import describe_abandoned, describe_sweep, queue_status
+from echomq_django.status import describe_abandoned, describe_outbox, describe_sweep, queue_status, read_outbox
 
 COLUMN = 2 + max(len(state) for state in COUNTED)  # so that no two headers run together
 
@@ -29,7 +29,8 @@ class Command(BaseCommand):
     def handle(self, *, queues: list[str] | None, as_json: bool, **options: Any) -> None:
         try:
             now = now_ms()  # one "now" for every queue, so all show the same minutes
-            statuses = [queue_status(name, rates=as_json, now=now) for name in queue_names(queues)]
+            outbox = read_outbox()
+            statuses = [queue_status(name, rates=as_json, now=now, outbox=outbox) for name in queue_names(queues)]
         except InvalidNameError as error:
             raise CommandError(str(error)) from None
         except UNREACHABLE as error:
@@ -49,6 +50,7 @@ def status_line(status: dict[str, Any]) -> str:
     if "error" in status:
         return f"{status['queue']:<20}  error: {status['error']}"
     name = status["queue"] + (" (paused)" if status["paused"] else "")
-    abandoned = describe_abandoned(status["abandoned_threads"])
+    notes = [note for note in (describe_abandoned(status["abandoned_threads"]), describe_outbox(status["outbox"]))
+             if note]
     return (f"{name:<20}" + "".join(f"{status['counts'][s]:>{COLUMN}}" for s in COUNTED)
-            + "  " + describe_sweep(status["last_sweep"]) + (f"; {abandoned}" if abandoned else ""))
+            + "  " + describe_sweep(status["last_sweep"]) + "".join(f"; {note}" for note in notes))

@@ -17,6 +17,7 @@ from echomq_django.core import (
     run_until_signalled,
 )
 from echomq_django.mirror import sync_queue
+from echomq_django.outbox import Relay, outbox_in_use, relayed
 from echomq_django.queues import get_queue, make_sweeper, queue_names
 from echomq_django.status import seconds_since
 
@@ -53,6 +54,11 @@ class Command(BaseCommand):
             help="Stalls a job may survive before it is failed (default: each queue's "
                  "MAX_STALLED_COUNT, 1 unless configured).",
         )
+        parser.add_argument(
+            "--no-relay", action="store_false", dest="relay",
+            help="Do not relay the outbox's rows (echomq_relay does it apart); by default the sweeper relays "
+                 "whenever ECHOMQ or a queue has OUTBOX on.",
+        )
 
     def handle(self, *, once: bool, **options: Any) -> None:
         # The loop's signals are recorded from here on: one during start-up stops it as soon as it runs.
@@ -61,7 +67,7 @@ class Command(BaseCommand):
 
     def sweep(
         self, recorded: RecordedSignals | None, *, queues: list[str] | None, once: bool, interval: float | None,
-        force: bool, max_stalled_count: int | None, verbosity: int, **options: Any,
+        force: bool, max_stalled_count: int | None, relay: bool, verbosity: int, **options: Any,
     ) -> None:
         try:
             sweeper = make_sweeper(
@@ -89,15 +95,21 @@ class Command(BaseCommand):
 
         with echomq_logs_shown(self, verbosity):
             try:
+                relayer = Relay() if relay and outbox_in_use() else None
                 if once:
                     for result in sweeper.sweep_all(force=force):
                         report(result)
+                    if relayer:
+                        relayed(self, relayer.run_once(), verbosity)
                     return
                 if verbosity >= 1:
                     self.stdout.write("sweeping " + ", ".join(
-                        f"{target.queue} every {target.interval_ms / 1000:g} s" for target in sweeper.targets))
-                run_until_signalled(CommandRunner(lambda: sweeper.run(report, force=force), sweeper), grace_s=0,
-                                    recorded=recorded)
+                        f"{target.queue} every {target.interval_ms / 1000:g} s" for target in sweeper.targets)
+                        + (", relaying the outbox" if relayer else ""))
+                runners = [CommandRunner(lambda: sweeper.run(report, force=force), sweeper)]
+                if relayer:
+                    runners.append(CommandRunner(relayer.run, relayer))
+                run_until_signalled(*runners, grace_s=0, recorded=recorded)
             except QueueStateError as error:
                 raise CommandError(str(error)) from None
             except UNREACHABLE as error:  # only --once gets here: the loop waits out outages
