@@ -70,6 +70,9 @@ STATIC_URL = "static/"
 ECHOMQ = {
     "REDIS_URL": env.str("ECHOMQ_REDIS_URL", default="redis://127.0.0.1:6379/0"),
     "PREFIX": env.str("ECHOMQ_PREFIX", default="emq"),
+    # Jobs enqueued inside a transaction are written with it and sent after its commit (see the outbox in
+    # docs/reliability.md); sent at once (or on commit, for tasks) when off.
+    "OUTBOX": env.bool("ECHOMQ_OUTBOX", default=False),
     "QUEUES": {
         "default": {},
         # Short timings so the demo shows a stall and its recovery within seconds.
