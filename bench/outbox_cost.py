@@ -53,7 +53,7 @@ def main() -> None:
     from django.test.utils import override_settings
 
     from demo_project.demo_app.jobs import greet
-    from echomq_django.core import Worker, now_ms
+    from echomq_django.core import Worker
     from echomq_django.outbox import Relay
     from echomq_django.queues import get_queue
 
