@@ -106,3 +106,13 @@ def test_pool_cost_runs_and_prints_every_row():
         assert proc.stdout.count(row) == times, f"{row!r} missing from:\n{proc.stdout}"
     walls = [row[0] for row in map(str.split, lines) if row[:1] in (["threads"], ["processes"]) and row[1] != "/"]
     assert walls == ["threads", "processes"], proc.stdout
+
+
+@pytest.mark.timeout(240)
+def test_outbox_cost_runs_and_prints_every_row():
+    proc = subprocess.run([sys.executable, "bench/outbox_cost.py", "--transactions", "10", "--runs", "1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for row in ("1 job(s) per transaction ", "100 job(s) per transaction, and a row of its own", "with the outbox",
+                "0 of 50", "the job started"):
+        assert row in proc.stdout, f"{row!r} missing from:\n{proc.stdout}"
