@@ -221,3 +221,13 @@ def test_the_dashboard_shows_a_queues_outbox_and_links_its_rows_for_those_allowe
     page = client.get("/admin/echomq/queue/").content.decode()
     assert "outbox: 1 job(s)" in page and "/admin/echomq/outboxjob/" not in page
     assert client.get("/admin/echomq/outboxjob/").status_code == 403
+
+
+def test_in_a_test_case_transaction_capture_on_commit_callbacks_sends_the_rows(with_outbox, mail, q):
+    from django.test import TestCase
+
+    with transaction.atomic():  # as Django's TestCase wraps each test
+        with TestCase.captureOnCommitCallbacks(execute=True):
+            with transaction.atomic():
+                job_id = mail.enqueue(1)
+        assert q.get_job(job_id) is not None and not OutboxJob.objects.exists()
