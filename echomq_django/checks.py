@@ -108,7 +108,7 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
 
 @checks.register("echomq", deploy=True)
 def check_outbox(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Report outbox rows that will never be sent: older than OUTBOX_MAX_AGE (W018), or refused by Redis (W019)."""
+    """Report outbox rows that will never be sent: older than OUTBOX_MAX_AGE (W018), or unsendable as they are (W019)."""
     if not settings_readable() or not outbox_in_use():
         return []
     try:
@@ -126,6 +126,7 @@ def check_outbox(app_configs: Any = None, databases: Any = None, **kwargs: Any) 
                      "Is a relay (echomq_sweep or echomq_relay) running?", id="echomq.W018"))
         if rows.refused:
             found.append(checks.Warning(
-                f"Queue {queue!r} has {rows.refused} outbox row(s) that Redis refused; they are not sent again.",
+                f"Queue {queue!r} has {rows.refused} outbox row(s) that cannot be sent as they are (edited by hand?); "
+                "they are not sent again.",
                 hint="The admin's Outbox jobs page shows each one's error.", id="echomq.W019"))
     return found

@@ -37,7 +37,7 @@ from .core import (
     UNREACHABLE,
     EchoMQError,
     EncodedJob,
-    InvalidNameError,
+    JobOptions,
     NewJob,
     Queue,
     now_ms,
@@ -111,7 +111,7 @@ def send_written(database: str) -> None:
 
 @dataclass(frozen=True)
 class Sent:
-    """What one send did: rows added (or found added before), refused (kept, with their error), left to retry."""
+    """What one send did: rows added (or found added before), refused (not sendable as they are), left to retry."""
 
     sent: int = 0
     refused: int = 0
@@ -121,9 +121,9 @@ class Sent:
 def send(database: str, rows: list[OutboxJob]) -> Sent:
     """Send `rows` to Redis, one round trip per queue, and delete those Redis took (or had already).
 
-    A queue Redis cannot be reached on leaves its rows for the relay; a row
-    that cannot be sent (refused by the script, or unreadable) keeps its error
-    and is not sent again. Never raises for Redis.
+    A queue Redis cannot be reached on, or whose script call fails, leaves its
+    rows for the relay; a row that cannot be sent as it is (checked as enqueue
+    checks a job) keeps its error and is not sent again. Never raises for Redis.
     """
     done, refused, unsent = [], {}, 0
     settings = get_settings()
@@ -171,7 +171,9 @@ def send(database: str, rows: list[OutboxJob]) -> Sent:
             continue
         for reply, chunk in zip(replies, called):
             if isinstance(reply, Exception):
-                refused.update((row.pk, f"{type(reply).__name__}: {reply}") for row in chunk)
+                logger.error("outbox: %d job(s) of queue %s not sent, Redis refused them (%s); sent again later",
+                             len(chunk), name, reply)
+                unsent += len(chunk)
             else:
                 done += [row.pk for row in chunk]
     _record(database, done, refused)
@@ -184,14 +186,20 @@ def _encoded(row: OutboxJob) -> EncodedJob:
 
 
 def _unreadable(row: OutboxJob) -> str:
-    """Why a stored row cannot be sent ("" if it can): it was written by enqueue, but the table is anyone's."""
+    """Why a stored row cannot be sent ("" if it can): it was written by enqueue, but the table is anyone's.
+
+    Checked as enqueue checked it, so that what the script refuses is Redis's
+    state (out of memory, a key of another type), which may pass: such a row
+    is sent again, not given up.
+    """
     try:
         validate_job_id(row.job_id)
         validate_job_name(row.name)
+        JobOptions(delay_ms=row.delay_ms, priority=row.priority, group=row.group)
         json.loads(row.data)
         if not isinstance(json.loads(row.opts), dict):
             return "opts is not a JSON object"
-    except (InvalidNameError, ValueError) as error:
+    except (EchoMQError, ValueError, TypeError) as error:
         return str(error)
     return ""
 
@@ -232,7 +240,7 @@ def relay(*, batch: int = RELAY_BATCH, after_s: float = RELAY_AFTER_S, now: int 
 
 @dataclass(frozen=True)
 class QueueOutbox:
-    """A queue's rows in the outbox: how many, the oldest one's age, and those too old or refused (never sent)."""
+    """A queue's rows in the outbox: how many, the oldest one's age, those too old and those refused (never sent)."""
 
     rows: int
     oldest_age_s: float

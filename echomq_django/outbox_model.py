@@ -11,8 +11,8 @@ class OutboxJob(models.Model):
     The fields are the job as the add sends it, already validated and encoded.
     The committing process sends its rows right after the commit and deletes
     them; a row left behind (Redis was away, the process died) is sent by the
-    relay of `echomq_sweep` or `echomq_relay`. A row its send refused keeps
-    the error and is not sent again.
+    relay of `echomq_sweep` or `echomq_relay`. A row that cannot be sent as it
+    is (edited by hand) keeps the reason and is not sent again.
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -26,7 +26,8 @@ class OutboxJob(models.Model):
     group = models.CharField(max_length=128, blank=True)
     # When it was enqueued (ms), the job's timestamp in Redis: its delay counts from here.
     timestamp_ms = models.BigIntegerField()
-    error = models.TextField(blank=True, help_text="Why Redis refused it; such a row is not sent again.")
+    error = models.TextField(blank=True,
+                             help_text="Why it cannot be sent as it is (an edited row); such a row is not sent again.")
 
     class Meta:
         verbose_name = "outbox job"

@@ -2,7 +2,7 @@
 
 Read-only: a row is sent by its process or a relay, never edited. Deleting
 one (the "delete" permission, on a confirmation page) drops a job that was
-never sent, for a row that will never be: too old, or refused by Redis.
+never sent, for a row that will never be: too old, or not sendable as it is.
 """
 
 from typing import Any
@@ -43,7 +43,7 @@ class OutboxJobAdmin(admin.ModelAdmin):
     @admin.display(description="never sent because")
     def unsent(self, row: OutboxJob) -> str:
         if row.error:
-            return format_html("Redis refused it: {}", row.error)
+            return format_html("it cannot be sent as it is: {}", row.error)
         if now_ms() - row.timestamp_ms > get_settings().outbox_max_age_ms:
             return "older than OUTBOX_MAX_AGE"
         return ""

@@ -25,7 +25,7 @@ class Migration(migrations.Migration):
                 ('priority', models.IntegerField(default=0)),
                 ('group', models.CharField(blank=True, max_length=128)),
                 ('timestamp_ms', models.BigIntegerField()),
-                ('error', models.TextField(blank=True, help_text='Why Redis refused it; such a row is not sent again.')),
+                ('error', models.TextField(blank=True, help_text='Why it cannot be sent as it is (an edited row); such a row is not sent again.')),
             ],
             options={
                 'verbose_name': 'outbox job',

@@ -128,21 +128,34 @@ def test_the_relay_leaves_rows_older_than_outbox_max_age_and_reports_them(with_o
     assert outbox.outbox_state()["q"].stale == 1
 
 
-def test_a_row_redis_refuses_keeps_its_error_is_not_sent_again_and_does_not_hold_up_the_others(
+def test_a_row_that_cannot_be_sent_as_it_is_keeps_why_is_not_sent_again_and_holds_up_no_other(
         with_outbox, mail, q):
     then = now_ms() - 10_000
     bad = OutboxJob.objects.create(queue="q", job_id="tbad", name="has space", data="{}", opts="{}",
                                    timestamp_ms=then)
+    OutboxJob.objects.create(queue="q", job_id="tbad2", name="mail.send", data="{}", opts="{}", priority=10**9,
+                             timestamp_ms=then)
     good = OutboxJob.objects.create(queue="q", job_id="tgood", name="mail.send", data="{}", opts='{"attempts": 1}',
                                     timestamp_ms=then)
     sent = outbox.relay()
-    assert (sent.sent, sent.refused) == (1, 1)
+    assert (sent.sent, sent.refused) == (1, 2)
     assert q.get_job(good.job_id) is not None
     bad.refresh_from_db()
     assert "job name" in bad.error
     assert outbox.relay(now=now_ms() + 60_000).refused == 0, "a refused row is not sent again"
     state = outbox.outbox_state()["q"]
-    assert (state.rows, state.refused, state.stale) == (1, 1, 0)
+    assert (state.rows, state.refused, state.stale) == (2, 2, 0)
+
+
+def test_a_call_redis_refuses_leaves_its_rows_to_be_sent_again_once_redis_takes_them(with_outbox, mail, q):
+    q.client.set(q.keys.sent, "a string where the script wants a sorted set")
+    with transaction.atomic():
+        job_id = mail.enqueue(1)
+    row = OutboxJob.objects.get()
+    assert row.error == "" and q.get_job(job_id) is None
+    q.client.delete(q.keys.sent)
+    assert outbox.relay(now=now_ms() + 6_000).sent == 1
+    assert q.get_job(job_id) is not None and not OutboxJob.objects.exists()
 
 
 def test_a_task_enqueued_in_a_transaction_goes_through_the_outbox(with_outbox, settings, redis_client, prefix):
