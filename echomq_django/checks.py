@@ -108,7 +108,7 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
 
 @checks.register("echomq", deploy=True)
 def check_outbox(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Report outbox rows that will never be sent: older than OUTBOX_MAX_AGE (W018), or unsendable as they are (W019)."""
+    """Report outbox rows never to be sent: older than OUTBOX_MAX_AGE (W018), or unsendable as they are (W019)."""
     if not settings_readable() or not outbox_in_use():
         return []
     try:
