@@ -76,7 +76,7 @@ from .keys import (
 )
 from .metrics import Minute, oldest_waiting_age_ms, recent_minutes, totals
 from .pool import POOLS, Handler, class_path
-from .queue import JOBS_PER_CALL, Cancel, EncodedJob, NewJob, Queue, now_ms
+from .queue import Cancel, EncodedJob, NewJob, Queue, now_ms
 from .scripts import MAX_RATE_WINDOW_MS, Confirm, RateLimit, Scripts
 from .signals import SECOND_STOP_GRACE_S, RecordedSignals, Runner, run_until_signalled
 from .sweeper import Sweeper, SweepReport, SweepTarget, last_sweep
@@ -97,5 +97,5 @@ __all__ = [
     "failed_count", "failed_since", "inspect_jobs", "last_sweep", "log_line", "now_ms", "oldest_waiting_age_ms",
     "parse_redis_url", "read_jobs", "recent_minutes", "redacted_url", "totals", "validate_job_id", "validate_name",
     "validate_stored_id", "FlowState", "GroupState", "flow_state", "RecordedSignals", "Runner", "SECOND_STOP_GRACE_S",
-    "run_until_signalled", "MAX_PRIORITY", "MIN_PRIORITY", "JOBS_PER_CALL", "validate_job_name",
+    "run_until_signalled", "MAX_PRIORITY", "MIN_PRIORITY", "validate_job_name",
 ]
