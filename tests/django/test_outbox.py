@@ -244,3 +244,18 @@ def test_in_a_test_case_transaction_capture_on_commit_callbacks_sends_the_rows(w
             with transaction.atomic():
                 job_id = mail.enqueue(1)
         assert q.get_job(job_id) is not None and not OutboxJob.objects.exists()
+
+
+def test_a_batch_of_rows_redis_refuses_holds_up_no_other_queues_rows_behind_it(with_outbox, settings, redis_client,
+                                                                                prefix, q):
+    settings.ECHOMQ = {**settings.ECHOMQ, "QUEUES": {**settings.ECHOMQ["QUEUES"], "b": {}}}
+    q.client.set(q.keys.sent, "a string where the script wants a sorted set")  # every call of queue q fails
+    then = now_ms() - 20_000
+    OutboxJob.objects.bulk_create([OutboxJob(queue="q", job_id=f"ta{n}", name="mail.send", data="{}", opts="{}",
+                                             timestamp_ms=then) for n in range(outbox.RELAY_BATCH)])
+    OutboxJob.objects.create(queue="b", job_id="tb", name="mail.send", data="{}", opts="{}", timestamp_ms=then + 1)
+    sent = outbox.Relay().run_once()
+    assert Queue("b", redis_client, prefix=prefix).get_job("tb") is not None, "queue b's row waits behind q's"
+    assert (sent.sent, sent.unsent) == (1, outbox.RELAY_BATCH)
+    assert OutboxJob.objects.filter(queue="q").count() == outbox.RELAY_BATCH
+
