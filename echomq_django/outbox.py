@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connections, router, transaction
-from django.db.models import Count, Min
+from django.db.models import Count, Min, Q
 from redis.exceptions import RedisError
 
 from .conf import get_settings
@@ -229,15 +229,30 @@ def relay(*, batch: int = RELAY_BATCH, after_s: float = RELAY_AFTER_S, now: int 
     once send different rows; elsewhere (SQLite) two may send one row, and
     the add's record keeps the second from adding anything.
     """
+    return relay_batch(batch=batch, after_s=after_s, now=now, using=using)[0]
+
+
+def relay_batch(*, batch: int = RELAY_BATCH, after_s: float = RELAY_AFTER_S, now: int | None = None,
+                using: str | None = None, past: tuple[int, Any] | None = None) -> tuple[Sent, tuple[int, Any] | None]:
+    """`relay`, from the rows after `past` (a row's timestamp and id) on: (what it did, where the next batch starts).
+
+    The next batch starts after this one's last row, None when this one was
+    not full: rows left to retry (their queue's calls failed) do not come
+    back in the same pass, so they hold up no row behind them.
+    """
     database = using or router.db_for_write(OutboxJob)
     now = now_ms() if now is None else now
     rows = OutboxJob.objects.using(database).filter(
         error="", timestamp_ms__lt=now - after_s * 1000,
-        timestamp_ms__gte=now - get_settings().outbox_max_age_ms).order_by("timestamp_ms")
+        timestamp_ms__gte=now - get_settings().outbox_max_age_ms).order_by("timestamp_ms", "pk")
+    if past is not None:
+        rows = rows.filter(Q(timestamp_ms__gt=past[0]) | Q(timestamp_ms=past[0], pk__gt=past[1]))
     if connections[database].features.has_select_for_update_skip_locked:
         rows = rows.select_for_update(skip_locked=True)
     with transaction.atomic(using=database):
-        return send(database, list(rows[:batch]))
+        taken = list(rows[:batch])
+        sent = send(database, taken)
+    return sent, ((taken[-1].timestamp_ms, taken[-1].pk) if len(taken) == batch else None)
 
 
 @dataclass(frozen=True)
@@ -293,14 +308,15 @@ class Relay:
             self._stopped.wait(self.interval_s)
 
     def run_once(self) -> Sent:
-        """Relay batches until one comes back short (or a stop); a database error is logged, not raised."""
+        """Relay every row due, batch after batch, until one comes back short (or a stop); a database error is logged."""
         total = Sent()
         close_old_connections()
+        now, past = now_ms(), None
         try:
             while not self._stopped.is_set():
-                sent = relay(after_s=self.after_s)
+                sent, past = relay_batch(after_s=self.after_s, now=now, past=past)
                 total = Sent(total.sent + sent.sent, total.refused + sent.refused, total.unsent + sent.unsent)
-                if sent.sent + sent.refused < RELAY_BATCH:
+                if past is None:
                     break
         except DatabaseError as error:
             logger.error("outbox relay: the database failed (%s); trying again in %g s", error, self.interval_s)
