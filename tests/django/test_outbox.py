@@ -259,3 +259,17 @@ def test_a_batch_of_rows_redis_refuses_holds_up_no_other_queues_rows_behind_it(w
     assert (sent.sent, sent.unsent) == (1, outbox.RELAY_BATCH)
     assert OutboxJob.objects.filter(queue="q").count() == outbox.RELAY_BATCH
 
+
+def test_rows_left_when_the_outbox_is_turned_off_are_still_relayed_and_reported(with_outbox, settings, q):
+    stranded(q, ["tleft"])
+    stranded(q, ["tstale"], age_s=120)
+    settings.ECHOMQ = {**settings.ECHOMQ, "OUTBOX": False, "OUTBOX_MAX_AGE": 60}
+    out = io.StringIO()
+    call_command("echomq_status", stdout=out)
+    assert "outbox: 2 job(s) not yet in Redis" in out.getvalue()
+    found = [message for message in checks.run_checks(include_deployment_checks=True) if message.id == "echomq.W018"]
+    assert len(found) == 1 and "'q' has 1 outbox row(s) older than" in found[0].msg
+    call_command("echomq_sweep", "--once", "--queue", "q", stdout=io.StringIO())
+    assert q.get_job("tleft") is not None
+    assert list(OutboxJob.objects.values_list("job_id", flat=True)) == ["tstale"]
+
