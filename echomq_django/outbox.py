@@ -284,9 +284,22 @@ def outbox_state(now: int | None = None, using: str | None = None) -> dict[str, 
 
 
 def outbox_in_use() -> bool:
-    """Whether ECHOMQ or any configured queue has OUTBOX on (then echomq_sweep relays)."""
+    """Whether ECHOMQ or any configured queue has OUTBOX on, or rows are left in the outbox (it was on before).
+
+    Then echomq_sweep relays and the check, the status and the metrics show the
+    outbox. With OUTBOX off the table is only looked at (a failure to read it,
+    as before its migration, counts as no rows): rows written while it was on,
+    or by a previous release's processes during a deploy, are still sent.
+    """
     settings = get_settings()
-    return any(settings.uses_outbox(name) for name in settings.queues)
+    if any(settings.uses_outbox(name) for name in settings.queues):
+        return True
+    database = router.db_for_write(OutboxJob)
+    try:
+        with transaction.atomic(using=database):  # a savepoint inside a request's transaction: a failure ends here
+            return OutboxJob.objects.using(database).exists()
+    except DatabaseError:
+        return False
 
 
 def relayed(command: Any, sent: Sent, verbosity: int) -> None:
@@ -313,7 +326,7 @@ class Relay:
         close_old_connections()
         now, past = now_ms(), None
         try:
-            while not self._stopped.is_set():
+            while outbox_in_use() and not self._stopped.is_set():
                 sent, past = relay_batch(after_s=self.after_s, now=now, past=past)
                 total = Sent(total.sent + sent.sent, total.refused + sent.refused, total.unsent + sent.unsent)
                 if past is None:

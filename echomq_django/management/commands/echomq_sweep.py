@@ -57,7 +57,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--no-relay", action="store_false", dest="relay",
             help="Do not relay the outbox's rows (echomq_relay does it apart); by default the sweeper relays "
-                 "whenever ECHOMQ or a queue has OUTBOX on.",
+                 "whenever ECHOMQ or a queue has OUTBOX on, or rows are left from when one had.",
         )
 
     def handle(self, *, once: bool, **options: Any) -> None:
@@ -95,7 +95,8 @@ class Command(BaseCommand):
 
         with echomq_logs_shown(self, verbosity):
             try:
-                relayer = Relay() if relay and outbox_in_use() else None
+                # Always: with OUTBOX off a pass only looks for rows left from when it was on (outbox_in_use).
+                relayer = Relay() if relay else None
                 if once:
                     for result in sweeper.sweep_all(force=force):
                         report(result)
@@ -105,7 +106,7 @@ class Command(BaseCommand):
                 if verbosity >= 1:
                     self.stdout.write("sweeping " + ", ".join(
                         f"{target.queue} every {target.interval_ms / 1000:g} s" for target in sweeper.targets)
-                        + (", relaying the outbox" if relayer else ""))
+                        + (", relaying the outbox" if relayer and outbox_in_use() else ""))
                 runners = [CommandRunner(lambda: sweeper.run(report, force=force), sweeper)]
                 if relayer:
                     runners.append(CommandRunner(relayer.run, relayer))
