@@ -273,3 +273,43 @@ def test_rows_left_when_the_outbox_is_turned_off_are_still_relayed_and_reported(
     assert q.get_job("tleft") is not None
     assert list(OutboxJob.objects.values_list("job_id", flat=True)) == ["tstale"]
 
+
+def test_a_relay_waiting_on_redis_fails_no_commit_of_the_database(with_outbox, settings, q):
+    import socket
+    import threading
+
+    from django.contrib.auth.models import Group
+    from django.db import connections
+
+    from tests.helpers import wait_until
+
+    silent = socket.socket()  # a Redis that takes connections and never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    silent.settimeout(30)
+    settings.ECHOMQ = {**settings.ECHOMQ, "REDIS_URL": f"redis://127.0.0.1:{silent.getsockname()[1]}/0",
+                       "ENQUEUE_TIMEOUT": 4, "QUEUES": {"q": {}, "r": {}, "s": {}}}
+    for name in ("q", "r", "s"):  # a relay pass that waits out ENQUEUE_TIMEOUT for each queue
+        OutboxJob.objects.create(queue=name, job_id="tx", name="mail.send", data="{}", opts="{}",
+                                 timestamp_ms=now_ms() - 10_000)
+    accepted, passes = [], []
+
+    def relay():
+        try:
+            passes.append(outbox.Relay().run_once())
+        finally:
+            connections.close_all()
+
+    relayer = threading.Thread(target=relay)
+    relayer.start()
+    try:
+        accepted.append(silent.accept()[0])  # the relay is sending now
+        with transaction.atomic():  # a request's commit meanwhile
+            Group.objects.create(name="committed while the relay waits")
+    finally:
+        relayer.join(60)
+        for connection in accepted:
+            connection.close()
+        silent.close()
+    assert wait_until(lambda: passes, 1) and passes[0].unsent == 3
+    assert OutboxJob.objects.count() == 3
