@@ -227,7 +227,8 @@ def relay(*, batch: int = RELAY_BATCH, after_s: float = RELAY_AFTER_S, now: int 
     Where the database has SELECT ... FOR UPDATE SKIP LOCKED, the rows one
     relay sends are locked until it has deleted them, so relays running at
     once send different rows; elsewhere (SQLite) two may send one row, and
-    the add's record keeps the second from adding anything.
+    the add's record keeps the second from adding anything, and no
+    transaction is held while Redis answers (it would hold off every commit).
     """
     return relay_batch(batch=batch, after_s=after_s, now=now, using=using)[0]
 
@@ -248,8 +249,12 @@ def relay_batch(*, batch: int = RELAY_BATCH, after_s: float = RELAY_AFTER_S, now
     if past is not None:
         rows = rows.filter(Q(timestamp_ms__gt=past[0]) | Q(timestamp_ms=past[0], pk__gt=past[1]))
     if connections[database].features.has_select_for_update_skip_locked:
-        rows = rows.select_for_update(skip_locked=True)
-    with transaction.atomic(using=database):
+        with transaction.atomic(using=database):  # the rows stay locked until sent and deleted
+            taken = list(rows.select_for_update(skip_locked=True)[:batch])
+            sent = send(database, taken)
+    else:
+        # No transaction around the send: on SQLite its read lock would hold every commit off for as long as
+        # Redis takes to answer (ENQUEUE_TIMEOUT per queue), and a commit gives up after 5 s.
         taken = list(rows[:batch])
         sent = send(database, taken)
     return sent, ((taken[-1].timestamp_ms, taken[-1].pk) if len(taken) == batch else None)
