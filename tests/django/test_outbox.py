@@ -313,3 +313,15 @@ def test_a_relay_waiting_on_redis_fails_no_commit_of_the_database(with_outbox, s
         silent.close()
     assert wait_until(lambda: passes, 1) and passes[0].unsent == 3
     assert OutboxJob.objects.count() == 3
+
+
+def test_a_callers_id_enqueued_again_in_a_later_transaction_once_its_job_was_removed_is_added_again(
+        with_outbox, mail, q):
+    with transaction.atomic():
+        mail.enqueue_with(args=(1,), job_id="report-7")
+    assert q.remove("report-7")  # it completed and retention trimmed it
+    with transaction.atomic():
+        assert mail.enqueue_with(args=(2,), job_id="report-7") == "report-7"
+    job = q.get_job("report-7")
+    assert job is not None and job.data["args"] == [2], "a new enqueue, as one without the outbox adds it again"
+    assert not OutboxJob.objects.exists()
