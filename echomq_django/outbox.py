@@ -10,9 +10,10 @@ killed) leaves them, and the relay (`Relay`: `echomq_sweep` runs one,
 never raises because of Redis.
 
 A row may be sent twice: the process died after the add and before the
-delete, or it and a relay sent it at once. The add records each id it sends
-(addJob's `sent`, for OUTBOX_MAX_AGE plus an hour), so the second send adds
-nothing, even once the job has completed and been trimmed. Rows older than
+delete, or it and a relay sent it at once. The add records each row it sends
+(addJob's `sent`: the id and the row's timestamp, for OUTBOX_MAX_AGE plus an
+hour), so the second send adds nothing, even once the job has completed and
+been trimmed; a later enqueue of the same id, another row, is added again. Rows older than
 OUTBOX_MAX_AGE are never sent: the record that would keep them from running
 twice may be gone; `manage.py check --deploy` and the admin report them.
 """

@@ -10,9 +10,12 @@
   answers with it instead of adding the jobs a second time. (Caller-given
   ids need no record: an id that exists is never added again.) A call with
   ARGV[5] > 0 (an outbox's send, which may come twice, the second time after
-  the job ended and was trimmed) also records each caller-given id it adds in
-  `sent` until timestamp + sent_ms, and adds no id found there; each such
-  call removes as many lapsed records as twice its jobs, plus 100.
+  the job ended and was trimmed) also records each caller-given id it adds,
+  with the call's timestamp (the row's enqueue time), as "<id>:<timestamp>" in
+  `sent` until timestamp + sent_ms, and adds no job whose record is there: a
+  second send of that row. (A later enqueue of the same id is another row, with
+  its own timestamp: added again once the job is gone, as without a record.)
+  Each such call removes as many lapsed records as twice its jobs, plus 100.
 
   KEYS[1] wait      LIST
   KEYS[2] paused    LIST
@@ -22,13 +25,13 @@
   KEYS[6] marker    ZSET   wakes blocked workers
   KEYS[7] prioritized ZSET ready jobs with a priority
   KEYS[8] add:<token> STRING: this call's reply, JSON, when it generated ids
-  KEYS[9] sent      ZSET   caller-given ids sent with a record, score = when the record lapses (ms)
+  KEYS[9] sent      ZSET   "<id>:<timestamp>" of each job sent with a record, score = when it lapses (ms)
 
   ARGV[1] prefix     key prefix of the queue, e.g. "emq:{default}:"
   ARGV[2] timestamp  ms (the same for every job of the call)
   ARGV[3] token      add token: unique to this call (a re-send carries the same one)
   ARGV[4] record_ms  how long the record of a call that generated ids is kept, ms
-  ARGV[5] sent_ms    0, or how long each caller-given id added is recorded in KEYS[9], ms
+  ARGV[5] sent_ms    0, or how long each job added is recorded in KEYS[9], ms
   then seven values per job, ARGV[n+1] to ARGV[n+7] with n = 5, 12, 19, ...:
   ARGV[n+1] job_id    id chosen by the caller, or "" to generate one (INCR KEYS[4])
   ARGV[n+2] name      the job's name
@@ -72,10 +75,10 @@ for i = 6, #ARGV, 7 do
       id = tostring(redis.call("INCR", KEYS[4]))
     until redis.call("EXISTS", prefix .. id) == 0
   elseif redis.call("EXISTS", prefix .. id) == 1
-      or (sentMs > 0 and redis.call("ZSCORE", KEYS[9], id)) then
+      or (sentMs > 0 and redis.call("ZSCORE", KEYS[9], id .. ":" .. ARGV[2])) then
     added = 0
   elseif sentMs > 0 then
-    redis.call("ZADD", KEYS[9], timestamp + sentMs, id)
+    redis.call("ZADD", KEYS[9], timestamp + sentMs, id .. ":" .. ARGV[2])
   end
   if added == 1 then
     local delay, priority, group = tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5]), groupOf(ARGV[i + 6])

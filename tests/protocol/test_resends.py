@@ -49,11 +49,13 @@ def sent(queue, job_id, timestamp, sent_ms=60_000):
 def test_a_job_sent_twice_with_a_record_is_added_once_even_after_it_ended_and_was_removed(queue):
     now = now_ms()
     assert sent(queue, "t1", now) == ["t1", 1]
-    assert queue.client.zscore(queue.keys.sent, "t1") == now + 60_000
+    assert queue.client.zscore(queue.keys.sent, f"t1:{now}") == now + 60_000
     assert queue.remove("t1")  # as retention trims a completed job
     assert sent(queue, "t1", now) == ["t1", 0], "the record keeps a second send out"
     assert queue.get_job("t1") is None and queue.counts()["wait"] == 0
-    # Without a record (an ordinary add with the caller's id), a removed job's id may be added again.
+    # Another send of the id (another row, enqueued later), like an add without a record, adds it again.
+    assert sent(queue, "t1", now + 1) == ["t1", 1] and queue.counts()["wait"] == 1
+    assert queue.remove("t1")
     assert queue.add("work", job_id="t1") == "t1" and queue.counts()["wait"] == 1
 
 
@@ -66,7 +68,7 @@ def test_lapsed_sent_records_are_removed_by_later_sends_a_bounded_number_at_a_ti
     assert queue.client.zcard(queue.keys.sent) == 250 + 1 - 102, "one job's send removes 2 + 100"
     sent(queue, "newer", now)
     sent(queue, "newest", now)
-    assert set(queue.client.zrange(queue.keys.sent, 0, -1)) == {"new", "newer", "newest"}
+    assert set(queue.client.zrange(queue.keys.sent, 0, -1)) == {f"{job_id}:{now}" for job_id in ("new", "newer", "newest")}
     assert sent(queue, "old1", now) == ["old1", 0], "its job is still there"
 
 
