@@ -327,7 +327,7 @@ class Relay:
             self._stopped.wait(self.interval_s)
 
     def run_once(self) -> Sent:
-        """Relay every row due, batch after batch, until one comes back short (or a stop); a database error is logged."""
+        """Relay every row due, batch after batch, until one is short (or a stop); a database error is logged."""
         total = Sent()
         close_old_connections()
         now, past = now_ms(), None
