@@ -122,7 +122,8 @@ def check_outbox(app_configs: Any = None, databases: Any = None, **kwargs: Any) 
             found.append(checks.Warning(
                 f"Queue {queue!r} has {rows.stale} outbox row(s) older than ECHOMQ['OUTBOX_MAX_AGE']; they are "
                 "not sent, as the record that keeps a job from being added twice may be gone.",
-                hint="Look at them in the admin (Outbox jobs): enqueue again what must still run, then delete them. "
+                hint="Look at them in the admin (Outbox jobs): delete them, then enqueue again what must still run "
+                     "(a job id of your own is not added while its old row is there). "
                      "Is a relay (echomq_sweep or echomq_relay) running?", id="echomq.W018"))
         if rows.refused:
             found.append(checks.Warning(
