@@ -43,8 +43,10 @@ from .core import (
     Job,
     JobCancelled,
     JobOptions,
+    Member,
     NewJob,
     PayloadError,
+    Queue,
     UnrecoverableError,
     class_path,
     datetime_from_ms,
@@ -55,6 +57,7 @@ from .core import (
     validate_name,
 )
 from .queues import get_queue
+from .signatures import Signature
 from .tasks_compat import (
     BaseTaskBackend,
     InvalidTask,
@@ -100,6 +103,32 @@ class EchoMQTask(Task):
         running jobs. Like `using()`, it returns a new task, validated.
         """
         return dataclasses.replace(self, group=group)
+
+    def s(self, *args: Any, **kwargs: Any) -> Signature:
+        """A workflow signature of this task (echomq_django.workflows): the previous step's result comes first."""
+        return Signature(self, args, kwargs)
+
+    def si(self, *args: Any, **kwargs: Any) -> Signature:
+        """An immutable signature: the previous step's result is not passed."""
+        return Signature(self, args, kwargs, immutable=True)
+
+    def workflow_member(self, signature: Signature) -> Member:
+        """The job a signature of this task adds to a workflow (its options over the task's), checked."""
+        options, task = signature.options, self
+        overrides = {key: options[name] for name, key in (("queue", "queue_name"), ("priority", "priority"))
+                     if name in options}
+        if overrides:
+            task = task.using(**overrides)
+        if "group" in options:
+            task = task.in_group(options["group"])
+        backend = task.get_backend()
+        if not isinstance(backend, EchoMQBackend):
+            raise InvalidTask(f"Task {task.module_path} is not on an EchoMQ backend: it cannot be a workflow's step.")
+        queue, payload, opts = backend.prepared(task, signature.args, signature.kwargs, now_ms())
+        opts = dataclasses.replace(opts, attempts=options.get("attempts", opts.attempts),
+                                   delay_ms=options.get("delay_ms", opts.delay_ms))
+        return Member(queue, task.module_path, payload, opts, immutable=signature.immutable,
+                      allow_failure=bool(options.get("allow_failure", False)))
 
 
 # The tasks with a hard time limit made so far, by (path, backend, queue), for the check of
@@ -162,18 +191,9 @@ class EchoMQBackend(BaseTaskBackend):
         InvalidTask for a queue outside ECHOMQ["QUEUES"]; TaskArgumentsError (a TypeError)
         for arguments that cannot be stored as JSON.
         """
-        self.validate_task(task)
-        if problem := unserved_queue(task.queue_name):
-            raise InvalidTask(f"Task {task.module_path} cannot be enqueued: {problem}.")
-        queue = get_queue(task.queue_name)
-        payload = self.job_data(task, args, kwargs, queue.max_payload_bytes)
         # One timestamp: stored as the job's, returned as enqueued_at, and the start of any delay.
         timestamp_ms = now_ms()
-        opts = queue.default_opts.overridden(attempts=getattr(task, "attempts", None),
-                                             backoff=getattr(task, "backoff", None),
-                                             delay_ms=delay_until(task.run_after, timestamp_ms),
-                                             priority=task.priority, **own_time_limits_ms(task),
-                                             group=getattr(task, "group", ""))
+        queue, payload, opts = self.prepared(task, args, kwargs, timestamp_ms)
         job_id = outbox.new_job_id()
         result = TaskResult(
             task=task, id=job_id, status=TaskResultStatus.READY, enqueued_at=task_datetime(timestamp_ms),
@@ -195,6 +215,21 @@ class EchoMQBackend(BaseTaskBackend):
         else:
             send()
         return result
+
+    def prepared(self, task: Task, args: Any, kwargs: Any,
+                 timestamp_ms: int) -> tuple[Queue, dict[str, Any], JobOptions]:
+        """The task's queue, its job's data and options, all checked (InvalidTask, TaskArgumentsError)."""
+        self.validate_task(task)
+        if problem := unserved_queue(task.queue_name):
+            raise InvalidTask(f"Task {task.module_path} cannot be enqueued: {problem}.")
+        queue = get_queue(task.queue_name)
+        payload = self.job_data(task, args, kwargs, queue.max_payload_bytes)
+        opts = queue.default_opts.overridden(attempts=getattr(task, "attempts", None),
+                                             backoff=getattr(task, "backoff", None),
+                                             delay_ms=delay_until(task.run_after, timestamp_ms),
+                                             priority=task.priority, **own_time_limits_ms(task),
+                                             group=getattr(task, "group", ""))
+        return queue, payload, opts
 
     def job_data(self, task: Task, args: Any, kwargs: Any, max_bytes: int) -> dict[str, Any]:
         """The job's data: the arguments and what rebuilds the Task; TaskArgumentsError if it cannot be stored.
@@ -362,7 +397,7 @@ def run_task_job(job: Job) -> Any:
     written just after, so get_result's finished_at can be a few ms later.
     """
     result = task_result_of(job, stored_task(job), TaskResultStatus.RUNNING)
-    task, args, kwargs = result.task, result.args, result.kwargs
+    task, args, kwargs = result.task, [*job.workflow_args, *result.args], result.kwargs
     task_started.send(EchoMQBackend, task_result=result)
     try:
         if task.takes_context:

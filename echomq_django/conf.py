@@ -78,6 +78,8 @@ TOP_LEVEL_DEFAULTS: dict[str, Any] = {
     # Seconds an outbox row may wait to be sent; an older one is not sent (the record that keeps a
     # second send out lasts this long), and manage.py check --deploy reports it.
     "OUTBOX_MAX_AGE": 86_400,
+    # Seconds a finished workflow's record and results are kept (docs/workflows.md).
+    "WORKFLOW_TTL": 86_400,
 }
 QUEUE_DEFAULTS: dict[str, Any] = {
     "LOCK_DURATION": defaults.LOCK_DURATION_MS / 1000,  # seconds a lock lives unless renewed
@@ -167,6 +169,7 @@ class EchoMQSettings:
     metrics_token: str | None = None
     outbox: bool = False
     outbox_max_age_ms: int = TOP_LEVEL_DEFAULTS["OUTBOX_MAX_AGE"] * 1000
+    workflow_ttl_ms: int = TOP_LEVEL_DEFAULTS["WORKFLOW_TTL"] * 1000
 
     def uses_outbox(self, name: str) -> bool:
         """Whether queue `name`'s enqueues inside a transaction go through the outbox."""
@@ -462,6 +465,7 @@ def parse_settings(raw: Any) -> tuple[EchoMQSettings, list[Problem]]:
     metrics_token = option("METRICS_TOKEN", _token)
     outbox = option("OUTBOX", _flag)
     outbox_max_age_ms = option("OUTBOX_MAX_AGE", _seconds_to_ms)
+    workflow_ttl_ms = option("WORKFLOW_TTL", _seconds_to_ms)
     queues: dict[str, QueueConfig] = {}
     raw_queues = values["QUEUES"]
     if not isinstance(raw_queues, dict) or not raw_queues:
@@ -480,7 +484,8 @@ def parse_settings(raw: Any) -> tuple[EchoMQSettings, list[Problem]]:
     resolved = EchoMQSettings(redis_url=url, prefix=prefix, max_payload_bytes=max_payload, queues=queues,
                               confirm=Confirm(replicas, confirm_ms) if replicas else None,
                               enqueue_timeout_s=enqueue_timeout_ms / 1000, metrics_minutes=metrics_minutes,
-                              metrics_token=metrics_token, outbox=outbox, outbox_max_age_ms=outbox_max_age_ms)
+                              metrics_token=metrics_token, outbox=outbox, outbox_max_age_ms=outbox_max_age_ms,
+                              workflow_ttl_ms=workflow_ttl_ms)
     return resolved, problems
 
 

@@ -34,9 +34,10 @@ from django.db import close_old_connections
 
 from . import outbox
 from .conf import own_time_limits_ms, time_limits_ms, unserved_queue
-from .core import Backoff, Job, JobOptions, NewJob, UnrecoverableError
+from .core import Backoff, Job, JobOptions, Member, NewJob, UnrecoverableError
 from .discovery import discover_jobs  # noqa: F401  (public here: echomq_django.jobs.discover_jobs)
 from .queues import get_queue
+from .signatures import Signature
 
 _current_job: contextvars.ContextVar[Job | None] = contextvars.ContextVar("echomq_current_job", default=None)
 _registry: dict[str, JobFunction] = {}
@@ -74,6 +75,28 @@ class JobFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs)
+
+    def s(self, *args: Any, **kwargs: Any) -> Signature:
+        """A workflow signature (echomq_django.workflows): the previous step's result comes before these."""
+        return Signature(self, args, kwargs)
+
+    def si(self, *args: Any, **kwargs: Any) -> Signature:
+        """An immutable signature: the previous step's result is not passed."""
+        return Signature(self, args, kwargs, immutable=True)
+
+    def workflow_member(self, signature: Signature) -> Member:
+        """The job a signature of this function adds to a workflow, with its options over the function's."""
+        options = signature.options
+        queue_name = options.get("queue", self.queue)
+        if problem := unserved_queue(queue_name):
+            raise ImproperlyConfigured(f"@job {self.name} cannot be added to a workflow: {problem}.")
+        queue = get_queue(queue_name)
+        opts = queue.default_opts.overridden(
+            attempts=options.get("attempts", self.attempts), backoff=self.backoff,
+            delay_ms=options.get("delay_ms", 0), priority=options.get("priority", 0), **own_time_limits_ms(self),
+            group=options.get("group", self.group))
+        return Member(queue, self.name, {"args": list(signature.args), "kwargs": dict(signature.kwargs)}, opts,
+                      immutable=signature.immutable, allow_failure=bool(options.get("allow_failure", False)))
 
     def enqueue(self, *args: Any, **kwargs: Any) -> str:
         """Add a job that runs this function with these JSON arguments; returns its id."""
@@ -169,4 +192,4 @@ def _dispatch(job_record: Job) -> Any:
     if not isinstance(args, list) or not isinstance(kwargs, dict):
         raise UnrecoverableError(
             f"job {job_record.id} has data that is not {{\"args\": [...], \"kwargs\": {{...}}}}")
-    return function.func(*args, **kwargs)
+    return function.func(*job_record.workflow_args, *args, **kwargs)  # a workflow's inputs come first

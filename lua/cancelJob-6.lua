@@ -35,11 +35,13 @@
 -- @include "emitEvent"
 -- @include "jobKey"
 -- @include "groups"
+-- @include "workflow"
 
 local prefix, id, reason, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local jobHash = jobKey(prefix, id)  -- nil for a queue key's name, which no job has
+workflowKeys(prefix, KEYS[1], KEYS[2], KEYS[6], KEYS[4], KEYS[5], now)
 local found = redis.call("LREM", KEYS[1], 0, id) + redis.call("LREM", KEYS[2], 0, id)
-  + redis.call("ZREM", KEYS[3], id) + redis.call("ZREM", KEYS[4], id)
+  + redis.call("ZREM", KEYS[3], id) + redis.call("ZREM", KEYS[4], id) + redis.call("ZREM", prefix .. "deferred", id)
 local group = jobHash and groupOf(redis.pcall("HGET", jobHash, "grp"))
 if group and groupRemove(prefix, KEYS[6], id, group) then found = found + 1 end
 if found == 0 then
@@ -65,6 +67,8 @@ if found == 0 then
 end
 if not jobHash or redis.call("TYPE", jobHash)["ok"] ~= "hash" then return -1 end
 redis.call("HSET", jobHash, "failedReason", reason, "finishedOn", now, "cxl", reason)
+redis.call("HDEL", jobHash, "deps")
 redis.call("ZADD", KEYS[5], now, id)
 emitEvent(prefix, "cancelled", id, "reason", reason)
+workflowFailed(id, reason)
 return 1

@@ -84,6 +84,7 @@
 -- @include "recoverJob"
 -- @include "locklessRuns"
 -- @include "metrics"
+-- @include "workflow"
 
 local stalledKey, waitKey, activeKey, failedKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local gateKey, metaKey, pausedKey, markerKey = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
@@ -101,6 +102,7 @@ local TOMBSTONE = "{recovered}"
 -- the lock index and the event stream (emitEvent).
 local prioritizedKey = prefix .. "prioritized"
 local locksKey = prefix .. "locks"
+workflowKeys(prefix, waitKey, pausedKey, metaKey, prioritizedKey, failedKey, now)
 local marked, recovered, failed, unmarked, repairs = 0, 0, 0, 0, {}
 
 if phase == "start" then
@@ -145,6 +147,7 @@ local function recover(id)
   local outcome = recoverJob(prefix, failedKey, metaKey, prioritizedKey, id, now, maxStalled, defaultAttempts)
   if outcome == "failed" then
     failed = failed + 1
+    workflowFailed(id)
     return false
   end
   recovered = recovered + 1

@@ -9,7 +9,9 @@
   moveToActive): a worker that finishes with a token has read the fetch's
   reply, so that fetch will not be sent again. Each finished attempt is
   counted in the queue's metrics (includes/metrics.lua): its run time, and
-  whether it completed, failed for good or will be retried. A job cancelled
+  whether it completed, failed for good or will be retried. The end of a
+  workflow's member (completed, or failed for good) is counted in its workflow
+  in the same step (includes/workflow.lua): the next step made ready, or failed. A job cancelled
   while it ran (`cxl`, see cancelJob) fails for good with the cancel's reason,
   whatever the attempt ended with: the reason goes to `failedReason`, and the
   attempt's own error, if it had one, to the stack traces.
@@ -66,16 +68,19 @@
 -- @include "applyRetention"
 -- @include "metrics"
 -- @include "constants"
+-- @include "workflow"
 
 local prefix, now = ARGV[1], tonumber(ARGV[2])
 local defaultAttempts, keepTraces = tonumber(ARGV[3]), tonumber(ARGV[4])
 local completedTo, failedTo = false, false  -- whether retention has work to do
 local locksKey = prefix .. "locks"  -- the lock index (see includes/lockIndex.lua)
+workflowKeys(prefix, KEYS[5], KEYS[6], KEYS[7], KEYS[10], KEYS[3], now)
 
 local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final, errorClass)
   local jobKey = prefix .. id
   -- pcall: one job key of the wrong type must not abort the others' finishes.
-  local fields = redis.pcall("HMGET", jobKey, "tok", "ftk", "atm", "opts", "processedOn", "cxl")
+  local fields = redis.pcall("HMGET", jobKey, "tok", "ftk", "atm", "opts", "processedOn", "cxl", "nxt",
+    "af")
   if fields["err"] then return -3 end
   if fields[1] ~= token then
     if fields[2] == token then return 5 end
@@ -105,6 +110,7 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
     moveToFailed(prefix, KEYS[3], id, badAtm or badOpts, now)
     countMetric("failed", 1)
     failedTo = true
+    workflowEnded(id, false, badAtm or badOpts, fields[7], fields[8])
     return 2
   end
 
@@ -135,6 +141,7 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
     emitEvent(prefix, "completed", id)
     countMetric("completed", 1)
     completedTo = true
+    workflowEnded(id, true, value, fields[7], fields[8])
     return 1
   end
 
@@ -164,6 +171,7 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
   moveToFailed(prefix, KEYS[3], id, value, now)
   countMetric("failed", 1)
   failedTo = true
+  workflowEnded(id, false, value, fields[7], fields[8])
   return 2
 end
 

@@ -24,6 +24,7 @@
 ]]
 -- @include "emitEvent"
 -- @include "groups"
+-- @include "workflow"
 
 local prefix, id = ARGV[1], ARGV[2]
 local jobKey = prefix .. id
@@ -34,8 +35,11 @@ if redis.call("EXISTS", jobKey .. ":lock") == 1 then
   return -3
 end
 local group = groupOf(redis.pcall("HGET", jobKey, "grp"))
+-- A workflow's member removed before it ended: its workflow hears of it as of a failure.
+local links = redis.pcall("HMGET", jobKey, "nxt", "af", "finishedOn")
+if links["err"] or links[3] then links = {} end
 local found = redis.call("DEL", jobKey)
-redis.call("DEL", prefix .. id .. ":logs")
+redis.call("DEL", prefix .. id .. ":logs", prefix .. id .. ":in")
 local wasActive = redis.call("LREM", KEYS[3], 0, id)
 for i = 1, 2 do found = found + redis.call("LREM", KEYS[i], 0, id) end
 found = found + wasActive
@@ -45,10 +49,12 @@ if group then
 end
 if wasActive > 0 then groupRelease(prefix, KEYS[9], id) end
 for _, i in ipairs({4, 5, 6, 8}) do found = found + redis.call("ZREM", KEYS[i], id) end
-found = found + redis.call("SREM", KEYS[7], id)
+found = found + redis.call("SREM", KEYS[7], id) + redis.call("ZREM", prefix .. "deferred", id)
 redis.call("ZREM", prefix .. "locks", id)  -- the lock index, built from the prefix
 if found == 0 then
   return 0
 end
 emitEvent(prefix, "removed", id)
+workflowKeys(prefix, KEYS[1], KEYS[2], KEYS[9], KEYS[8], KEYS[6], tonumber(redis.call("TIME")[1]) * 1000)
+workflowEnded(id, false, "removed", links[1], links[2])
 return 1

@@ -82,6 +82,7 @@ from .signals import SECOND_STOP_GRACE_S, RecordedSignals, Runner, run_until_sig
 from .sweeper import Sweeper, SweepReport, SweepTarget, last_sweep
 from .transport import OWN_CONNECTIONS_ENV, own_connections_wanted
 from .worker import Retention, Worker, abandoned_threads
+from .workflow import Chain, Chord, Group, Member, Plan, WorkflowError, WorkflowHandle
 
 __all__ = [
     "ALPHABET", "BROWSABLE", "MAX_SCHEDULE_NAME", "MIN_EVERY_MS", "COUNTED", "DEFAULT_REDIS_URL", "MAX_ATTEMPTS",
@@ -97,5 +98,6 @@ __all__ = [
     "failed_count", "failed_since", "inspect_jobs", "last_sweep", "log_line", "now_ms", "oldest_waiting_age_ms",
     "parse_redis_url", "read_jobs", "recent_minutes", "redacted_url", "totals", "validate_job_id", "validate_name",
     "validate_stored_id", "FlowState", "GroupState", "flow_state", "RecordedSignals", "Runner", "SECOND_STOP_GRACE_S",
-    "run_until_signalled", "MAX_PRIORITY", "MIN_PRIORITY", "validate_job_name",
+    "run_until_signalled", "MAX_PRIORITY", "MIN_PRIORITY", "validate_job_name", "Chain", "Chord", "Group", "Member",
+    "Plan", "WorkflowError", "WorkflowHandle",
 ]

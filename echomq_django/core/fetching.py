@@ -23,6 +23,7 @@ from redis.exceptions import ResponseError
 
 from .connection import UNREACHABLE, socket_timeout
 from .errors import JobNotFoundError, LockLostError, QueueStateError
+from .handoff import deliver_handoffs, hands_off
 from .job import Job, JobOptions, Reporter
 from .keys import QueueKeys
 from .locks import RETRY_PAUSE_S, LockRenewer
@@ -32,6 +33,7 @@ from .queue import now_ms
 from .scripts import Confirm, Finish, RateLimit, Scripts, Wait
 from .slots import Events, JobSlots, Outcome
 from .stopping import TwoStages
+from .workflow import read_inputs
 
 logger = logging.getLogger("echomq.worker")
 # How often a worker that found its queue at MAX_ACTIVE looks again (a job of its own that ends wakes it sooner).
@@ -276,6 +278,9 @@ class RoundTrips:
             if not outcome.finish:
                 self._written(outcome, None)
         ended.clear()
+        if any(code in (1, 2) and hands_off(outcome.job.next_steps, self.keys)
+               for outcome, code in zip(writing, codes)):
+            self._hand_off()
         self.held_back_ms = 0
         if not token:
             return [], None
@@ -340,12 +345,25 @@ class RoundTrips:
             self.locks.hold(job_id, token)
             try:
                 job = Job.from_flat(self.keys.queue, job_id, flat, strict=True)  # job.token: this fetch's
+                if job.inputs_mode:
+                    job.workflow_args = read_inputs(self.scripts.client, self.keys, job, job.inputs_mode)
+            except UNREACHABLE as error:  # its inputs could not be read: this attempt fails, to be retried
+                ended.append(self._unrunnable(job_id, token, error, final=False))
+                continue
             except Exception as error:  # a hash no producer of ours wrote: it fails alone
                 ended.append(self._unrunnable(job_id, token, error))
                 continue
             job.attach(self.reporter)
             taken.append(job)
         return taken, next_due
+
+    def _hand_off(self) -> None:
+        """Deliver the ends of this queue's workflow members bound for other queues (core/workflow.py)."""
+        try:
+            deliver_handoffs(self.scripts, self.keys, now_ms())
+        except (*UNREACHABLE, ResponseError) as error:  # they wait in the list, for the sweep or the next finish
+            logger.warning("worker %s: could not hand workflow results of queue %s on (%s); the sweep will",
+                           self.worker_id, self.keys.queue, error)
 
     def _still_ours(self, jobs: list[tuple[str, list[str]]], token: str, took_s: float) -> list[tuple[str, list[str]]]:
         """The jobs of a fetch whose round trip took `took_s` that are still this fetch's, their locks renewed.
@@ -372,11 +390,12 @@ class RoundTrips:
                                self.keys.queue, took_s)
         return [job for job, code in zip(jobs, codes) if code in (1, 2)]
 
-    def _unrunnable(self, job_id: str, token: str, error: Exception) -> Outcome:
-        """The end of an attempt that cannot start: the job's hash cannot be decoded into a job."""
+    def _unrunnable(self, job_id: str, token: str, error: Exception, *, final: bool = True) -> Outcome:
+        """The end of an attempt that cannot start: the job's hash cannot be decoded into a job, or
+        (not `final`) its workflow inputs could not be read."""
         job = Job(self.keys.queue, job_id, name="", data=None, opts=JobOptions(), token=token)
         logger.error("worker %s: job %s of queue %s cannot run: %s", self.worker_id, job_id, self.keys.queue, error)
-        finish = Finish(job_id, token, completed=False, value=f"cannot run the job: {error}", final=True,
+        finish = Finish(job_id, token, completed=False, value=f"cannot run the job: {error}", final=final,
                         error_class=class_path(error))
         return Outcome(job, finish)
 

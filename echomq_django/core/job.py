@@ -300,6 +300,11 @@ class Job:
     logs: list[str] = field(default_factory=list)  # its newest log lines, oldest first (read by Queue.get_job)
     log_count: int = 0  # how many log lines it keeps (Queue.get_job may read fewer)
     cancel_reason: str | None = None  # set when it was cancelled (Queue.cancel), also while it still runs
+    workflow_id: str | None = None  # the workflow it is a step of (core/workflow.py), and its home queue
+    workflow_queue: str | None = None
+    inputs_mode: str = ""  # "1": its workflow inputs come before its own arguments; "2": an error handler's
+    workflow_args: list[Any] = field(default_factory=list)  # those arguments, read by the worker before it runs
+    next_steps: str | None = None  # its workflow edges (`nxt`, JSON), read where it ends
     _reporter: Reporter | None = field(default=None, init=False, repr=False, compare=False)
     # What the running job is to raise at its next check (a cancel, a time limit); see check().
     _interrupt: BaseException | None = field(default=None, init=False, repr=False, compare=False)
@@ -393,6 +398,10 @@ class Job:
             error_classes=_list(_json(fields.get("errc"), [])),
             progress=_json(fields.get("progress"), None),
             cancel_reason=fields.get("cxl"),
+            workflow_id=fields.get("wf"),
+            workflow_queue=fields.get("wfq"),
+            inputs_mode=fields.get("inp", ""),
+            next_steps=fields.get("nxt"),
         )
 
     @classmethod

@@ -43,11 +43,12 @@ _JOB_NAME = re.compile(r"[^\s\x00-\x1f\x7f]+")
 # The states a job can be in, each one key of the queue: a LIST (newest at the
 # head) or a sorted set. A job is in exactly one of them, or in none once removed.
 LIST_STATES = ("wait", "paused", "active")
-SORTED_SET_STATES = ("prioritized", "delayed", "completed", "failed")
-STATES = ("wait", "prioritized", "paused", "active", "delayed", "completed", "failed")
+SORTED_SET_STATES = ("prioritized", "delayed", "deferred", "completed", "failed")
+# `deferred`: a workflow's steps that wait for their inputs (docs/workflows.md).
+STATES = ("wait", "prioritized", "paused", "active", "delayed", "deferred", "completed", "failed")
 # What a count of the queue reports: every state, and `stalled`, the SET of
 # marked jobs (a subset of active).
-COUNTED = ("wait", "prioritized", "paused", "active", "stalled", "delayed", "completed", "failed")
+COUNTED = ("wait", "prioritized", "paused", "active", "stalled", "delayed", "deferred", "completed", "failed")
 
 # The KEYS of each script, in order, named as they follow the queue's base
 # ("emq:{q}:"); `<token>`, `<state>` and `<id>` are filled in per call. Each script's
@@ -56,12 +57,14 @@ COUNTED = ("wait", "prioritized", "paused", "active", "stalled", "delayed", "com
 SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "addJob-9": ("wait", "paused", "meta", "id", "delayed", "marker", "prioritized", "add:<token>", "sent"),
     "addLog-2": ("<id>", "<id>:logs"),
+    "addWorkflow-8": ("wait", "paused", "meta", "delayed", "marker", "prioritized", "deferred", "add:<token>"),
     "cancelJob-6": ("wait", "paused", "delayed", "prioritized", "failed", "meta"),
     "cleanJobs-1": ("<state>",),
+    "deliverWorkflow-5": ("wait", "paused", "meta", "prioritized", "failed"),
     "extendLocks-1": ("stalled",),
     "fireSchedule-6": ("schedule:<name>", "wait", "paused", "meta", "marker", "prioritized"),
-    "getCounts-9": (*COUNTED, "meta"),
-    "getJob-9": (*STATES, "<id>", "<id>:logs"),
+    "getCounts-10": (*COUNTED, "meta"),
+    "getJob-10": (*STATES, "<id>", "<id>:logs"),
     "moveStalledJobsToWait-8": ("stalled", "wait", "active", "failed", "stalled-check", "meta", "paused", "marker"),
     "moveToActive-10": ("wait", "active", "meta", "delayed", "marker", "paused", "failed", "prioritized",
                         "fetch:<token>", "limiter"),
@@ -80,13 +83,16 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
 SCRIPT_ARGV: dict[str, tuple[str, ...]] = {
     "addJob-9": ("prefix", "timestamp", "token", "record_ms", "sent_ms"),
     "addLog-2": ("token", "line", "keep", "call_id"),
+    "addWorkflow-8": ("prefix", "timestamp", "token", "record_ms", "workflow_id", "home", "ends", "ttl_ms", "jobs",
+                      "tree"),
     "cancelJob-6": ("prefix", "job_id", "reason", "now"),
     "cleanJobs-1": ("prefix", "cutoff_ms", "limit"),
+    "deliverWorkflow-5": ("prefix", "now"),
     "extendLocks-1": ("prefix", "lock_ms"),
     "fireSchedule-6": ("prefix", "now", "tick", "job_id", "name", "data", "opts", "priority", "missed_after_ms",
                        "catch_up", "skip_if_running", "deadline", "group", "floor"),
-    "getCounts-9": (),
-    "getJob-9": ("job_id", "log_lines", "prefix"),
+    "getCounts-10": (),
+    "getJob-10": ("job_id", "log_lines", "prefix"),
     "moveStalledJobsToWait-8": ("prefix", "max_stalled_count", "now", "interval_ms", "phase", "cursor", "budget",
                                 "default_attempts", "force", "lock_ms", "metrics_minutes"),
     "moveToActive-10": ("prefix", "token", "lock_ms", "now", "count", "worker_id", "metrics_minutes", "rate_max",
@@ -101,8 +107,11 @@ SCRIPT_ARGV: dict[str, tuple[str, ...]] = {
 }
 SCRIPT_ARGV_EACH: dict[str, tuple[str, ...]] = {
     "addJob-9": ("job_id", "name", "data", "opts", "delay_ms", "priority", "group"),
+    "addWorkflow-8": ("job_id", "name", "data", "opts", "delay_ms", "priority", "group", "deps", "next_steps",
+                      "inputs", "allow_failure"),
+    "deliverWorkflow-5": ("target", "slot", "kind", "passed", "value", "origin"),
     "extendLocks-1": ("job_id", "token"),
-    "getCounts-9": ("command",),
+    "getCounts-10": ("command",),
     "moveToFinished-10": ("job_id", "token", "outcome", "value", "stacktrace", "backoff_ms", "final", "error_class"),
 }
 # The keys scripts build from the prefix instead, and why. All share the
@@ -123,6 +132,12 @@ DERIVED_KEYS: dict[str, str] = {
     "group-active": "each group's running jobs, for the same reason",
     "group-waiting": "each group's waiting jobs, for the same reason",
     "group-running": "the group of each running job, for the same reason",
+    "deferred": "includes/workflow.lua's: any script that ends a job may release or fail a step that waited for it",
+    "delayed": "includes/workflow.lua's, for the same reason: a released step may have a delay of its own",
+    "marker": "includes/workflow.lua's, for the same reason: a released step wakes a worker",
+    "handoff": "includes/workflow.lua's: a member's end bound for another queue waits there to be delivered",
+    "<id>:in": "a workflow step's inputs, written where its inputs end and deleted with the job",
+    "wf:<workflow>": "a workflow's record, in its home queue: named by the edges a member's hash holds",
 }
 _PLACEHOLDER = re.compile(r"<([a-z]+)>")
 
@@ -131,7 +146,7 @@ _PLACEHOLDER = re.compile(r"<([a-z]+)>")
 RESERVED_IDS = frozenset(
     {"wait", "paused", "active", "stalled", "failed", "completed", "delayed", "prioritized",
      "stalled-check", "meta", "marker", "id", "events", "locks", "schedule", "limiter", "groups", "group-active",
-     "group-waiting", "group-running", "sent"}
+     "group-waiting", "group-running", "sent", "deferred", "handoff"}
 )
 
 
@@ -309,6 +324,24 @@ class QueueKeys:
     def group(self, name: str) -> str:
         """A group's waiting jobs (LIST, taken from the right)."""
         return self.base + "group:" + name
+
+    @property
+    def deferred(self) -> str:
+        """A workflow's steps waiting for their inputs (ZSET, score = when added); see includes/workflow.lua."""
+        return self.base + "deferred"
+
+    @property
+    def handoff(self) -> str:
+        """Ends of this queue's workflow members bound for another queue, to be delivered (LIST of JSON)."""
+        return self.base + "handoff"
+
+    def workflow(self, workflow_id: str) -> str:
+        """A workflow's record (HASH: status, deps, ttl, tree), in its home queue."""
+        return self.base + "wf:" + workflow_id
+
+    def inputs(self, job_id: str) -> str:
+        """A workflow step's inputs (HASH, one field per slot), or the workflow record's results (see workflow)."""
+        return self.base + job_id + ":in"
 
     @property
     def limiter(self) -> str:

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from . import defaults
 from .errors import NotConfirmedError, QueueStateError
+from .handoff import deliver_handoffs
 from .job import MAX_TIMESTAMP_MS, Job, JobOptions, encode_json, whole_number
 from .keys import (
     LIST_STATES,
@@ -196,7 +197,10 @@ class Queue:
 
         Raises JobLockedError while a worker holds it.
         """
-        return self.scripts.remove_job(self.keys, validate_stored_id(job_id), only_from)
+        removed = self.scripts.remove_job(self.keys, validate_stored_id(job_id), only_from)
+        if removed:
+            deliver_handoffs(self.scripts, self.keys, now_ms())  # a workflow's member: its workflow heard of it
+        return removed
 
     def retry_all_failed(self, batch: int = 1000) -> int:
         """Send every failed job back to wait, `batch` per pipelined round trip; returns how many."""
@@ -233,6 +237,8 @@ class Queue:
         """
         text = f"cancelled: {reason}" if reason else "cancelled"
         code = self.scripts.cancel_job(self.keys, validate_stored_id(job_id), text, now_ms())
+        if code == 1:
+            deliver_handoffs(self.scripts, self.keys, now_ms())  # a workflow's member: its workflow heard of it
         return _CANCEL_CODES.get(code, Cancel.NOT_FOUND)
 
     def pause(self) -> None:

@@ -273,21 +273,21 @@ class Scripts(ScriptClient):
         The hash is [] when there is none, None when its key holds another type.
         """
         state, fields, kept, lines = self._run(
-            "getJob-9", keys.for_script("getJob-9", id=job_id),
-            script_argv("getJob-9", job_id=job_id, log_lines=log_lines, prefix=keys.base))
+            "getJob-10", keys.for_script("getJob-10", id=job_id),
+            script_argv("getJob-10", job_id=job_id, log_lines=log_lines, prefix=keys.base))
         return state or None, None if fields is None else list(fields), int(kept), list(lines)
 
     def job_state(self, keys: QueueKeys, job_id: str) -> str | None:
         """Which state holds the job (one of STATES), or None; sorted sets are asked before lists are scanned."""
-        [state] = self._run("getJob-9", keys.for_script("getJob-9", id=job_id),
-                            script_argv("getJob-9", job_id=job_id, log_lines="state", prefix=keys.base))
+        [state] = self._run("getJob-10", keys.for_script("getJob-10", id=job_id),
+                            script_argv("getJob-10", job_id=job_id, log_lines="state", prefix=keys.base))
         return state or None
 
     def get_counts(self, keys: QueueKeys) -> dict[str, int]:
         """Jobs per state, read atomically; `stalled` counts marked jobs (also in active)."""
         commands = ["SCARD" if state == "stalled" else "LLEN" if state in LIST_STATES else "ZCARD"
                     for state in COUNTED]
-        *values, grouped = self._run("getCounts-9", keys.for_script("getCounts-9"), commands)
+        *values, grouped = self._run("getCounts-10", keys.for_script("getCounts-10"), commands)
         counts = dict(zip(COUNTED, (int(v) for v in values)))
         counts["wait"] += int(grouped)  # jobs waiting in their group's list
         return counts

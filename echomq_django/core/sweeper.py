@@ -15,6 +15,7 @@ from redis.exceptions import ResponseError
 from . import defaults
 from .connection import UNREACHABLE
 from .errors import QueueStateError
+from .handoff import deliver_handoffs
 from .keys import QueueKeys
 from .queue import now_ms
 from .scripts import Scripts
@@ -145,6 +146,9 @@ class Sweeper:
                 held_ms = cursor
             totals = [total + count for total, count in zip(totals, counts)]
         marked, recovered, failed, unmarked = totals
+        # Workflow ends bound for other queues that their worker could not deliver (it died, Redis went away),
+        # and those of the jobs this sweep failed.
+        deliver_handoffs(self.scripts, keys, now_ms())
         report = SweepReport(
             target.queue, skipped=False, held_ms=held_ms, marked=marked, recovered=recovered, failed=failed,
             unmarked=unmarked, duration_ms=(time.perf_counter() - started) * 1000,

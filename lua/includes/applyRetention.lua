@@ -18,7 +18,7 @@ local function applyRetention(prefix, setKey, keepCount, keepAgeMs, now)
   end
   for _, id in ipairs(doomed) do
     local key = jobKey(prefix, id)
-    if key then redis.call("DEL", key, key .. ":logs") end
+    if key then redis.call("DEL", key, key .. ":logs", key .. ":in") end
     redis.call("ZREM", setKey, id)
   end
   return #doomed

@@ -103,6 +103,10 @@ def hash_of(script: str, key: str) -> str:
         return "metrics"
     if "group" in key.lower() or key == "countKey":  # groups.lua's counters, which groupCount calls name
         return "groups"
+    if key.endswith('.. ":in"'):  # a workflow step's inputs, or a workflow's results: one field per slot
+        return "inputs"
+    if "record" in key.lower():  # a workflow's record: its fields are named in protocol.md's prose
+        return "record"
     assert re.fullmatch(r"jobKey|jobHash|prefix \.\. id", key), \
         f"{script}: cannot tell which hash {key!r} is; teach tests/unit/test_docs.py"
     return "job"
@@ -122,7 +126,7 @@ def hash_writes(script: str) -> set[tuple[str, str]]:
             continue
         command_name, where = command.group(1).upper(), f"{script}: {command.group(1)}"
         target = hash_of(script, args[1])
-        if target in ("metrics", "groups"):  # their fields are named in their includes and protocol.md's prose
+        if target in ("metrics", "groups", "record", "inputs"):  # their fields are named in their includes and protocol.md
             continue
         if command_name in SINGLE_WRITES:
             writes.add((target, literal(args[2], where)))

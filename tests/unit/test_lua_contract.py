@@ -100,7 +100,7 @@ def test_the_table_names_the_same_keys_as_queue_keys():
     named = {keys.wait, keys.paused, keys.active, keys.stalled, keys.failed, keys.completed, keys.delayed,
              keys.prioritized, keys.stalled_check, keys.meta, keys.marker, keys.id_counter, keys.add_record("T"),
              keys.fetch_record("T"), keys.failed, keys.job("J"), keys.logs("J"), keys.schedule("S"), keys.limiter,
-             keys.sent}
+             keys.sent, keys.deferred}
     for name in SCRIPT_KEYS:
         assert set(keys.for_script(name, token="T", state="failed", id="J", name="S")) <= named, name
 
@@ -112,7 +112,7 @@ def test_scripts_build_from_the_prefix_only_the_derived_keys():
             derived.add(literal if not variable else "<id>" + (suffix or ""))
     # "fetch:" .. token is the record of a token: "fetch:<token>"; "metrics:" .. minute a minute's metrics;
     # "group:" .. group a group's list.
-    placeholders = {"metrics:": "<minute>", "group:": "<name>"}
+    placeholders = {"metrics:": "<minute>", "group:": "<name>", "wf:": "<workflow>"}
     derived = {key + placeholders.get(key, "<token>") if key.endswith(":") else key for key in derived}
     assert derived == set(DERIVED_KEYS)
 

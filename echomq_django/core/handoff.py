@@ -1,0 +1,70 @@
+"""Hand-offs: the end of a workflow's member bound for another queue, delivered there.
+
+The script that ends a member delivers its result (or failure) to the steps
+of its own queue in the same call (lua/includes/workflow.lua). A step in
+another queue, on a Redis Cluster maybe another slot, cannot be written from
+that call: the end is pushed to the member's queue's `handoff` list instead,
+and delivered from there by deliverWorkflow, which counts an end once however
+often it comes. A worker delivers right after writing such an end; every
+sweep delivers what is left (the worker died, Redis went away), and so do
+Queue.cancel and Queue.remove, whose cascade may hand ends off.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from typing import Any
+
+from .keys import QueueKeys, script_argv, script_argv_each
+from .scripts import Scripts
+
+# Ends read from a handoff list, and delivered, per step.
+HANDOFFS_PER_CALL = 100
+_BASE = re.compile(r"^(.+):\{(.+)\}:$")  # a queue's key base, "<prefix>:{<queue>}:"
+
+
+def deliver_handoffs(scripts: Scripts, keys: QueueKeys, now: int, *, limit: int = 10_000) -> int:
+    """Deliver the ends the members of `keys`' queue handed to other queues (`now`: ms); how many.
+
+    Each is delivered before it leaves the list, so a deliverer that dies
+    between leaves it for the next (a worker after its next such finish, the
+    sweep); delivering one twice counts it once.
+    """
+    client, delivered = scripts.client, 0
+    while delivered < limit:
+        raw = client.lrange(keys.handoff, 0, HANDOFFS_PER_CALL - 1)
+        if not raw:
+            break
+        by_target: dict[str, list[list[Any]]] = defaultdict(list)
+        for message in raw:
+            try:
+                prefix, target, slot, kind, passed, value, origin = json.loads(message)
+            except (ValueError, TypeError):
+                continue  # not a hand-off: it only leaves the list
+            by_target[prefix].append([target, slot, kind, passed, value, origin])
+        for prefix, ends in by_target.items():
+            if (match := _BASE.match(prefix)) is None:
+                continue
+            target_keys = QueueKeys(match.group(2), match.group(1))
+            args = script_argv("deliverWorkflow-5", prefix=target_keys.base, now=now)
+            for target, slot, kind, passed, value, origin in ends:
+                args += script_argv_each("deliverWorkflow-5", target=target, slot=slot, kind=kind, passed=passed,
+                                         value=value, origin=origin)
+            scripts.run_batch([("deliverWorkflow-5", target_keys.for_script("deliverWorkflow-5"), args)],
+                              raise_on_error=True)
+        pipe = client.pipeline(transaction=False)
+        for message in raw:
+            pipe.lrem(keys.handoff, 1, message)
+        pipe.execute()
+        delivered += len(raw)
+    return delivered
+
+
+def hands_off(nxt: str | None, keys: QueueKeys) -> bool:
+    """Whether a job's edges (its `nxt` field) lead to another queue: its end is then handed off."""
+    try:
+        return any(edge[0] != keys.base for edge in json.loads(nxt or "[]"))
+    except (ValueError, TypeError, IndexError, KeyError):
+        return False

@@ -1,0 +1,429 @@
+"""Workflows: chains, groups and chords of jobs whose hand-offs are decided in the scripts.
+
+A workflow is planned here into jobs and edges, and added in one addWorkflow
+call per queue. From then on Redis alone moves it on: the script that ends a
+member (moveToFinished, the sweep failing a job, cancelJob, removeJob)
+delivers its result or its failure along its edges in the same call
+(lua/includes/workflow.lua). An edge to another queue, which on a Redis
+Cluster can be another slot, is handed off: the member's script pushes it to
+its queue's `handoff` list, and `deliver_handoffs` (a worker after such a
+finish, every sweep) delivers it with deliverWorkflow, where it counts once
+however often it is delivered. docs/workflows.md describes the whole design.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import EchoMQError
+from .job import Job, JobOptions
+from .keys import QueueKeys, script_argv, script_argv_each, validate_job_name
+from .queue import JOBS_PER_CALL, Cancel, EncodedJob, NewJob, Queue, now_ms
+from .scripts import ADD_RECORD_MS
+
+# Deeper nesting than this is refused: no real workflow comes close, and the
+# plan and every step's inputs are built recursively.
+MAX_DEPTH = 32
+# The most jobs one workflow may have (a chord of 10,000 members fits).
+MAX_JOBS = 100_000
+# How long a finished workflow's record and results are kept (WORKFLOW_TTL), by default.
+DEFAULT_TTL_MS = 86_400_000
+STATUSES = ("waiting", "running", "succeeded", "failed")
+
+
+class WorkflowError(EchoMQError, ValueError):
+    """A workflow that cannot be added as given (empty, too deep, too large, an unknown job)."""
+
+
+@dataclass(frozen=True)
+class Member:
+    """One job of a workflow: what a signature becomes when the workflow is added.
+
+    `immutable`: the job does not receive the previous step's result.
+    `allow_failure`: its failure counts as done, `{"error": reason, "job": id}` in place of its result.
+    """
+
+    queue: Queue
+    name: str
+    data: Any
+    opts: JobOptions
+    immutable: bool = False
+    allow_failure: bool = False
+
+    def member(self) -> Member:
+        return self
+
+
+class Canvas:
+    """What chain, group and chord have in common: they nest, and `enqueue` adds the whole."""
+
+    def enqueue(self, *, ttl_ms: int = DEFAULT_TTL_MS) -> WorkflowHandle:
+        """Add the workflow (one call per queue involved); a handle to follow it."""
+        plan = Plan.of(self, ttl_ms=ttl_ms)
+        plan.add()
+        return plan.handle()
+
+
+@dataclass(frozen=True, init=False)
+class Chain(Canvas):
+    """Steps one after the other; each step gets the previous one's result as its first argument."""
+
+    steps: tuple[Any, ...]
+    on_error: Any = None
+
+    def __init__(self, *steps: Any, on_error: Any = None) -> None:
+        object.__setattr__(self, "steps", _children(steps, "a chain"))
+        object.__setattr__(self, "on_error", on_error)
+
+
+@dataclass(frozen=True, init=False)
+class Group(Canvas):
+    """Members ready at once; the group's result is the list of theirs, in the order given."""
+
+    members: tuple[Any, ...]
+
+    def __init__(self, *members: Any) -> None:
+        object.__setattr__(self, "members", _children(members, "a group"))
+
+
+@dataclass(frozen=True)
+class Chord(Canvas):
+    """A group, then `body`, run once with the list of the group's results once every member succeeded."""
+
+    header: Group
+    body: Any
+    on_error: Any = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.header, Group):
+            object.__setattr__(self, "header", Group(*self.header))
+
+
+def _children(items: Iterable[Any], what: str) -> tuple[Any, ...]:
+    if len(items := tuple(items)) == 1 and not _is_node(items[0]) and isinstance(items[0], Iterable):
+        items = tuple(items[0])  # chain([a, b]) as chain(a, b); group(generator) as group(*generator)
+    if not items:
+        raise WorkflowError(f"{what} needs at least one member")
+    for item in items:
+        if not _is_node(item):
+            raise WorkflowError(f"{what} holds signatures, chains, groups and chords, not {item!r}")
+    return items
+
+
+def _is_node(item: Any) -> bool:
+    return isinstance(item, Canvas) or callable(getattr(item, "member", None))
+
+
+@dataclass
+class Step:
+    """One job of a plan, with its place in the workflow."""
+
+    id: str
+    member: Member
+    encoded: EncodedJob
+    deps: int = 0  # inputs it waits for
+    edges: list[list[str]] = field(default_factory=list)  # [prefix, target, slot, kind]
+    inputs: str = ""  # "1": the inputs come first in its arguments; "2": an error handler's (id, error)
+
+
+class Plan:
+    """A workflow as the jobs and edges to add, and the record of it kept in its home queue."""
+
+    def __init__(self, workflow_id: str, home: Queue, ttl_ms: int) -> None:
+        self.id, self.home, self.ttl_ms = workflow_id, home, ttl_ms
+        self.steps: list[Step] = []
+        self.ends: list[tuple[Step, str]] = []
+        self.tree: Any = None
+
+    @classmethod
+    def of(cls, canvas: Any, *, ttl_ms: int = DEFAULT_TTL_MS, workflow_id: str | None = None) -> Plan:
+        """Plan `canvas` (WorkflowError when it cannot be added); nothing is sent."""
+        if isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int) or ttl_ms <= 0:
+            raise WorkflowError(f"a workflow's TTL must be a positive whole number of ms, not {ttl_ms!r}")
+        members: dict[int, Member] = {}
+        _resolve(canvas, members, 1)
+        home = next(iter(members.values())).queue
+        if any(member.queue.client is not home.client for member in members.values()):
+            raise WorkflowError("every job of a workflow must be on the same Redis (or the same Redis Cluster)")
+        plan = cls(workflow_id or "w" + uuid.uuid4().hex, home, ttl_ms)
+        plan.ends = plan._place(canvas, [], [], members)
+        plan.tree = plan._tree(canvas)
+        for step, slot in plan.ends:
+            step.edges.append([home.keys.base, "wf:" + plan.id, slot, "r"])
+        if len(plan.steps) > MAX_JOBS:
+            raise WorkflowError(f"a workflow has at most {MAX_JOBS} jobs, not {len(plan.steps)}")
+        return plan
+
+    def _new(self, member: Member, parents: list[tuple[Step, str]], handlers: list[Step]) -> Step:
+        encoded = member.queue.encode(NewJob(member.name, member.data, member.opts))  # refused now, or never
+        step = Step(f"{self.id}-{len(self.steps)}", member, encoded, deps=len(parents),
+                    inputs="" if member.immutable or not parents else "1")
+        self.steps.append(step)
+        for parent, slot in parents:
+            parent.edges.append([member.queue.keys.base, step.id, slot, "r"])
+        for handler in handlers:
+            step.edges.append([handler.member.queue.keys.base, handler.id, "", "e"])
+        return step
+
+    def _place(self, node: Any, parents: list[tuple[Step, str]], handlers: list[Step],
+               members: dict[int, Member]) -> list[tuple[Step, str]]:
+        """Add `node`'s steps after `parents`; its ends, each with the slot of its result in `node`'s."""
+        if not isinstance(node, Canvas):
+            return [(self._new(members[id(node)], parents, handlers), "")]
+        if isinstance(node, Group):
+            ends = []
+            for index, member in enumerate(node.members):
+                ends += [(step, f"{index}.{slot}" if slot else str(index))
+                         for step, slot in self._place(member, parents, handlers, members)]
+            return ends
+        handler = None
+        if node.on_error is not None:
+            handler = self._new(members[id(node.on_error)], [], [])
+            handler.inputs = "2"
+            handlers = [*handlers, handler]
+        if isinstance(node, Chain):
+            ends = parents
+            for step_node in node.steps:
+                ends = self._place(step_node, ends, handlers, members)
+        else:
+            ends = self._place(node.body, self._place(node.header, parents, handlers, members), handlers, members)
+        if handler is not None:
+            # The scope's ends tell the handler when it is no longer needed ("d"), instead of only failures ("e").
+            for index, (step, _) in enumerate(ends):
+                for edge in step.edges:
+                    if edge[1] == handler.id:
+                        edge[2:] = [str(index), "d"]
+            handler.deps = len(ends)
+        return ends
+
+    def _tree(self, node: Any) -> Any:
+        """The workflow's shape for pages: ["chain"|"group"|"chord", [children], on_error] and [queue, id] leaves.
+
+        Walked in the order `_place` made the steps (a scope's error handler first), so each leaf is its step.
+        """
+        steps = iter(self.steps)
+
+        def shape(item: Any) -> Any:
+            if not isinstance(item, Canvas):
+                step = next(steps)
+                return [step.member.queue.name, step.id]
+            handler = shape(item.on_error) if getattr(item, "on_error", None) is not None else None
+            if isinstance(item, Group):
+                return ["group", [shape(member) for member in item.members], None]
+            if isinstance(item, Chain):
+                return ["chain", [shape(step) for step in item.steps], handler]
+            return ["chord", [shape(item.header), shape(item.body)], handler]
+
+        return shape(node)
+
+    def add(self) -> None:
+        """Add every step: the steps that wait for inputs first, then the ones ready at once.
+
+        A small workflow on one queue is one call, atomic. A larger one, or
+        one across queues, takes a call per queue and JOBS_PER_CALL jobs,
+        each atomic and recorded under its token (with the plan's own ids, a
+        re-sent call adds nothing twice); as the steps that wait come first,
+        a step that runs at once finds the steps it hands its result to, and
+        an add cut short runs nothing. Every job was encoded when planned,
+        so bad input is refused before anything is sent.
+        """
+        by_queue: dict[str, list[Step]] = defaultdict(list)
+        for step in self.steps:
+            by_queue[step.member.queue.name].append(step)
+        if len(by_queue) == 1 and len(self.steps) <= JOBS_PER_CALL:
+            passes: list[Callable[[Step], bool]] = [lambda step: True]
+        else:
+            passes = [lambda step: step.deps > 0, lambda step: step.deps == 0]
+        order = sorted(by_queue, key=lambda name: name != self.home.name)
+        for number, chosen in enumerate(passes):
+            for name in order:
+                queue = by_queue[name][0].member.queue
+                record = name == self.home.name and number == 0
+                picked = [step for step in by_queue[name] if chosen(step)]
+                chunks = _chunks(picked, JOBS_PER_CALL) or ([[]] if record else [])
+                calls = [self._call(queue, chunk, record and index == 0, f"{number}.{index}")
+                         for index, chunk in enumerate(chunks)]
+                if calls:
+                    queue.scripts.run_confirmed(calls, queue.confirm, raise_on_error=True)
+
+    def _call(self, queue: Queue, steps: Sequence[Step], record: bool, part: str) -> Any:
+        token = f"{self.id}.{part}"
+        args = script_argv("addWorkflow-8", prefix=queue.keys.base, timestamp=now_ms(), token=token,
+                           record_ms=ADD_RECORD_MS, workflow_id=self.id, home=self.home.name,
+                           ends=len(self.ends) if record else "", ttl_ms=self.ttl_ms, jobs=len(self.steps),
+                           tree=json.dumps(self.tree, separators=(",", ":")) if record else "")
+        for step in steps:
+            encoded = step.encoded
+            args += script_argv_each(
+                "addWorkflow-8", job_id=step.id, name=encoded.name, data=encoded.data, opts=encoded.opts,
+                delay_ms=encoded.delay_ms, priority=encoded.priority, group=encoded.group, deps=step.deps,
+                next_steps=json.dumps(step.edges, separators=(",", ":")), inputs=step.inputs,
+                allow_failure="1" if step.member.allow_failure else "")
+        return ("addWorkflow-8", queue.keys.for_script("addWorkflow-8", token=token), args)
+
+    def handle(self) -> WorkflowHandle:
+        return WorkflowHandle(self.home, self.id)
+
+
+def _resolve(node: Any, members: dict[int, Member], depth: int) -> None:
+    """Turn every signature of `node` into its Member (a signature checks itself then), depth first."""
+    if depth > MAX_DEPTH:
+        raise WorkflowError(f"a workflow nests at most {MAX_DEPTH} levels deep")
+    if not isinstance(node, Canvas):
+        member = node.member()
+        if not isinstance(member, Member):
+            raise WorkflowError(f"{node!r} did not give a workflow member")
+        validate_job_name(member.name)
+        members[id(node)] = member
+        return
+    if isinstance(node, Chain):
+        children: tuple[Any, ...] = node.steps
+    elif isinstance(node, Group):
+        children = node.members
+    else:
+        children = (node.header, node.body)
+    for child in children:
+        _resolve(child, members, depth + 1)
+    if getattr(node, "on_error", None) is not None:
+        if isinstance(node.on_error, Canvas):
+            raise WorkflowError("on_error takes one signature, not a chain, group or chord")
+        _resolve(node.on_error, members, depth + 1)
+
+
+def _chunks(items: list[Step], size: int) -> list[list[Step]]:
+    return [items[start:start + size] for start in range(0, len(items), size)]
+
+
+def assemble(fields: dict[str, str]) -> Any:
+    """The inputs gathered under their slots ("" alone, or "0", "1", "1.0"...) as one value: nested lists."""
+    if set(fields) == {""}:
+        return json.loads(fields[""])
+    root: list[Any] = []
+    for slot in sorted(fields, key=lambda slot: [int(part) for part in slot.split(".")]):
+        *path, last = (int(part) for part in slot.split("."))
+        where = root
+        for index in path:
+            while len(where) <= index:
+                where.append([])
+            where = where[index]
+        while len(where) <= last:
+            where.append(None)
+        where[last] = json.loads(fields[slot])
+    return root
+
+
+def read_inputs(client: Any, keys: QueueKeys, job: Job, mode: str) -> list[Any]:
+    """The arguments a workflow step gets before its own: its inputs (mode "1"), or a handler's id and error."""
+    fields = {_text(k): _text(v) for k, v in client.hscan_iter(keys.inputs(job.id), count=1000)}
+    if mode == "2":
+        return [json.loads(fields.get("0", "null")), json.loads(fields.get("1", "null"))]
+    return [assemble({slot: value for slot, value in fields.items() if not slot.startswith("d")})]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class WorkflowHandle:
+    """A workflow added to Redis: its status, its result, a wait for it, its cancel."""
+
+    def __init__(self, home: Queue, workflow_id: str) -> None:
+        self.home, self.id = home, workflow_id
+
+    def __repr__(self) -> str:
+        return f"<Workflow {self.id} of queue {self.home.name}>"
+
+    def _record(self) -> dict[str, str]:
+        return {_text(k): _text(v) for k, v in self.home.client.hgetall(self.home.keys.workflow(self.id)).items()}
+
+    @property
+    def status(self) -> str:
+        """"waiting", "running", "succeeded" or "failed"; "unknown" once its record expired (or never was)."""
+        record = self._record()
+        status = record.get("status")
+        if status is None:
+            return "unknown"
+        if status == "waiting" and self._started(record):
+            return "running"
+        return status
+
+    def _started(self, record: dict[str, str]) -> bool:
+        for queue, job_ids in self._members(record).items():
+            pipe = queue.client.pipeline(transaction=False)
+            for job_id in job_ids:
+                pipe.hget(queue.keys.job(job_id), "ats")
+            if any(int(value or 0) > 0 for value in pipe.execute()):
+                return True
+        return False
+
+    def _members(self, record: dict[str, str] | None = None) -> dict[Queue, list[str]]:
+        """Every job of the workflow by queue, as its record's tree names them."""
+        record = self._record() if record is None else record
+        found: dict[str, list[str]] = defaultdict(list)
+
+        def walk(node: Any) -> None:
+            if isinstance(node, list) and len(node) == 2 and all(isinstance(part, str) for part in node):
+                found[node[0]].append(node[1])
+            elif isinstance(node, list) and len(node) == 3:
+                for child in node[1]:
+                    walk(child)
+                if node[2] is not None:
+                    walk(node[2])
+
+        walk(json.loads(record.get("tree", "null")))
+        return {self.queue(name): ids for name, ids in found.items()}
+
+    def queue(self, name: str) -> Queue:
+        """One of the workflow's queues (on the home queue's Redis)."""
+        if name == self.home.name:
+            return self.home
+        return Queue(name, self.home.client, prefix=self.home.keys.prefix, scripts=self.home.scripts)
+
+    @property
+    def tree(self) -> Any:
+        """The workflow's shape (see Plan._tree), or None once its record expired."""
+        return json.loads(self._record().get("tree", "null"))
+
+    @property
+    def reason(self) -> str | None:
+        """Why it failed ("member <id> failed: ..."), else None."""
+        return self._record().get("reason")
+
+    def results(self) -> Any:
+        """The workflow's result: its last step's, or a list for a group (WorkflowError unless it succeeded)."""
+        status = self.status
+        if status != "succeeded":
+            raise WorkflowError(f"workflow {self.id} has no result: it is {status}"
+                                + (f" ({self.reason})" if status == "failed" else ""))
+        raw = self.home.client.hgetall(self.home.keys.inputs("wf:" + self.id))
+        return assemble({_text(k): _text(v) for k, v in raw.items()})
+
+    def wait(self, timeout: float | None = None, *, poll_s: float = 0.05,
+             sleep: Callable[[float], None] = time.sleep) -> Any:
+        """Wait for the workflow to end; its results (WorkflowError if it failed, TimeoutError past `timeout` s)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (status := self._record().get("status", "unknown")) in ("waiting", "running"):
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"workflow {self.id} did not end within {timeout} s")
+            sleep(poll_s)
+            poll_s = min(poll_s * 1.5, 1.0)
+        if status == "unknown":
+            raise WorkflowError(f"workflow {self.id} is unknown (its record expired, or it was never added)")
+        return self.results()
+
+    def cancel(self, reason: str = "") -> int:
+        """Cancel every job not yet ended (a running one is stopped as Queue.cancel stops it); how many."""
+        cancelled = 0
+        members = self._members()
+        for queue, job_ids in members.items():
+            for job_id in job_ids:
+                if queue.cancel(job_id, reason or f"workflow {self.id} cancelled") in (Cancel.CANCELLED,
+                                                                                        Cancel.STOPPING):
+                    cancelled += 1
+        return cancelled

@@ -1,0 +1,104 @@
+"""Workflows for Django: chains, groups and chords of @job functions and EchoMQ tasks.
+
+    from echomq_django.workflows import chain, chord, group
+
+    chain(fetch.s(url), parse.s(), store.s()).enqueue()        # parse(fetch's result), then store(parse's)
+    group(resize.s(photo_id, size) for size in SIZES).enqueue()  # at once; the result: their results, in order
+    chord([count.s(shard) for shard in range(10)], total.s()).enqueue()   # total([10 counts]), once
+
+`fn.s(*args, **kwargs)` is a signature: the job and its arguments; the
+previous step's result comes first (`fn.si(...)`: it does not).
+`.set(queue=..., priority=..., delay_ms=..., attempts=..., group=...,
+allow_failure=True)` overrides its options. `.enqueue()` adds the whole
+workflow (one atomic call per queue involved) and returns a
+`WorkflowResult`: `.id`, `.status`, `.results()`, `.wait(timeout)`,
+`.cancel()`. The hand-offs between steps happen inside Redis, in the
+script that ends each member (core/workflow.py, docs/workflows.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import connections, router, transaction
+
+from .conf import get_settings
+from .core import Chain, Chord, Group, Plan, WorkflowError, WorkflowHandle
+from .jobs import registered_jobs
+from .outbox_model import OutboxJob
+from .signatures import Signature
+
+__all__ = ["Signature", "WorkflowError", "WorkflowResult", "chain", "chord", "group", "signature"]
+
+def signature(target: Any, *args: Any, **kwargs: Any) -> Signature:
+    """A signature of `target`: an @job function, an EchoMQ task, or the name of a registered @job.
+
+    WorkflowError for a name no @job is registered under.
+    """
+    if isinstance(target, str):
+        if (found := registered_jobs().get(target)) is None:
+            raise WorkflowError(f"no job function named {target!r} is registered (is the module with its @job "
+                                "imported?)")
+        target = found
+    return Signature(target, args, kwargs)
+
+
+class WorkflowResult(WorkflowHandle):
+    """A workflow that was enqueued: `.id`, `.status`, `.results()`, `.wait(timeout)`, `.cancel()`."""
+
+    async def await_results(self, timeout: float | None = None) -> Any:
+        """`wait` for asyncio code, on a thread of its own."""
+        return await asyncio.to_thread(self.wait, timeout)
+
+
+class _Enqueue:
+    """enqueue() and aenqueue() of chain, group and chord in Django: on commit, with WORKFLOW_TTL."""
+
+    def enqueue(self, *, ttl_ms: int | None = None) -> WorkflowResult:  # type: ignore[override]
+        """Add the whole workflow now, or after the commit inside a transaction of a queue with the outbox.
+
+        Everything is checked before anything is sent (a signature of an
+        unknown job, arguments that are not JSON, an empty group, too deep).
+        """
+        plan = Plan.of(self, ttl_ms=get_settings().workflow_ttl_ms if ttl_ms is None else ttl_ms)
+        database = router.db_for_write(OutboxJob)
+        if get_settings().uses_outbox(plan.home.name) and connections[database].in_atomic_block:
+            transaction.on_commit(plan.add, using=database, robust=False)
+        else:
+            plan.add()
+        return WorkflowResult(plan.home, plan.id)
+
+    async def aenqueue(self, *, ttl_ms: int | None = None) -> WorkflowResult:
+        """`enqueue` for asyncio code, on a thread of its own."""
+        return await asyncio.to_thread(self.enqueue, ttl_ms=ttl_ms)
+
+
+class _Chain(_Enqueue, Chain):
+    pass
+
+
+class _Group(_Enqueue, Group):
+    pass
+
+
+class _Chord(_Enqueue, Chord):
+    pass
+
+
+def chain(*steps: Any, on_error: Signature | None = None) -> Chain:
+    """Steps one after the other, each given the previous one's result first; `on_error` runs once on a failure."""
+    return _Chain(*steps, on_error=on_error)
+
+
+def group(*members: Any) -> Group:
+    """Members that run at once; the group's result is the list of theirs, in the order given."""
+    return _Group(*members)
+
+
+def chord(header: Group | Iterable[Any], body: Any, *, on_error: Signature | None = None) -> Chord:
+    """`header` (a group, or its members), then `body` once, with the list of their results first."""
+    if not isinstance(header, Group):
+        header = _Group(*header)
+    return _Chord(header, body, on_error)

@@ -1,0 +1,152 @@
+-- @include "emitEvent"
+-- @include "jobFields"
+-- @include "pushReady"
+
+-- Workflows (docs/workflows.md): a member's end is counted by the script that
+-- ends it, in the same call. A member's hash names where its end goes: `nxt`,
+-- a JSON list of edges {prefix, target, slot, kind}, and `af` ("1": a failure
+-- counts as done, its error in place of a result). A target is a job of the
+-- workflow that waits in `deferred` (hash field `deps`: how many inputs it
+-- still waits for; its inputs gather in `<id>:in`, one field per slot), or the
+-- workflow's own record `wf:<workflow>` (its result, in `wf:<workflow>:in`).
+-- Kinds: "r" the member's result is an input of the target; "e" the target is
+-- an error handler, made ready by the first failure that reaches it; "d" the
+-- same, and the member is one of the ends of the handler's scope: once every
+-- end succeeded, the handler is not needed and is deleted.
+--
+-- Each input is written with HSETNX under its slot, and `deps` goes down only
+-- when that wrote it, so an end counted twice (a re-sent call, a hand-off
+-- delivered twice) is counted once. A target takes inputs only while it is in
+-- `deferred` (or, the record, until the workflow ended): a late input finds
+-- nothing to do. An edge to another queue (another cluster slot) is handed off:
+-- pushed to this queue's `handoff` list, from which a worker or the sweep
+-- delivers it to the target's queue with `deliverWorkflow`, the same code.
+
+local wfPrefix, wfNow, wfKeys = nil, 0, {}
+
+-- The queue keys the deliveries write; call once per script before the others.
+local function workflowKeys(prefix, waitKey, pausedKey, metaKey, prioritizedKey, failedKey, now)
+  wfPrefix, wfNow = prefix, now
+  wfKeys = {wait = waitKey, paused = pausedKey, meta = metaKey, prioritized = prioritizedKey,
+            failed = failedKey, deferred = prefix .. "deferred", marker = prefix .. "marker",
+            delayed = prefix .. "delayed", handoff = prefix .. "handoff"}
+end
+
+-- A deferred job whose last input came: ready now, or after its own delay (`dly`, ms).
+local function releaseDeferred(id)
+  local jobHash = wfPrefix .. id
+  redis.call("ZREM", wfKeys.deferred, id)
+  local delay = tonumber(redis.call("HGET", jobHash, "dly") or "") or 0
+  redis.call("HDEL", jobHash, "deps")
+  if delay > 0 then
+    redis.call("HSET", jobHash, "due", wfNow + delay)
+    redis.call("ZADD", wfKeys.delayed, wfNow + delay, id)
+    redis.call("ZADD", wfKeys.marker, 0, "0")
+  else
+    emitEvent(wfPrefix, "added", id)
+    pushReady(wfPrefix, wfKeys.wait, wfKeys.paused, wfKeys.meta, wfKeys.marker, wfKeys.prioritized, id)
+  end
+end
+
+-- The workflow's record takes a terminal member's result, or its failure.
+local function deliverToRecord(target, slot, passed, value)
+  local recordKey = wfPrefix .. target
+  local fields = redis.pcall("HMGET", recordKey, "status", "ttl")
+  if fields["err"] or fields[1] ~= "waiting" then return end
+  if passed then
+    if redis.call("HSETNX", recordKey .. ":in", slot, value) == 0
+        or redis.call("HINCRBY", recordKey, "deps", -1) > 0 then
+      return
+    end
+    redis.call("HSET", recordKey, "status", "succeeded", "finishedOn", wfNow)
+  else
+    redis.call("HSET", recordKey, "status", "failed", "reason", value, "finishedOn", wfNow)
+  end
+  -- Ended: kept for its TTL (addWorkflow's ttl_ms), results included.
+  local ttl = tonumber(fields[2])
+  if ttl and ttl > 0 then
+    redis.call("PEXPIRE", recordKey, ttl)
+    redis.call("PEXPIRE", recordKey .. ":in", ttl)
+  end
+end
+
+-- One edge's delivery in this queue. A failure that fails the target adds
+-- the target to `ended`, whose own edges the caller then follows.
+local function deliverEdge(target, slot, kind, passed, value, origin, ended)
+  if string.sub(target, 1, 3) == "wf:" then return deliverToRecord(target, slot, passed, value) end
+  if not redis.call("ZSCORE", wfKeys.deferred, target) then return end  -- started, failed or gone
+  local jobHash = wfPrefix .. target
+  if kind == "r" and passed then
+    if redis.call("HSETNX", jobHash .. ":in", slot, value) == 1
+        and redis.call("HINCRBY", jobHash, "deps", -1) <= 0 then
+      releaseDeferred(target)
+    end
+  elseif kind == "r" then  -- an input failed: this step never runs
+    redis.call("ZREM", wfKeys.deferred, target)
+    redis.call("HDEL", jobHash, "deps")
+    moveToFailed(wfPrefix, wfKeys.failed, target, value, wfNow)
+    ended[#ended + 1] = {target, false, value, origin}
+  elseif not passed then  -- an error handler's first failure: it runs, with the member's id and error
+    redis.call("DEL", jobHash .. ":in")
+    redis.call("HSET", jobHash .. ":in", "0", cjson.encode(origin), "1", cjson.encode(value))
+    releaseDeferred(target)
+  elseif kind == "d" then  -- an end of the handler's scope succeeded
+    if redis.call("HSETNX", jobHash .. ":in", "d" .. slot, "1") == 1
+        and redis.call("HINCRBY", jobHash, "deps", -1) <= 0 then
+      redis.call("ZREM", wfKeys.deferred, target)
+      redis.call("DEL", jobHash, jobHash .. ":in")
+      emitEvent(wfPrefix, "removed", target, "by", "workflow")
+    end
+  end
+end
+
+-- Follow the edges of jobs that ended for good: each entry {id, passed,
+-- value, origin[, nxt, af]}, value the result (JSON) of a completed job or the
+-- reason a job failed, origin the member whose failure it is, nxt and af the
+-- job's fields when the caller read them already. A failure that fails a
+-- later step appends that step, whose edges are followed in turn.
+local function followEnded(ended)
+  local i = 1
+  while i <= #ended do
+    local member = ended[i]
+    i = i + 1
+    local nxt, af = member[5], member[6]
+    if not nxt then
+      local fields = redis.pcall("HMGET", wfPrefix .. member[1], "nxt", "af")
+      if fields["err"] then fields = {} end
+      nxt, af = fields[1], fields[2]
+    end
+    local decoded, edges = pcall(cjson.decode, nxt or "[]")
+    if decoded and type(edges) == "table" then
+      local ok, text = member[2], member[3]
+      if not ok and af == "1" then
+        ok, text = true, cjson.encode({error = text, job = member[1]})
+      elseif not ok and member[4] == member[1] then
+        text = "member " .. member[1] .. " failed: " .. text
+      end
+      for _, edge in ipairs(edges) do
+        if type(edge) == "table" and type(edge[1]) == "string" and type(edge[2]) == "string" then
+          local slot, kind = tostring(edge[3] or ""), tostring(edge[4] or "r")
+          if edge[1] == wfPrefix then
+            deliverEdge(edge[2], slot, kind, ok, text, member[4], ended)
+          else
+            redis.call("RPUSH", wfKeys.handoff, cjson.encode({edge[1], edge[2], slot, kind, ok and 1 or 0, text,
+              member[4]}))
+          end
+        end
+      end
+    end
+  end
+end
+
+-- A job of a workflow ended for good (`nxt`: its edges, read by the caller).
+local function workflowEnded(id, passed, value, nxt, af)
+  if nxt then followEnded({{id, passed, value, id, nxt, af}}) end
+end
+
+-- A job that failed for good, by whatever script: its workflow hears of it
+-- (`reason`: why, else its `failedReason`).
+local function workflowFailed(id, reason)
+  local fields = redis.pcall("HMGET", wfPrefix .. id, "nxt", "af", "failedReason")
+  if not fields["err"] then workflowEnded(id, false, reason or fields[3] or "failed", fields[1], fields[2]) end
+end
