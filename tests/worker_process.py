@@ -12,6 +12,8 @@ shows as two equal entries, while two starts of one job never are. Job names:
   jitter    sleep a random 0..data["ms"] milliseconds
   noop      return at once
   limited   raise RateLimited(retry_after=data["seconds"]) on its first start, then return
+  value     sleep a random 0..data["ms"] (10) milliseconds, return data["n"] (a workflow's member)
+  collect   return its workflow input (a chord's callback: the members' results)
 --rate, --max-active and --group-max-active give the worker the queue's flow
 control (RateLimit, max_active, group_max_active).
 """
@@ -58,6 +60,11 @@ def main() -> None:
             raise RateLimited(retry_after=job.data["seconds"])
         if job.name == "jitter":
             time.sleep(random.random() * job.data["ms"] / 1000)
+        if job.name == "value":
+            time.sleep(random.random() * job.data.get("ms", 10) / 1000)
+            return job.data["n"]
+        if job.name == "collect":
+            return job.workflow_args[0]
         return {"pid": os.getpid()}
 
     # Keep every completed job: the tests count them.
