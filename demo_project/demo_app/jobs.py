@@ -49,6 +49,12 @@ def import_rows(rows: int) -> int:
 
 
 @job(queue=QUEUE)
+def add_up(counts: list[int]) -> int:
+    """A chord's callback: the results of the import_rows before it, once all of them completed."""
+    return sum(counts)
+
+
+@job(queue=QUEUE)
 def slow(seconds: float) -> float:
     time.sleep(seconds)
     return seconds

@@ -36,6 +36,7 @@ from ..queues import get_queue
 from .browser_pages import COLUMNS, STATE_COLUMNS, job_sections, page_links, table_row
 from .common import JOB_ERRORS, REDIS_ERRORS, configured_queue, confirmation, confirmed, redis_problem
 from .mirror_lists import live_jobs
+from .workflows import cancel_workflow_view, workflow_view
 
 PAGE_SIZE = 50
 # The newest log lines a job's page shows, each cut at MAX_LOG_LINE_CHARS as Job.log writes them (log_line).
@@ -60,7 +61,8 @@ class Action:
 RETRY = Action("retry", "Retry", "echomq.retry_failedjob", ("failed",), "a failed job", "retried")
 PROMOTE = Action("promote", "Promote now", "echomq.promote_job", ("delayed",), "a delayed job", "promoted")
 # A running job is flagged, and its worker stops it at its next lock renewal.
-CANCEL = Action("cancel", "Cancel", "echomq.cancel_job", ("wait", "paused", "prioritized", "delayed", "active"),
+CANCEL = Action("cancel", "Cancel", "echomq.cancel_job",
+                ("wait", "paused", "prioritized", "delayed", "deferred", "active"),
                 "a job that has not finished", "cancelled")
 # A worker holds an active job: deleting it would drop the worker's result on the floor.
 DELETE = Action("delete", "Delete…", "echomq.delete_job", (*(s for s in STATES if s != "active"), None),
@@ -113,6 +115,10 @@ class JobBrowserAdmin(admin.ModelAdmin):
             path(job + "cancel/", change(self.cancel_job_view), name="echomq_job_cancel"),
             path(job + "delete/", change(self.delete_job_view), name="echomq_job_delete"),
             path("<str:queue_name>/<str:state>/", page(self.browse_view), name="echomq_job_browse"),
+            path("<str:queue_name>/workflow/<str:workflow_id>/", page(
+                lambda request, **names: workflow_view(self, request, **names)), name="echomq_workflow_detail"),
+            path("<str:queue_name>/workflow/<str:workflow_id>/cancel/", change(
+                lambda request, **names: cancel_workflow_view(self, request, **names)), name="echomq_workflow_cancel"),
         ]
 
     def page(self, request: HttpRequest, template: str, title: str, status: int = 200, **context: Any) -> HttpResponse:
@@ -206,8 +212,11 @@ class JobBrowserAdmin(admin.ModelAdmin):
         actions = [(action.label, reverse(f"admin:echomq_job_{action.name}", args=[queue.name, job_id]))
                    for action in ACTIONS if state in action.states and request.user.has_perm(action.permission)
                    and (job is not None or action is DELETE)]
+        workflow_url = (reverse("admin:echomq_workflow_detail", args=[job.workflow_queue, job.workflow_id])
+                        if job and job.workflow_id and job.workflow_queue else None)
         return self.page(request, "job_page.html", title, queue_name=queue.name, job_id=job_id, state=state,
                          state_url=reverse("admin:echomq_job_browse", args=[queue.name, state]) if state else None,
+                         workflow_url=workflow_url, workflow_id=job.workflow_id if job else None,
                          actions=actions, **(job_sections(job, state, due_ms, live) if job else {"no_hash": True}))
 
     def act(self, request: HttpRequest, queue_name: str, job_id: str, action: Action,

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from itertools import zip_longest
 from typing import Any
 
-from django.urls import reverse
+from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
@@ -42,6 +42,18 @@ def job_link(queue_name: str, job_id: str) -> str:
     return format_html('<a href="{}">{}</a>', reverse("admin:echomq_job_detail", args=[queue_name, job_id]), job_id)
 
 
+def workflow_link(job: Job) -> str:
+    """A step's workflow, linked to its page; "-" for a job of no workflow."""
+    if not (job.workflow_id and job.workflow_queue):
+        return "-"
+    try:
+        validate_stored_id(job.workflow_id)
+        url = reverse("admin:echomq_workflow_detail", args=[job.workflow_queue, job.workflow_id])
+    except (InvalidNameError, NoReverseMatch):  # another client's fields
+        return job.workflow_id
+    return format_html('<a href="{}">{}</a>', url, job.workflow_id)
+
+
 Column = tuple[str, Callable[[Job, Entry], Any]]
 FINISHED: Column = ("finished", lambda job, entry: moment(job.finished_on or entry.score_ms))
 LOCK_AND_WORKER: tuple[Column, ...] = (("lock TTL", lambda job, entry: lock_ttl(entry.lock_ttl_ms)),
@@ -50,6 +62,7 @@ COLUMNS: tuple[Column, ...] = (
     ("name", lambda job, entry: job.name or "-"),
     ("attempts (made / started)", lambda job, entry: f"{job.attempts_made} / {job.attempts_started}"),
     ("created", lambda job, entry: moment(job.timestamp)),
+    ("workflow", lambda job, entry: workflow_link(job)),
 )
 STATE_COLUMNS: dict[str, tuple[Column, ...]] = {
     "prioritized": (("priority", lambda job, entry: job.opts.priority),),

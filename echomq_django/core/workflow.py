@@ -32,6 +32,9 @@ from .scripts import ADD_RECORD_MS
 MAX_DEPTH = 32
 # The most jobs one workflow may have (a chord of 10,000 members fits).
 MAX_JOBS = 100_000
+# Jobs per addWorkflow call: each carries its edges besides what addJob writes, so half of addJob's
+# JOBS_PER_CALL keeps one call no longer than an addJob call (bench/workflow_cost.py).
+ADD_JOBS_PER_CALL = JOBS_PER_CALL // 2
 # How long a finished workflow's record and results are kept (WORKFLOW_TTL), by default.
 DEFAULT_TTL_MS = 86_400_000
 STATUSES = ("waiting", "running", "succeeded", "failed")
@@ -226,7 +229,7 @@ class Plan:
         """Add every step: the steps that wait for inputs first, then the ones ready at once.
 
         A small workflow on one queue is one call, atomic. A larger one, or
-        one across queues, takes a call per queue and JOBS_PER_CALL jobs,
+        one across queues, takes a call per queue and ADD_JOBS_PER_CALL jobs,
         each atomic and recorded under its token (with the plan's own ids, a
         re-sent call adds nothing twice); as the steps that wait come first,
         a step that runs at once finds the steps it hands its result to, and
@@ -236,7 +239,7 @@ class Plan:
         by_queue: dict[str, list[Step]] = defaultdict(list)
         for step in self.steps:
             by_queue[step.member.queue.name].append(step)
-        if len(by_queue) == 1 and len(self.steps) <= JOBS_PER_CALL:
+        if len(by_queue) == 1 and len(self.steps) <= ADD_JOBS_PER_CALL:
             passes: list[Callable[[Step], bool]] = [lambda step: True]
         else:
             passes = [lambda step: step.deps > 0, lambda step: step.deps == 0]
@@ -246,7 +249,7 @@ class Plan:
                 queue = by_queue[name][0].member.queue
                 record = name == self.home.name and number == 0
                 picked = [step for step in by_queue[name] if chosen(step)]
-                chunks = _chunks(picked, JOBS_PER_CALL) or ([[]] if record else [])
+                chunks = _chunks(picked, ADD_JOBS_PER_CALL) or ([[]] if record else [])
                 calls = [self._call(queue, chunk, record and index == 0, f"{number}.{index}")
                          for index, chunk in enumerate(chunks)]
                 if calls:

@@ -21,13 +21,14 @@ from django.core.signals import setting_changed
 from django.urls import reverse
 
 from demo_project.demo_app import tasks
-from demo_project.demo_app.jobs import API, HEAVY, QUEUE, STORY, call_api, export, stuck
+from demo_project.demo_app.jobs import API, HEAVY, QUEUE, STORY, add_up, call_api, export, import_rows, stuck
 from demo_project.demo_app.relay import Relay, SweepNarrator
 from echomq_django.conf import get_settings
 from echomq_django.core import connect
 from echomq_django.core.queue import now_ms
 from echomq_django.core.sweeper import last_sweep
 from echomq_django.queues import get_queue
+from echomq_django.workflows import chord, group
 
 MANAGE = str(Path(__file__).resolve().parents[4] / "manage.py")
 FINISHED = ("completed", "failed")
@@ -177,9 +178,19 @@ class Command(BaseCommand):
         task_result.refresh()
         self.stdout.write(f"\nDjango task add(2, 3) through the Tasks framework: {task_result.status}, "
                           f"return value {task_result.return_value if task_result.is_finished else '-'}")
+        self.workflow()
         self.limit_and_cancel()
         self.rate_limits_and_groups()
         return sweeper
+
+    def workflow(self) -> None:
+        """A chord: three imports at once, then their sum, once, decided in the script that ends the last one."""
+        result = chord(group(import_rows.s(rows) for rows in (10, 20, 30)), add_up.s()).enqueue()
+        self.wait_for(lambda: result.status in ("succeeded", "failed"), "the workflow")
+        self.stdout.write(
+            f"\nworkflow {result.id}: a chord of three import_rows jobs, then add_up once with their results: "
+            f"{result.status}, {result.results() if result.status == 'succeeded' else result.reason} rows "
+            f"(its page: /admin/echomq/job/{QUEUE}/workflow/{result.id}/)")
 
     def limit_and_cancel(self) -> None:
         """A job stopped by its time limit and one cancelled while it runs, on the processes pool."""
