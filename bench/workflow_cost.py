@@ -184,12 +184,14 @@ def celery_latency(url: str, rounds: int, members: int = 1000) -> list[float] | 
                 assert result.get(timeout=300) == members
                 ends = [float(value) for value in client.lrange(f"{key}:ends", 0, -1)]
                 latencies.append((float(client.get(f"{key}:start")) - max(ends)) * 1000)
+                group_id = result.parent.id
+                # Celery's results and its chord's counters (the Redis backend's "<group>.j" and "<group>.t")
+                client.delete(*[f"celery-task-meta-{task.id}" for task in result.parent.results],
+                              f"celery-task-meta-{result.id}", f"{group_id}.j", f"{group_id}.t")
         finally:
             os.killpg(worker.pid, 15)
             worker.wait(30)
             drop(client, f"{key}:*")
-            drop(client, "celery-task-meta-*")
-            drop(client, "*chord*")
     return latencies
 
 

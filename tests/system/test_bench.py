@@ -116,3 +116,15 @@ def test_outbox_cost_runs_and_prints_every_row():
     for row in ("1 job(s) per transaction ", "100 job(s) per transaction, and a row of its own", "with the outbox",
                 "0 of 50", "the job started"):
         assert row in proc.stdout, f"{row!r} missing from:\n{proc.stdout}"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.slow
+def test_workflow_cost_runs_and_prints_every_row():
+    proc = subprocess.run([sys.executable, "bench/workflow_cost.py", "--quick", "--redis-url", current_redis_url()],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Redis time per member end" in proc.stdout and "chord member" in proc.stdout
+    assert "  chord  501 jobs:" in proc.stdout and "longest call" in proc.stdout
+    assert "Last member's end to the callback's start" in proc.stdout
+
