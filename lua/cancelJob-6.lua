@@ -67,7 +67,6 @@ if found == 0 then
 end
 if not jobHash or redis.call("TYPE", jobHash)["ok"] ~= "hash" then return -1 end
 redis.call("HSET", jobHash, "failedReason", reason, "finishedOn", now, "cxl", reason)
-redis.call("HDEL", jobHash, "deps")
 redis.call("ZADD", KEYS[5], now, id)
 emitEvent(prefix, "cancelled", id, "reason", reason)
 workflowFailed(id, reason)

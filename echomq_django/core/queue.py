@@ -204,13 +204,13 @@ class Queue:
 
     def retry_all_failed(self, batch: int = 1000) -> int:
         """Send every failed job back to wait, `batch` per pipelined round trip; returns how many."""
-        retried = stuck = 0  # stuck: ids with no job hash to run, which stay at the head of failed
+        retried = stuck = 0  # stuck: ids that cannot run (no job hash; a step without its inputs), left in failed
         while ids := self.client.zrange(self.keys.failed, stuck, stuck + batch - 1):
             codes = self.scripts.run_batch([self.scripts.retry_call(self.keys, job_id) for job_id in ids],
                                            raise_on_error=True)
             retried += codes.count(1)
-            stuck += codes.count(-1)
-            if 1 not in codes and -1 not in codes:
+            stuck += codes.count(-1) + codes.count(-2)
+            if 1 not in codes and -1 not in codes and -2 not in codes:
                 break
         return retried
 

@@ -81,9 +81,8 @@ local function deliverEdge(target, slot, kind, passed, value, origin, ended)
         and redis.call("HINCRBY", jobHash, "deps", -1) <= 0 then
       releaseDeferred(target)
     end
-  elseif kind == "r" then  -- an input failed: this step never runs
+  elseif kind == "r" then  -- an input failed: this step never runs (`deps` stays: retryJob refuses it)
     redis.call("ZREM", wfKeys.deferred, target)
-    redis.call("HDEL", jobHash, "deps")
     moveToFailed(wfPrefix, wfKeys.failed, target, value, wfNow)
     ended[#ended + 1] = {target, false, value, origin}
   elseif not passed then  -- an error handler's first failure: it runs, with the member's id and error

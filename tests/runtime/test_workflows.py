@@ -242,3 +242,17 @@ def test_the_record_names_every_job_and_the_edges_are_json(queue, other):
     assert record["status"] == "waiting" and record["deps"] == "1" and record["jobs"] == "3"
     edges = json.loads(queue.client.hget(queue.keys.job(plan.steps[0].id), "nxt"))
     assert edges == [[queue.keys.base, plan.steps[2].id, "0", "r"]]
+
+
+def test_a_step_failed_before_its_inputs_came_is_not_retried(queue):
+    """Retrying it would run it on part of its inputs; the failed member itself may be retried, to no effect."""
+    plan = Plan.of(Chord([step(queue, "add", 1), step(queue, "boom")], step(queue, "total")))
+    plan.add()
+    drain(queue)
+    callback, boom = plan.steps[-1].id, plan.steps[1].id
+    assert queue.get_state(callback) == "failed" and not queue.retry(callback)
+    assert queue.get_state(callback) == "failed"
+    assert queue.retry_all_failed() == 1, "only the member that ran"
+    drain(queue)
+    assert queue.get_state(boom) == "failed" and queue.get_state(callback) == "failed"
+    assert plan.handle().status == "failed"
