@@ -50,6 +50,8 @@ def handler(job):
         return sum(args[0])
     if job.name == "echo":
         return args
+    if job.name == "nonjson":
+        return {1, 2}  # a set: no JSON
     raise ValueError(f"{job.name} failed")
 
 
@@ -256,3 +258,10 @@ def test_a_step_failed_before_its_inputs_came_is_not_retried(queue):
     drain(queue)
     assert queue.get_state(boom) == "failed" and queue.get_state(callback) == "failed"
     assert plan.handle().status == "failed"
+
+
+def test_a_result_that_is_not_json_fails_the_member_and_the_workflow(queue):
+    workflow = Chain(step(queue, "nonjson"), step(queue, "echo")).enqueue()
+    drain(queue)
+    assert workflow.status == "failed" and "return value of job" in workflow.reason
+    assert "JSON" in workflow.reason or "serializable" in workflow.reason
