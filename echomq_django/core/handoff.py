@@ -13,6 +13,7 @@ Queue.cancel and Queue.remove, whose cascade may hand ends off.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections import defaultdict
 from typing import Any
@@ -23,6 +24,7 @@ from .scripts import Scripts
 # Ends read from a handoff list, and delivered, per step.
 HANDOFFS_PER_CALL = 100
 _BASE = re.compile(r"^(.+):\{(.+)\}:$")  # a queue's key base, "<prefix>:{<queue>}:"
+logger = logging.getLogger("echomq.workflow")
 
 
 def deliver_handoffs(scripts: Scripts, keys: QueueKeys, now: int, *, limit: int = 10_000) -> int:
@@ -39,11 +41,11 @@ def deliver_handoffs(scripts: Scripts, keys: QueueKeys, now: int, *, limit: int 
             break
         by_target: dict[str, list[list[Any]]] = defaultdict(list)
         for message in raw:
-            try:
-                prefix, target, slot, kind, passed, value, origin = json.loads(message)
-            except (ValueError, TypeError):
+            if (end := _end(message)) is None:
+                logger.warning("queue %s: a hand-off that is not one was dropped: %.200r", keys.queue, message)
                 continue  # not a hand-off: it only leaves the list
-            by_target[prefix].append([target, slot, kind, passed, value, origin])
+            prefix, *rest = end
+            by_target[prefix].append(rest)
         for prefix, ends in by_target.items():
             if (match := _BASE.match(prefix)) is None:
                 continue
@@ -60,6 +62,24 @@ def deliver_handoffs(scripts: Scripts, keys: QueueKeys, now: int, *, limit: int 
         pipe.execute()
         delivered += len(raw)
     return delivered
+
+
+def _end(message: Any) -> list[Any] | None:
+    """A hand-off entry as its seven values, or None for anything else (another client's, a corrupt one).
+
+    Checked before anything is delivered: one entry the script or Redis
+    cannot take would make every delivery of the list raise, and stay at its
+    head, blocking every hand-off of the queue for good.
+    """
+    try:
+        end = json.loads(message)
+    except (ValueError, TypeError):
+        return None
+    if not (isinstance(end, list) and len(end) == 7 and end[4] in (0, 1) and not isinstance(end[4], bool)
+            and all(isinstance(part, str) for index, part in enumerate(end) if index != 4)
+            and _BASE.match(end[0])):
+        return None
+    return end
 
 
 def hands_off(nxt: str | None, keys: QueueKeys) -> bool:
