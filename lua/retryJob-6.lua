@@ -17,7 +17,10 @@
 
   Returns 1 when the job was moved, 0 when it is not in `failed`, -1 when its
   key holds no job hash or the id is a queue key's name (nothing could run it;
-  it stays in `failed`).
+  it stays in `failed`), -2 when it is a workflow's step that failed before
+  its inputs all came (`deps`: an input failed, or it was cancelled while it
+  waited): run, it would get part of them (a chord's callback a part of the
+  list), so it stays in `failed`.
 ]]
 -- @include "emitEvent"
 -- @include "pushReady"
@@ -30,6 +33,9 @@ end
 local key = jobKey(prefix, id)
 if not key or redis.call("TYPE", key)["ok"] ~= "hash" then
   return -1  -- no job hash to run (missing, another type, a queue key's name): it stays failed
+end
+if (tonumber(redis.call("HGET", key, "deps") or "") or 0) > 0 then
+  return -2
 end
 redis.call("ZREM", KEYS[1], id)
 redis.call("HDEL", key, "finishedOn", "failedReason", "processedOn", "cxl")

@@ -189,7 +189,8 @@ class Queue:
         return self.scripts.get_counts(self.keys)
 
     def retry(self, job_id: str) -> bool:
-        """Send a failed job back to wait; False when it is not in `failed` (any more)."""
+        """Send a failed job back to wait; False when it is not in `failed` (any more), or when it is a
+        workflow's step that failed before its inputs all came (run, it would get only part of them)."""
         return self.scripts.retry_job(self.keys, validate_stored_id(job_id)) == 1
 
     def remove(self, job_id: str, *, only_from: str | None = None) -> bool:
@@ -203,14 +204,16 @@ class Queue:
         return removed
 
     def retry_all_failed(self, batch: int = 1000) -> int:
-        """Send every failed job back to wait, `batch` per pipelined round trip; returns how many."""
+        """Send every failed job back to wait, `batch` per pipelined round trip; returns how many.
+
+        A workflow's step that failed before its inputs all came stays (see `retry`)."""
         retried = stuck = 0  # stuck: ids with no job hash to run, which stay at the head of failed
         while ids := self.client.zrange(self.keys.failed, stuck, stuck + batch - 1):
             codes = self.scripts.run_batch([self.scripts.retry_call(self.keys, job_id) for job_id in ids],
                                            raise_on_error=True)
             retried += codes.count(1)
-            stuck += codes.count(-1)
-            if 1 not in codes and -1 not in codes:
+            stuck += codes.count(-1) + codes.count(-2)  # (-2: a workflow's step whose inputs did not all come)
+            if 1 not in codes and -1 not in codes and -2 not in codes:
                 break
         return retried
 

@@ -180,7 +180,8 @@ class Scripts(ScriptClient):
     def retry_call(self, keys: QueueKeys, job_id: str) -> Call:
         """The retryJob call for one job.
 
-        Its reply: 1 if it moved from `failed` to wait, 0 if it was not there, -1 if it has no job hash.
+        Its reply: 1 if it moved from `failed` to wait, 0 if it was not there, -1 if it has no job hash,
+        -2 if it is a workflow's step that failed before its inputs all came (it stays).
         """
         return ("retryJob-6", keys.for_script("retryJob-6"), script_argv("retryJob-6", prefix=keys.base, job_id=job_id))
 

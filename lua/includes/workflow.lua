@@ -82,8 +82,8 @@ local function deliverEdge(target, slot, kind, passed, value, origin, ended)
       releaseDeferred(target)
     end
   elseif kind == "r" then  -- an input failed: this step never runs
+    -- (`deps` stays: retryJob refuses a step whose inputs did not all come)
     redis.call("ZREM", wfKeys.deferred, target)
-    redis.call("HDEL", jobHash, "deps")
     moveToFailed(wfPrefix, wfKeys.failed, target, value, wfNow)
     ended[#ended + 1] = {target, false, value, origin}
   elseif not passed then  -- an error handler's first failure: it runs, with the member's id and error
