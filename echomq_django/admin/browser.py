@@ -60,8 +60,9 @@ class Action:
 RETRY = Action("retry", "Retry", "echomq.retry_failedjob", ("failed",), "a failed job", "retried")
 PROMOTE = Action("promote", "Promote now", "echomq.promote_job", ("delayed",), "a delayed job", "promoted")
 # A running job is flagged, and its worker stops it at its next lock renewal.
-CANCEL = Action("cancel", "Cancel", "echomq.cancel_job", ("wait", "paused", "prioritized", "delayed", "active"),
-                "a job that has not finished", "cancelled")
+CANCEL = Action("cancel", "Cancel", "echomq.cancel_job",
+                ("wait", "paused", "prioritized", "delayed", "deferred", "active"), "a job that has not finished",
+                "cancelled")
 # A worker holds an active job: deleting it would drop the worker's result on the floor.
 DELETE = Action("delete", "Delete…", "echomq.delete_job", (*(s for s in STATES if s != "active"), None),
                 "a job that is not active", "deleted")
