@@ -96,3 +96,54 @@ def test_a_released_steps_group_priority_and_delay_are_kept(queue):
     assert states == ["wait", "prioritized", "delayed"]
     assert queue.client.hget(queue.keys.job(plan.steps[1].id), "grp") == "tenant-a"
 
+
+
+def test_members_cancelled_and_removed_while_real_workers_run_them(queue, other):
+    """Cancels and removals race finishes on two queues: the callback runs never or once with every result,
+    on_error runs once, and no step is left in deferred."""
+    import random
+    import threading
+
+    from echomq_django.core import JobLockedError, Worker
+    from tests.helpers import wait_until
+    from tests.runtime.test_workflows import handler
+
+    ran.clear()
+    members = [step(queue if n % 2 else other, "add", n, attempts=2) for n in range(300)]
+    plan = Plan.of(Chord(Group(*members), step(queue, "echo"), on_error=step(other, "echo")))
+    plan.add()
+    workflow = plan.handle()
+    workers = [Worker(q.name, handler, q.client, prefix=q.keys.prefix, block_timeout_s=0.1, concurrency=4)
+               for q in (queue, other)]
+    threads = [threading.Thread(target=w.run) for w in workers]
+    for thread in threads:
+        thread.start()
+    try:
+        ids = [s.id for s in plan.steps[1:-1]]
+        random.Random(7).shuffle(ids)
+        for n, job_id in enumerate(ids[:20]):
+            target = queue if int(job_id.rsplit("-", 1)[1]) % 2 == 0 else other  # (member n is step n + 1)
+            assert target.get_job(job_id) is not None or target.get_state(job_id) is None
+            if n % 2:
+                target.cancel(job_id, "race")
+            else:
+                try:
+                    target.remove(job_id)
+                except JobLockedError:
+                    target.cancel(job_id, "race")
+        assert wait_until(lambda: workflow.status in ("succeeded", "failed"), 30)
+        handler_id, body_id = plan.steps[0].id, plan.steps[-1].id
+        assert wait_until(lambda: ran.get(handler_id, 0) >= 1 or workflow.status == "succeeded", 30)
+        assert wait_until(lambda: not other.client.llen(other.keys.handoff) and not queue.client.llen(
+            queue.keys.handoff) and queue.counts()["active"] + other.counts()["active"] == 0, 30)
+    finally:
+        for w in workers:
+            w.stop()
+        for thread in threads:
+            thread.join(30)
+    assert queue.counts()["deferred"] == other.counts()["deferred"] == 0
+    if workflow.status == "failed":
+        assert ran.get(handler_id) == 1 and body_id not in ran
+        assert workflow.reason.startswith("member ")
+    else:
+        assert ran.get(body_id) == 1 and workflow.results() == [list(range(300))]
