@@ -147,3 +147,18 @@ def test_members_cancelled_and_removed_while_real_workers_run_them(queue, other)
         assert workflow.reason.startswith("member ")
     else:
         assert ran.get(body_id) == 1 and workflow.results() == [list(range(300))]
+
+
+@pytest.mark.parametrize("shape", ["local step, then another queue", "another queue, then a third"])
+def test_a_failure_cascading_across_queues_reaches_the_workflow_without_a_sweep(queue, other, redis_client, prefix,
+                                                                                shape):
+    third = Queue("third", redis_client, prefix=prefix, scripts=queue.scripts)
+    if shape == "local step, then another queue":  # the failed member's own edges stay in its queue
+        steps = (step(queue, "boom"), step(queue, "add", 1), step(other, "add", 2))
+    else:  # the step failed by a hand-off hands its failure on from the queue it was delivered to
+        steps = (step(queue, "boom"), step(other, "add", 1), step(third, "add", 2), step(queue, "add", 3))
+    workflow = Chain(*steps).enqueue()
+    drain(queue, other, third)  # workers only: the sweeper runs every SWEEP_INTERVAL (30 s by default)
+    assert workflow.status == "failed", (
+        "the failure waits in a handoff list that only the next sweep delivers: "
+        f"{[(q.name, q.client.llen(q.keys.handoff)) for q in (queue, other, third)]}")
