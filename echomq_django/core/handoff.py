@@ -32,13 +32,19 @@ def deliver_handoffs(scripts: Scripts, keys: QueueKeys, now: int, *, limit: int 
 
     Each is delivered before it leaves the list, so a deliverer that dies
     between leaves it for the next (a worker after its next such finish, the
-    sweep); delivering one twice counts it once.
+    sweep); delivering one twice counts it once. A delivered failure that
+    fails a step of the target queue hands that step's end on from there:
+    the target queues' lists are delivered next, so a failure crosses every
+    queue of its workflow in one call instead of one sweep a hop.
     """
     client, delivered = scripts.client, 0
-    while delivered < limit:
+    todo, listed = [keys], {keys.base}  # the queues whose lists are to be read, in order
+    while todo and delivered < limit:
+        keys = todo[0]
         raw = client.lrange(keys.handoff, 0, HANDOFFS_PER_CALL - 1)
         if not raw:
-            break
+            listed.discard(todo.pop(0).base)
+            continue
         by_target: dict[str, list[list[Any]]] = defaultdict(list)
         for message in raw:
             if (end := _end(message)) is None:
@@ -56,6 +62,9 @@ def deliver_handoffs(scripts: Scripts, keys: QueueKeys, now: int, *, limit: int 
                                          value=value, origin=origin)
             scripts.run_batch([("deliverWorkflow-5", target_keys.for_script("deliverWorkflow-5"), args)],
                               raise_on_error=True)
+            if target_keys.base not in listed and any(not passed for *_, passed, _, _ in ends):
+                listed.add(target_keys.base)  # (only a failure can fail a step there, and hand its end on)
+                todo.append(target_keys)
         pipe = client.pipeline(transaction=False)
         for message in raw:
             pipe.lrem(keys.handoff, 1, message)
@@ -82,9 +91,11 @@ def _end(message: Any) -> list[Any] | None:
     return end
 
 
-def hands_off(nxt: str | None, keys: QueueKeys) -> bool:
-    """Whether a job's edges (its `nxt` field) lead to another queue: its end is then handed off."""
+def hands_off(nxt: str | None, keys: QueueKeys, *, failed: bool = False) -> bool:
+    """Whether a job's end may be handed off: its edges (its `nxt` field) lead to another queue, or (`failed`)
+    to a later step, whose edges may then lead there (the step fails with it)."""
     try:
-        return any(edge[0] != keys.base for edge in json.loads(nxt or "[]"))
-    except (ValueError, TypeError, IndexError, KeyError):
+        return any(edge[0] != keys.base or (failed and edge[3] == "r" and not edge[1].startswith("wf:"))
+                   for edge in json.loads(nxt or "[]"))
+    except (ValueError, TypeError, IndexError, KeyError, AttributeError):
         return False
