@@ -66,6 +66,7 @@ if found == 0 then
   return 0
 end
 if not jobHash or redis.call("TYPE", jobHash)["ok"] ~= "hash" then return -1 end
+-- (a workflow step cancelled while it waited keeps `deps`: retryJob refuses it, its inputs did not all come)
 redis.call("HSET", jobHash, "failedReason", reason, "finishedOn", now, "cxl", reason)
 redis.call("ZADD", KEYS[5], now, id)
 emitEvent(prefix, "cancelled", id, "reason", reason)

@@ -243,10 +243,10 @@ class JobBrowserAdmin(admin.ModelAdmin):
     def retry_job_view(self, request: HttpRequest, queue_name: str, job_id: str) -> HttpResponse:
         def retry(queue: Queue, state: str | None) -> Outcome:
             if not queue.retry(job_id):
-                if queue.get_state(job_id) == "failed":  # the script answered -1 or -2
-                    if queue.get_job(job_id, log_lines=0) is not None:  # -2: a step whose inputs never all came
-                        return ("is a workflow step that failed before its inputs all came, and stays failed "
-                                "(enqueue the workflow again)"), messages.WARNING, None
+                if queue.get_state(job_id) == "failed" and queue.client.hexists(queue.keys.job(job_id), "deps"):
+                    return ("is a workflow's step whose inputs did not all come and stays failed",
+                            messages.WARNING, None)  # the script answered -2
+                if queue.get_state(job_id) == "failed":  # the script answered -1: no job hash to run
                     return "has no job hash to run and stays failed (delete it)", messages.WARNING, None
                 return "was no longer failed and was left alone", messages.WARNING, None
             FailedJob.objects.filter(queue=queue.name, job_id=job_id).delete()  # the mirror's copy

@@ -96,6 +96,9 @@ class QueueAdmin(admin.ModelAdmin):
             "opts": self.model._meta,
             "settings_error": settings_error,
             "queues": rows,
+            # One header per counted state, from the same tuple as the cells (a state added is a column added).
+            "state_headers": ["marked stalled" if state == "stalled" else state for state in COUNTED],
+            "span_columns": len(COUNTED) + 1,
             "flow_queues": [row for row in rows if row.get("flow")],
             "can_sweep": user.has_perm("echomq.sweep_queue"),
             "can_pause": user.has_perm("echomq.pause_queue"),

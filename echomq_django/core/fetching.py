@@ -278,7 +278,7 @@ class RoundTrips:
             if not outcome.finish:
                 self._written(outcome, None)
         ended.clear()
-        if any(code in (1, 2) and hands_off(outcome.job.next_steps, self.keys)
+        if any(code in (1, 2) and hands_off(outcome.job.next_steps, self.keys, failed=code == 2)
                for outcome, code in zip(writing, codes)):
             self._hand_off()
         self.held_back_ms = 0

@@ -13,6 +13,7 @@ Queue.cancel and Queue.remove, whose cascade may hand ends off.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections import defaultdict
 from typing import Any
@@ -23,6 +24,7 @@ from .scripts import Scripts
 # Ends read from a handoff list, and delivered, per step.
 HANDOFFS_PER_CALL = 100
 _BASE = re.compile(r"^(.+):\{(.+)\}:$")  # a queue's key base, "<prefix>:{<queue>}:"
+logger = logging.getLogger("echomq.workflow")
 
 
 def deliver_handoffs(scripts: Scripts, keys: QueueKeys, now: int, *, limit: int = 10_000) -> int:
@@ -30,20 +32,26 @@ def deliver_handoffs(scripts: Scripts, keys: QueueKeys, now: int, *, limit: int 
 
     Each is delivered before it leaves the list, so a deliverer that dies
     between leaves it for the next (a worker after its next such finish, the
-    sweep); delivering one twice counts it once.
+    sweep); delivering one twice counts it once. A delivered failure that
+    fails a step of the target queue hands that step's end on from there:
+    the target queues' lists are delivered next, so a failure crosses every
+    queue of its workflow in one call instead of one sweep a hop.
     """
     client, delivered = scripts.client, 0
-    while delivered < limit:
+    todo, listed = [keys], {keys.base}  # the queues whose lists are to be read, in order
+    while todo and delivered < limit:
+        keys = todo[0]
         raw = client.lrange(keys.handoff, 0, HANDOFFS_PER_CALL - 1)
         if not raw:
-            break
+            listed.discard(todo.pop(0).base)
+            continue
         by_target: dict[str, list[list[Any]]] = defaultdict(list)
         for message in raw:
-            try:
-                prefix, target, slot, kind, passed, value, origin = json.loads(message)
-            except (ValueError, TypeError):
+            if (end := _end(message)) is None:
+                logger.warning("queue %s: a hand-off that is not one was dropped: %.200r", keys.queue, message)
                 continue  # not a hand-off: it only leaves the list
-            by_target[prefix].append([target, slot, kind, passed, value, origin])
+            prefix, *rest = end
+            by_target[prefix].append(rest)
         for prefix, ends in by_target.items():
             if (match := _BASE.match(prefix)) is None:
                 continue
@@ -54,6 +62,9 @@ def deliver_handoffs(scripts: Scripts, keys: QueueKeys, now: int, *, limit: int 
                                          value=value, origin=origin)
             scripts.run_batch([("deliverWorkflow-5", target_keys.for_script("deliverWorkflow-5"), args)],
                               raise_on_error=True)
+            if target_keys.base not in listed and any(not passed for *_, passed, _, _ in ends):
+                listed.add(target_keys.base)  # (only a failure can fail a step there, and hand its end on)
+                todo.append(target_keys)
         pipe = client.pipeline(transaction=False)
         for message in raw:
             pipe.lrem(keys.handoff, 1, message)
@@ -62,9 +73,29 @@ def deliver_handoffs(scripts: Scripts, keys: QueueKeys, now: int, *, limit: int 
     return delivered
 
 
-def hands_off(nxt: str | None, keys: QueueKeys) -> bool:
-    """Whether a job's edges (its `nxt` field) lead to another queue: its end is then handed off."""
+def _end(message: Any) -> list[Any] | None:
+    """A hand-off entry as its seven values, or None for anything else (another client's, a corrupt one).
+
+    Checked before anything is delivered: one entry the script or Redis
+    cannot take would make every delivery of the list raise, and stay at its
+    head, blocking every hand-off of the queue for good.
+    """
     try:
-        return any(edge[0] != keys.base for edge in json.loads(nxt or "[]"))
-    except (ValueError, TypeError, IndexError, KeyError):
+        end = json.loads(message)
+    except (ValueError, TypeError):
+        return None
+    if not (isinstance(end, list) and len(end) == 7 and end[4] in (0, 1) and not isinstance(end[4], bool)
+            and all(isinstance(part, str) for index, part in enumerate(end) if index != 4)
+            and _BASE.match(end[0])):
+        return None
+    return end
+
+
+def hands_off(nxt: str | None, keys: QueueKeys, *, failed: bool = False) -> bool:
+    """Whether a job's end may be handed off: its edges (its `nxt` field) lead to another queue, or (`failed`)
+    to a later step, whose edges may then lead there (the step fails with it)."""
+    try:
+        return any(edge[0] != keys.base or (failed and edge[3] == "r" and not edge[1].startswith("wf:"))
+                   for edge in json.loads(nxt or "[]"))
+    except (ValueError, TypeError, IndexError, KeyError, AttributeError):
         return False

@@ -365,8 +365,8 @@ class WorkflowHandle:
                 return True
         return False
 
-    def _members(self, record: dict[str, str] | None = None) -> dict[Queue, list[str]]:
-        """Every job of the workflow by queue, as its record's tree names them."""
+    def _members(self, record: dict[str, str] | None = None, *, handlers: bool = True) -> dict[Queue, list[str]]:
+        """Every job of the workflow by queue, as its record's tree names them (without `handlers`: but on_error's)."""
         record = self._record() if record is None else record
         found: dict[str, list[str]] = defaultdict(list)
 
@@ -376,7 +376,7 @@ class WorkflowHandle:
             elif isinstance(node, list) and len(node) == 3:
                 for child in node[1]:
                     walk(child)
-                if node[2] is not None:
+                if node[2] is not None and handlers:
                     walk(node[2])
 
         walk(json.loads(record.get("tree", "null")))
@@ -421,9 +421,13 @@ class WorkflowHandle:
         return self.results()
 
     def cancel(self, reason: str = "") -> int:
-        """Cancel every job not yet ended (a running one is stopped as Queue.cancel stops it); how many."""
+        """Cancel every job not yet ended (a running one is stopped as Queue.cancel stops it); how many.
+
+        Not the on_error handlers: a cancelled member is one that failed for
+        good, and the first failure in a handler's scope runs it, once.
+        """
         cancelled = 0
-        members = self._members()
+        members = self._members(handlers=False)
         for queue, job_ids in members.items():
             for job_id in job_ids:
                 if queue.cancel(job_id, reason or f"workflow {self.id} cancelled") in (Cancel.CANCELLED,
