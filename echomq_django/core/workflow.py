@@ -66,6 +66,13 @@ class Member:
 class Canvas:
     """What chain, group and chord have in common: they nest, and `enqueue` adds the whole."""
 
+    kind = ""  # "chain", "group" or "chord"
+    on_error: Any = None  # a chain's or chord's error handler (a signature)
+
+    def parts(self) -> tuple[Any, ...]:
+        """What it holds, in order: a chain's steps, a group's members, a chord's header and body."""
+        raise NotImplementedError
+
     def enqueue(self, *, ttl_ms: int = DEFAULT_TTL_MS) -> WorkflowHandle:
         """Add the workflow (one call per queue involved); a handle to follow it."""
         plan = Plan.of(self, ttl_ms=ttl_ms)
@@ -79,10 +86,14 @@ class Chain(Canvas):
 
     steps: tuple[Any, ...]
     on_error: Any = None
+    kind = "chain"
 
     def __init__(self, *steps: Any, on_error: Any = None) -> None:
         object.__setattr__(self, "steps", _children(steps, "a chain"))
         object.__setattr__(self, "on_error", on_error)
+
+    def parts(self) -> tuple[Any, ...]:
+        return self.steps
 
 
 @dataclass(frozen=True, init=False)
@@ -90,9 +101,13 @@ class Group(Canvas):
     """Members ready at once; the group's result is the list of theirs, in the order given."""
 
     members: tuple[Any, ...]
+    kind = "group"
 
     def __init__(self, *members: Any) -> None:
         object.__setattr__(self, "members", _children(members, "a group"))
+
+    def parts(self) -> tuple[Any, ...]:
+        return self.members
 
 
 @dataclass(frozen=True)
@@ -102,10 +117,14 @@ class Chord(Canvas):
     header: Group
     body: Any
     on_error: Any = None
+    kind = "chord"
 
     def __post_init__(self) -> None:
         if not isinstance(self.header, Group):
             object.__setattr__(self, "header", Group(*self.header))
+
+    def parts(self) -> tuple[Any, ...]:
+        return self.header, self.body
 
 
 def _children(items: Iterable[Any], what: str) -> tuple[Any, ...]:
@@ -190,12 +209,9 @@ class Plan:
             handler = self._new(members[id(node.on_error)], [], [])
             handler.inputs = "2"
             handlers = [*handlers, handler]
-        if isinstance(node, Chain):
-            ends = parents
-            for step_node in node.steps:
-                ends = self._place(step_node, ends, handlers, members)
-        else:
-            ends = self._place(node.body, self._place(node.header, parents, handlers, members), handlers, members)
+        ends = parents  # a chain's steps one after another; a chord is its header, then its body
+        for part in node.parts():
+            ends = self._place(part, ends, handlers, members)
         if handler is not None:
             # The scope's ends tell the handler when it is no longer needed ("d"), instead of only failures ("e").
             for index, (step, _) in enumerate(ends):
@@ -216,12 +232,8 @@ class Plan:
             if not isinstance(item, Canvas):
                 step = next(steps)
                 return [step.member.queue.name, step.id]
-            handler = shape(item.on_error) if getattr(item, "on_error", None) is not None else None
-            if isinstance(item, Group):
-                return ["group", [shape(member) for member in item.members], None]
-            if isinstance(item, Chain):
-                return ["chain", [shape(step) for step in item.steps], handler]
-            return ["chord", [shape(item.header), shape(item.body)], handler]
+            handler = shape(item.on_error) if item.on_error is not None else None
+            return [item.kind, [shape(part) for part in item.parts()], handler]
 
         return shape(node)
 
@@ -285,15 +297,9 @@ def _resolve(node: Any, members: dict[int, Member], depth: int) -> None:
         validate_job_name(member.name)
         members[id(node)] = member
         return
-    if isinstance(node, Chain):
-        children: tuple[Any, ...] = node.steps
-    elif isinstance(node, Group):
-        children = node.members
-    else:
-        children = (node.header, node.body)
-    for child in children:
-        _resolve(child, members, depth + 1)
-    if getattr(node, "on_error", None) is not None:
+    for part in node.parts():
+        _resolve(part, members, depth + 1)
+    if node.on_error is not None:
         if isinstance(node.on_error, Canvas):
             raise WorkflowError("on_error takes one signature, not a chain, group or chord")
         _resolve(node.on_error, members, depth + 1)
