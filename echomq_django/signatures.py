@@ -36,6 +36,10 @@ class Signature:
         """This signature with other options: queue, priority, delay_ms, attempts, group, allow_failure."""
         if unknown := set(options) - set(OPTIONS):
             raise WorkflowError(f"unknown option(s) {', '.join(sorted(unknown))}; a step takes {', '.join(OPTIONS)}")
+        if not isinstance(options.get("allow_failure", False), bool):
+            raise WorkflowError(f"allow_failure is True or False, not {options['allow_failure']!r}")
+        if not isinstance(options.get("queue", ""), str):
+            raise WorkflowError(f"queue is a queue's name, not {options['queue']!r}")
         return dataclasses.replace(self, options={**self.options, **options})
 
     def member(self) -> Member:

@@ -72,6 +72,10 @@ def test_allow_failure_and_set_options(queues):
     assert result.results() == 7
     with pytest.raises(WorkflowError, match="unknown option"):
         add.s().set(colour="red")
+    with pytest.raises(WorkflowError, match="allow_failure is True or False"):
+        add.s().set(allow_failure="no")
+    with pytest.raises(PayloadError, match="priority"):
+        chain(add.s().set(priority=1000)).enqueue()
 
 
 def test_tasks_are_steps_too_and_keep_their_task_result(queues):
