@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import traceback
 from datetime import datetime
 from typing import Any
@@ -34,7 +33,7 @@ from django.utils import timezone as django_timezone
 from django.utils.module_loading import import_string
 
 from . import outbox
-from .conf import get_settings, own_time_limits_ms, settings_readable, unserved_queue
+from .conf import delay_to, get_settings, own_time_limits_ms, settings_readable, unserved_queue
 from .core import (
     MAX_PRIORITY,
     MIN_PRIORITY,
@@ -160,7 +159,7 @@ class EchoMQBackend(BaseTaskBackend):
         super().validate_task(task)
         if task.run_after is not None:  # the job's delay has a limit (ten years): refuse it here, not at enqueue
             try:
-                JobOptions(delay_ms=delay_until(task.run_after, now_ms()))
+                JobOptions(delay_ms=delay_to(task.run_after, now_ms()))
             except PayloadError as error:
                 raise InvalidTask(f"run_after {task.run_after.isoformat()} is too far ahead: {error}.") from None
         attempts = getattr(task, "attempts", None)
@@ -226,7 +225,7 @@ class EchoMQBackend(BaseTaskBackend):
         payload = self.job_data(task, args, kwargs, queue.max_payload_bytes)
         opts = queue.default_opts.overridden(attempts=getattr(task, "attempts", None),
                                              backoff=getattr(task, "backoff", None),
-                                             delay_ms=delay_until(task.run_after, timestamp_ms),
+                                             delay_ms=delay_to(task.run_after, timestamp_ms),
                                              priority=task.priority, **own_time_limits_ms(task),
                                              group=getattr(task, "group", ""))
         return queue, payload, opts
@@ -356,13 +355,6 @@ def cancel_error(job: Job) -> TaskError:
     error = JobCancelled(job.cancel_reason)
     return TaskError(exception_class_path=class_path(error),
                      traceback="".join(traceback.format_exception_only(error)))
-
-
-def delay_until(run_after: datetime | None, from_ms: int) -> int:
-    """The job's delay (ms) from `from_ms` to a task's run_after; 0 without one or when it has passed."""
-    if run_after is None:
-        return 0
-    return max(0, math.ceil(run_after.timestamp() * 1000) - from_ms)
 
 
 def task_datetime(ms: int | None) -> datetime | None:

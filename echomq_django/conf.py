@@ -28,12 +28,14 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
+from django.utils import timezone
 
 from .core import (
     ALPHABET,
@@ -50,6 +52,7 @@ from .core import (
     RedisURLError,
     Retention,
     defaults,
+    delay_until,
     parse_redis_url,
     validate_name,
 )
@@ -554,3 +557,14 @@ def get_settings() -> EchoMQSettings:
 def _reload(*, setting: str, **kwargs: Any) -> None:
     if setting == "ECHOMQ":
         _cached.cache_clear()
+
+
+def delay_to(moment: datetime | None, from_ms: int) -> int:
+    """The delay (ms) from `from_ms` to `moment` (an eta, a run_after); 0 without one or once past.
+
+    A naive datetime means TIME_ZONE when USE_TZ is False (as Django reads one); with USE_TZ it is refused.
+    """
+    if isinstance(moment, datetime) and timezone.is_naive(moment) and not settings.USE_TZ:
+        moment = timezone.make_aware(moment)
+    return delay_until(moment, from_ms)
+

@@ -27,14 +27,15 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections
 
 from . import outbox
-from .conf import own_time_limits_ms, time_limits_ms, unserved_queue
-from .core import Backoff, Job, JobOptions, Member, NewJob, UnrecoverableError
+from .conf import delay_to, own_time_limits_ms, time_limits_ms, unserved_queue
+from .core import Backoff, Job, JobOptions, Member, NewJob, PayloadError, UnrecoverableError, now_ms
 from .discovery import discover_jobs  # noqa: F401  (public here: echomq_django.jobs.discover_jobs)
 from .queues import get_queue
 from .signatures import Signature
@@ -72,6 +73,7 @@ class JobFunction:
     time_limit: float | None = None  # seconds; None: the queue's TIME_LIMIT
     soft_time_limit: float | None = None  # seconds; None: the queue's SOFT_TIME_LIMIT
     group: str = ""  # every job's group, unless enqueue_with gives one ("": none)
+    priority: int = 0  # every job's priority (MIN_PRIORITY..MAX_PRIORITY, higher first), unless enqueue_with gives one
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs)
@@ -93,7 +95,8 @@ class JobFunction:
         queue = get_queue(queue_name)
         opts = queue.default_opts.overridden(
             attempts=options.get("attempts", self.attempts), backoff=self.backoff,
-            delay_ms=options.get("delay_ms", 0), priority=options.get("priority", 0), **own_time_limits_ms(self),
+            delay_ms=options.get("delay_ms", 0), priority=options.get("priority", self.priority),
+            **own_time_limits_ms(self),
             group=options.get("group", self.group))
         return Member(queue, self.name, {"args": list(signature.args), "kwargs": dict(signature.kwargs)}, opts,
                       immutable=signature.immutable, allow_failure=bool(options.get("allow_failure", False)))
@@ -103,8 +106,10 @@ class JobFunction:
         return self.enqueue_with(args=args, kwargs=kwargs)
 
     def enqueue_with(self, *, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None,
-                     delay_ms: int = 0, job_id: str | None = None, group: str | None = None) -> str:
-        """`enqueue` with a delay, a job id of the caller's choosing, or a group (the job function's by default).
+                     delay_ms: int = 0, eta: datetime | None = None, job_id: str | None = None,
+                     group: str | None = None, priority: int | None = None) -> str:
+        """`enqueue` with a delay (`delay_ms`, or `eta`: an aware datetime to run at; a past one runs now), a job id
+        of the caller's choosing, a group or a priority (the job function's by default).
 
         Inside a transaction on a queue with the outbox (ECHOMQ["OUTBOX"]), the
         job is written in that transaction and sent after the commit (outbox.py).
@@ -116,35 +121,43 @@ class JobFunction:
         """
         if problem := unserved_queue(self.queue):
             raise ImproperlyConfigured(f"@job {self.name} cannot be enqueued: {problem}.")
+        if eta is not None:
+            if delay_ms:
+                raise PayloadError("give a job delay_ms or eta, not both")
+            delay_ms = delay_to(eta, now_ms())
         queue = get_queue(self.queue)
         opts = queue.default_opts.overridden(attempts=self.attempts, backoff=self.backoff, delay_ms=delay_ms,
+                                             priority=self.priority if priority is None else priority,
                                              **own_time_limits_ms(self), group=self.group if group is None else group)
         return outbox.enqueue(queue, NewJob(self.name, {"args": list(args), "kwargs": kwargs or {}}, opts, job_id))
 
 
 def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queue: str = "default",
         attempts: int | None = None, backoff: Backoff | None = None,
-        time_limit: float | None = None, soft_time_limit: float | None = None, group: str = "") -> Any:
+        time_limit: float | None = None, soft_time_limit: float | None = None, group: str = "",
+        priority: int = 0) -> Any:
     """Register `func` as a job function (usable bare, `@job`, or with options, `@job(...)`).
 
     `attempts`, `backoff` and the time limits (seconds, fractions allowed)
     default to the queue's settings (ATTEMPTS, BACKOFF, TIME_LIMIT, SOFT_TIME_LIMIT).
     At `soft_time_limit` SoftTimeLimitExceeded is raised in the job; at
     `time_limit` the attempt fails (on the processes pool its child is killed).
-    `group` puts every job of the function in that group (enqueue_with can
-    give each job its own).
+    `group` puts every job of the function in that group, and `priority`
+    (MIN_PRIORITY..MAX_PRIORITY, higher runs first) gives them that priority
+    (enqueue_with can give each job its own of either).
     """
 
     # Wrong values fail at import (PayloadError), not at the first enqueue.
     if attempts is not None:
         JobOptions(attempts=attempts)
-    if group:
-        JobOptions(group=group)
+    if group or priority:
+        JobOptions(group=group, priority=priority)
     time_limits_ms(time_limit, soft_time_limit)
 
     def register(target: Callable[..., Any]) -> JobFunction:
         job_name = name or f"{target.__module__}.{target.__qualname__}"
-        registered = JobFunction(target, job_name, queue, attempts, backoff, time_limit, soft_time_limit, group)
+        registered = JobFunction(target, job_name, queue, attempts, backoff, time_limit, soft_time_limit, group,
+                                 priority)
         if job_name in _registry and _registry[job_name].func is not target:
             raise ValueError(f"two job functions are registered as {job_name!r}; give one a name=")
         _registry[job_name] = registered

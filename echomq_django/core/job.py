@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -408,6 +409,20 @@ class Job:
     def from_flat(cls, queue: str, job_id: str, flat: list[str], *, strict: bool = False) -> Job:
         """Decode the flat field/value list a script returns (`strict` as for `from_hash`)."""
         return cls.from_hash(queue, job_id, dict(zip(flat[::2], flat[1::2])), strict=strict)
+
+
+def delay_until(moment: datetime | None, from_ms: int) -> int:
+    """The delay (ms) from `from_ms` to `moment` (a run-after, an eta); 0 without one or once it has passed.
+
+    A naive datetime is refused (PayloadError): which zone it means is a guess, and a wrong guess is hours.
+    """
+    if moment is None:
+        return 0
+    if not isinstance(moment, datetime):
+        raise PayloadError(f"a time to run at is a datetime, not {moment!r}")
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise PayloadError(f"a time to run at needs a time zone (an aware datetime), not {moment.isoformat()}")
+    return max(0, math.ceil(moment.timestamp() * 1000) - from_ms)
 
 
 def log_line(message: Any) -> str:
