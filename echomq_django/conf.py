@@ -28,7 +28,7 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -567,4 +567,21 @@ def delay_to(moment: datetime | None, from_ms: int) -> int:
     if isinstance(moment, datetime) and timezone.is_naive(moment) and not settings.USE_TZ:
         moment = timezone.make_aware(moment)
     return delay_until(moment, from_ms)
+
+
+def expiry_ms(expires: float | timedelta | datetime | None, from_ms: int) -> int:
+    """ms from `from_ms` (the job's creation) past which it never starts: `expires` in seconds, a timedelta, or a
+    datetime (as for an eta); 0 for None. PayloadError for anything not ahead of `from_ms`."""
+    if expires is None:
+        return 0
+    if isinstance(expires, datetime):
+        ms = delay_to(expires, from_ms)
+        if ms <= 0:
+            raise PayloadError(f"expires {expires.isoformat()} is in the past: the job could never run")
+        return ms
+    seconds = expires.total_seconds() if isinstance(expires, timedelta) else expires
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_SECONDS:
+        raise PayloadError(f"expires is a positive number of seconds (up to ten years), a timedelta or a datetime, "
+                           f"not {expires!r}")
+    return math.ceil(seconds * 1000)
 

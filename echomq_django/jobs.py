@@ -27,14 +27,14 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections
 
 from . import outbox
-from .conf import delay_to, own_time_limits_ms, time_limits_ms, unserved_queue
+from .conf import delay_to, expiry_ms, own_time_limits_ms, time_limits_ms, unserved_queue
 from .core import Backoff, Job, JobOptions, Member, NewJob, PayloadError, UnrecoverableError, now_ms
 from .discovery import discover_jobs  # noqa: F401  (public here: echomq_django.jobs.discover_jobs)
 from .queues import get_queue
@@ -74,6 +74,7 @@ class JobFunction:
     soft_time_limit: float | None = None  # seconds; None: the queue's SOFT_TIME_LIMIT
     group: str = ""  # every job's group, unless enqueue_with gives one ("": none)
     priority: int = 0  # every job's priority (MIN_PRIORITY..MAX_PRIORITY, higher first), unless enqueue_with gives one
+    expires: float | timedelta | None = None  # seconds after it is added past which a job never starts
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs)
@@ -107,9 +108,13 @@ class JobFunction:
 
     def enqueue_with(self, *, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None,
                      delay_ms: int = 0, eta: datetime | None = None, job_id: str | None = None,
-                     group: str | None = None, priority: int | None = None) -> str:
+                     group: str | None = None, priority: int | None = None,
+                     expires: float | timedelta | datetime | None = None) -> str:
         """`enqueue` with a delay (`delay_ms`, or `eta`: an aware datetime to run at; a past one runs now), a job id
-        of the caller's choosing, a group or a priority (the job function's by default).
+        of the caller's choosing, a group, a priority or an expiry (the job function's by default).
+
+        `expires` (seconds, a timedelta, or a datetime): a job not started by then never starts; it fails
+        with the reason "expired". Retries and recoveries past it fail so too.
 
         Inside a transaction on a queue with the outbox (ECHOMQ["OUTBOX"]), the
         job is written in that transaction and sent after the commit (outbox.py).
@@ -121,21 +126,25 @@ class JobFunction:
         """
         if problem := unserved_queue(self.queue):
             raise ImproperlyConfigured(f"@job {self.name} cannot be enqueued: {problem}.")
+        timestamp = now_ms()  # the job's creation: its delay and expiry count from it
         if eta is not None:
             if delay_ms:
                 raise PayloadError("give a job delay_ms or eta, not both")
-            delay_ms = delay_to(eta, now_ms())
+            delay_ms = delay_to(eta, timestamp)
         queue = get_queue(self.queue)
         opts = queue.default_opts.overridden(attempts=self.attempts, backoff=self.backoff, delay_ms=delay_ms,
                                              priority=self.priority if priority is None else priority,
+                                             expires_ms=expiry_ms(self.expires if expires is None else expires,
+                                                                  timestamp),
                                              **own_time_limits_ms(self), group=self.group if group is None else group)
-        return outbox.enqueue(queue, NewJob(self.name, {"args": list(args), "kwargs": kwargs or {}}, opts, job_id))
+        return outbox.enqueue(queue, NewJob(self.name, {"args": list(args), "kwargs": kwargs or {}}, opts, job_id),
+                              timestamp_ms=timestamp)
 
 
 def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queue: str = "default",
         attempts: int | None = None, backoff: Backoff | None = None,
         time_limit: float | None = None, soft_time_limit: float | None = None, group: str = "",
-        priority: int = 0) -> Any:
+        priority: int = 0, expires: float | timedelta | None = None) -> Any:
     """Register `func` as a job function (usable bare, `@job`, or with options, `@job(...)`).
 
     `attempts`, `backoff` and the time limits (seconds, fractions allowed)
@@ -144,7 +153,8 @@ def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queu
     `time_limit` the attempt fails (on the processes pool its child is killed).
     `group` puts every job of the function in that group, and `priority`
     (MIN_PRIORITY..MAX_PRIORITY, higher runs first) gives them that priority
-    (enqueue_with can give each job its own of either).
+    (enqueue_with can give each job its own of either). `expires` (seconds, or a
+    timedelta): a job not started that long after it was added never starts.
     """
 
     # Wrong values fail at import (PayloadError), not at the first enqueue.
@@ -152,12 +162,15 @@ def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queu
         JobOptions(attempts=attempts)
     if group or priority:
         JobOptions(group=group, priority=priority)
+    if isinstance(expires, datetime):
+        raise PayloadError("@job(expires=) is a duration (seconds, a timedelta); a datetime goes to enqueue_with")
+    expiry_ms(expires, 0)
     time_limits_ms(time_limit, soft_time_limit)
 
     def register(target: Callable[..., Any]) -> JobFunction:
         job_name = name or f"{target.__module__}.{target.__qualname__}"
         registered = JobFunction(target, job_name, queue, attempts, backoff, time_limit, soft_time_limit, group,
-                                 priority)
+                                 priority, expires)
         if job_name in _registry and _registry[job_name].func is not target:
             raise ValueError(f"two job functions are registered as {job_name!r}; give one a name=")
         _registry[job_name] = registered

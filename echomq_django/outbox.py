@@ -185,7 +185,7 @@ def send(database: str, rows: list[OutboxJob]) -> Sent:
 
 def _encoded(row: OutboxJob) -> EncodedJob:
     return EncodedJob(job_id=row.job_id, name=row.name, data=row.data, opts=row.opts, delay_ms=row.delay_ms,
-                      priority=row.priority, group=row.group)
+                      priority=row.priority, group=row.group, expires_ms=row.expires_ms)
 
 
 def _unreadable(row: OutboxJob) -> str:

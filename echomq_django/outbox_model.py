@@ -24,6 +24,7 @@ class OutboxJob(models.Model):
     delay_ms = models.BigIntegerField(default=0)
     priority = models.IntegerField(default=0)
     group = models.CharField(max_length=128, blank=True)
+    expires_ms = models.BigIntegerField("expires after (ms)", default=0)
     # When it was enqueued (ms), the job's timestamp in Redis: its delay counts from here.
     timestamp_ms = models.BigIntegerField()
     error = models.TextField(blank=True,

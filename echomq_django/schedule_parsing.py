@@ -27,7 +27,15 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from .conf import MAX_SECONDS, Problem, get_settings, own_time_limits_ms, settings_problems, unserved_queue
+from .conf import (
+    MAX_SECONDS,
+    Problem,
+    expiry_ms,
+    get_settings,
+    own_time_limits_ms,
+    settings_problems,
+    unserved_queue,
+)
 from .core import (
     ALPHABET,
     MAX_PRIORITY,
@@ -261,7 +269,8 @@ class _Target:
             opts = JobOptions(attempts=config.attempts, backoff=config.backoff).overridden(
                 attempts=attempts if attempts is not None else own_attempts, backoff=backoff,
                 priority=own_priority if priority is None else priority, **own_limits,
-                group=getattr(self.found, "group", "") or "")
+                group=getattr(self.found, "group", "") or "",
+                expires_ms=expiry_ms(getattr(self.found, "expires", None), 0))  # the @job's own, from each firing
         except PayloadError as error:  # a PRIORITY for a job in a group
             problem("PRIORITY", f"{where}: {error}.")
             return None

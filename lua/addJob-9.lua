@@ -32,7 +32,7 @@
   ARGV[3] token      add token: unique to this call (a re-send carries the same one)
   ARGV[4] record_ms  how long the record of a call that generated ids is kept, ms
   ARGV[5] sent_ms    0, or how long each job added is recorded in KEYS[9], ms
-  then seven values per job, ARGV[n+1] to ARGV[n+7] with n = 5, 12, 19, ...:
+  then eight values per job, ARGV[n+1] to ARGV[n+8] with n = 5, 13, 21, ...:
   ARGV[n+1] job_id    id chosen by the caller, or "" to generate one (INCR KEYS[4])
   ARGV[n+2] name      the job's name
   ARGV[n+3] data      JSON text
@@ -40,6 +40,7 @@
   ARGV[n+5] delay_ms  0 = ready now
   ARGV[n+6] priority  MIN_PRIORITY..MAX_PRIORITY (0 = none; higher runs first)
   ARGV[n+7] group     "" = none: the job waits in its group's list (includes/groups.lua)
+  ARGV[n+8] expires_ms  0, or ms after `timestamp` past which the job never starts (`exp`, moveToActive)
 
   Returns {id1, added1, id2, added2, ...} in the order given: added is 1 when
   the job was created, 0 when a job with the caller's id already existed
@@ -64,7 +65,7 @@ local function flushReady()
 end
 
 local generated = false
-for i = 6, #ARGV, 7 do
+for i = 6, #ARGV, 8 do
   local id = ARGV[i]
   local added = 1
   if id == "" then
@@ -85,6 +86,8 @@ for i = 6, #ARGV, 7 do
     local jobKey = prefix .. id
     redis.call("HSET", jobKey, "name", ARGV[i + 1], "data", ARGV[i + 2], "opts", ARGV[i + 3],
       "timestamp", timestamp, "atm", 0, "ats", 0, "stc", 0)
+    local expires = tonumber(ARGV[i + 7])
+    if expires > 0 then redis.call("HSET", jobKey, "exp", timestamp + expires) end
     if group then
       redis.call("HSET", jobKey, "grp", group)  -- read again whenever the job becomes ready
     elseif priority ~= 0 then

@@ -58,6 +58,7 @@
            back. 0 = no deadline and no look at Redis's clock
   ARGV[13] group            the job's group ("" = none): it waits in its group's list
   ARGV[14] floor            the newest tick decided on another queue (0 = none; see above)
+  ARGV[15] expires_ms       0, or ms after its firing past which the job never starts (`exp`, as addJob writes it)
 
   Returns {outcome, job id, decided}: decided is 1 when this call decided
   the tick, 0 when an earlier call had (a re-send, or another scheduler);
@@ -77,6 +78,7 @@ local function addJob(id)
   local priority, group = tonumber(ARGV[8]), groupOf(ARGV[13])
   redis.call("HSET", jobKey, "name", ARGV[5], "data", ARGV[6], "opts", ARGV[7],
     "timestamp", now, "atm", 0, "ats", 0, "stc", 0)
+  if tonumber(ARGV[15]) > 0 then redis.call("HSET", jobKey, "exp", now + tonumber(ARGV[15])) end
   if group then
     redis.call("HSET", jobKey, "grp", group)
   elseif priority ~= 0 then

@@ -45,6 +45,10 @@
   ARGV[10] max_active        most jobs active at once, across every worker (0 = no cap)
   ARGV[11] group_max_active  most jobs of one group active at once (0 = no cap)
 
+  A job whose `exp` (addJob: its expiry) is before `now` is not started: it
+  goes to failed with the reason "expired" (and counts as failed in the
+  metrics), whether it waited, was delayed, retried or recovered.
+
   Flow control, decided here so it holds across any number of workers: while
   meta `limitedUntil` (set by a job that raised RateLimited) is ahead of
   Redis's clock nothing is taken; the rate limit takes no more than the
@@ -260,7 +264,7 @@ local function setFlat(flat, field, value)
   flat[#flat + 1] = value
 end
 
-local takenIds = {}
+local takenIds, expiredJobs = {}, 0
 while taken < limit do
   local id, group
   if ringed then id, group = takeByTurn() else id = takeNext() end
@@ -278,41 +282,51 @@ while taken < limit do
     redis.call("LREM", KEYS[2], 1, id)
     moveToFailed(prefix, KEYS[7], id, "job hash was missing when a worker fetched the id", now)
   else
-    -- PXAT: the lock lapses at exactly the time the index records.
-    redis.call("SET", jobKey .. ":lock", token, "PXAT", lapsesAt)
-    redis.call("ZADD", locksKey, lapsesAt, id)
-    local ats, wids, startedOn, readyAt, due
+    local ats, wids, startedOn, readyAt, due, expiresAt
     for i = 1, #flat, 2 do
       local field = flat[i]
       if field == "ats" then ats = flat[i + 1]
       elseif field == "wids" then wids = flat[i + 1]
       elseif field == "startedOn" then startedOn = flat[i + 1]
       elseif field == "timestamp" then readyAt = flat[i + 1]
-      elseif field == "due" then due = flat[i + 1] end
+      elseif field == "due" then due = flat[i + 1]
+      elseif field == "exp" then expiresAt = tonumber(flat[i + 1]) end
     end
-    -- Read-and-write rather than HINCRBY: a corrupt `ats` must not abort the
-    -- script halfway through its writes.
-    local update = {"ats", (parseCounter(ats, "ats") or 0) + 1, "processedOn", now, "tok", token,
-      "wid", workerId, "wids", appendToJsonList(wids, workerId, 1000)}
-    if not startedOn then
-      update[#update + 1] = "startedOn"
-      update[#update + 1] = now
-      readyAt = tonumber(due) or tonumber(readyAt)
-      if readyAt then timeMetric("wait", now - readyAt) end
+    if expiresAt and expiresAt < now then
+      -- Not started by its expiry (addJob's `exp`): it never starts. (Taken by its group's turn, it held no slot.)
+      redis.call("LREM", KEYS[2], 1, id)
+      moveToFailed(prefix, KEYS[7], id, "expired", now)
+      countMetric("failed", 1)
+      expiredJobs = expiredJobs + 1
+    else
+      -- PXAT: the lock lapses at exactly the time the index records.
+      redis.call("SET", jobKey .. ":lock", token, "PXAT", lapsesAt)
+      redis.call("ZADD", locksKey, lapsesAt, id)
+      -- Read-and-write rather than HINCRBY: a corrupt `ats` must not abort the
+      -- script halfway through its writes.
+      local update = {"ats", (parseCounter(ats, "ats") or 0) + 1, "processedOn", now, "tok", token,
+        "wid", workerId, "wids", appendToJsonList(wids, workerId, 1000)}
+      if not startedOn then
+        update[#update + 1] = "startedOn"
+        update[#update + 1] = now
+        readyAt = tonumber(due) or tonumber(readyAt)
+        if readyAt then timeMetric("wait", now - readyAt) end
+      end
+      redis.call("HSET", jobKey, unpack(update))
+      if group and not groupStarted(prefix, id, group) then
+        reportType(prefix .. "group-running", "hash", "the jobs of groups started meanwhile hold their slots " ..
+          "until a sweep after it is deleted")
+      end
+      for i = 1, #update, 2 do setFlat(flat, update[i], tostring(update[i + 1])) end
+      emitEvent(prefix, "active", id)
+      result[#result + 1] = id
+      result[#result + 1] = flat
+      taken = taken + 1
+      takenIds[taken] = id
     end
-    redis.call("HSET", jobKey, unpack(update))
-    if group and not groupStarted(prefix, id, group) then
-      reportType(prefix .. "group-running", "hash", "the jobs of groups started meanwhile hold their slots " ..
-        "until a sweep after it is deleted")
-    end
-    for i = 1, #update, 2 do setFlat(flat, update[i], tostring(update[i + 1])) end
-    emitEvent(prefix, "active", id)
-    result[#result + 1] = id
-    result[#result + 1] = flat
-    taken = taken + 1
-    takenIds[taken] = id
   end
 end
+if expiredJobs > 0 and taken == 0 then flushMetrics(prefix, now, tonumber(ARGV[7])) end
 if taken > 0 then
   redis.call("SET", KEYS[9], cjson.encode(takenIds), "PX", 86400000)
   if rateMax > 0 then

@@ -178,11 +178,30 @@ class MirrorAdmin(admin.ModelAdmin):
         return {}
 
 
+class WhyFailedFilter(admin.SimpleListFilter):
+    """The failed jobs by why the scripts failed them: expired (never started), cancelled, or the job's own error."""
+
+    title, parameter_name = "why", "why"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [("expired", "expired (never started)"), ("cancelled", "cancelled"), ("other", "the job's own error")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        value = self.value()
+        if value == "expired":
+            return queryset.filter(failed_reason="expired")
+        if value == "cancelled":
+            return queryset.filter(failed_reason__startswith="cancelled")
+        if value == "other":
+            return queryset.exclude(failed_reason="expired").exclude(failed_reason__startswith="cancelled")
+        return queryset
+
+
 @admin.register(FailedJob)
 class FailedJobAdmin(MirrorAdmin):
     list_display = ("job_id", "finished", "dotted_name", "reason", "attempts_made", "queue")
     # No date_hierarchy: its year/month links need a scan of every row.
-    list_filter = ("queue", "name", "finished_at")
+    list_filter = ("queue", WhyFailedFilter, "name", "finished_at")
     ordering = ("-finished_at",)
     actions = ["retry_selected", "delete_selected"]
 

@@ -599,7 +599,7 @@ def fire_call(keys: QueueKeys, schedule: Schedule, now: int, tick: int | None, j
     return ("fireSchedule-6", keys.for_script("fireSchedule-6", name=schedule.name), script_argv(
         "fireSchedule-6", prefix=keys.base, now=now, **timing, name=schedule.job_name, data=data,
         opts=schedule.opts.encoded(), priority=schedule.opts.priority, skip_if_running=int(schedule.skip_if_running),
-        deadline=deadline, group=schedule.opts.group, floor=floor))
+        deadline=deadline, group=schedule.opts.group, floor=floor, expires_ms=schedule.opts.expires_ms))
 
 
 def _firing(schedule: Schedule, tick: int | None, now: int, reply: list[Any]) -> Firing:

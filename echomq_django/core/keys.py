@@ -90,7 +90,7 @@ SCRIPT_ARGV: dict[str, tuple[str, ...]] = {
     "deliverWorkflow-5": ("prefix", "now"),
     "extendLocks-1": ("prefix", "lock_ms"),
     "fireSchedule-6": ("prefix", "now", "tick", "job_id", "name", "data", "opts", "priority", "missed_after_ms",
-                       "catch_up", "skip_if_running", "deadline", "group", "floor"),
+                       "catch_up", "skip_if_running", "deadline", "group", "floor", "expires_ms"),
     "getCounts-10": (),
     "getJob-10": ("job_id", "log_lines", "prefix"),
     "moveStalledJobsToWait-8": ("prefix", "max_stalled_count", "now", "interval_ms", "phase", "cursor", "budget",
@@ -106,7 +106,7 @@ SCRIPT_ARGV: dict[str, tuple[str, ...]] = {
     "updateProgress-1": ("prefix", "job_id", "token", "progress"),
 }
 SCRIPT_ARGV_EACH: dict[str, tuple[str, ...]] = {
-    "addJob-9": ("job_id", "name", "data", "opts", "delay_ms", "priority", "group"),
+    "addJob-9": ("job_id", "name", "data", "opts", "delay_ms", "priority", "group", "expires_ms"),
     "addWorkflow-8": ("job_id", "name", "data", "opts", "delay_ms", "priority", "group", "deps", "next_steps",
                       "inputs", "allow_failure"),
     "deliverWorkflow-5": ("target", "slot", "kind", "passed", "value", "origin"),

@@ -50,6 +50,7 @@ class EncodedJob(NamedTuple):
     delay_ms: int
     priority: int
     group: str
+    expires_ms: int = 0  # 0: never expires
 
 
 def now_ms() -> int:
@@ -88,7 +89,7 @@ class Queue:
         opts = job.opts or self.default_opts
         data = encode_json(job.data, f"data of job {job.name!r}", self.max_payload_bytes)
         return EncodedJob(job_id=job_id, name=job.name, data=data, opts=opts.encoded(), delay_ms=opts.delay_ms,
-                          priority=opts.priority, group=opts.group)
+                          priority=opts.priority, group=opts.group, expires_ms=opts.expires_ms)
 
     def add(
         self, name: str, data: Any = None, *, opts: JobOptions | None = None,

@@ -7,6 +7,7 @@ from django.utils import timezone
 
 from echomq_django import jobs
 from echomq_django.core import PayloadError, Queue, now_ms
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -56,3 +57,77 @@ def test_a_naive_eta_means_time_zone_without_use_tz(queue, settings):
     expected = timezone.make_aware(at).timestamp() * 1000
     assert abs(queue.client.zscore(queue.keys.delayed, job_id) - expected) < 2
     assert queue.client.zscore(queue.keys.delayed, job_id) > now_ms()
+
+
+def test_expires_as_seconds_a_timedelta_or_a_datetime(queue):
+    brief = jobs.job(name="opts.brief", expires=30)(lambda: None)
+    created = now_ms()
+    first = brief.enqueue()
+    exp = int(queue.client.hget(queue.keys.job(first), "exp"))
+    assert 30_000 <= exp - created < 31_000
+    second = brief.enqueue_with(expires=timedelta(minutes=2))
+    assert int(queue.client.hget(queue.keys.job(second), "exp")) - created >= 120_000
+    at = timezone.now() + timedelta(hours=1)
+    third = brief.enqueue_with(expires=at)
+    assert abs(int(queue.client.hget(queue.keys.job(third), "exp")) - at.timestamp() * 1000) < 2
+    assert queue.get_job(third).opts.expires_ms > 3_590_000
+
+
+def test_bad_expiries_are_refused_and_add_nothing(queue):
+    brief = jobs.job(name="opts.brief")(lambda: None)
+    with pytest.raises(PayloadError, match="in the past"):
+        brief.enqueue_with(expires=timezone.now() - timedelta(seconds=1))
+    with pytest.raises(PayloadError, match="positive number of seconds"):
+        brief.enqueue_with(expires=-5)
+    with pytest.raises(PayloadError, match="positive number of seconds"):
+        brief.enqueue_with(expires="soon")
+    with pytest.raises(PayloadError, match="before it is due"):
+        brief.enqueue_with(expires=10, delay_ms=20_000)
+    with pytest.raises(PayloadError, match="a datetime goes to enqueue_with"):
+        jobs.job(name="opts.fixed", expires=timezone.now())(lambda: None)
+    with pytest.raises(PayloadError, match="positive number of seconds"):
+        jobs.job(name="opts.never", expires=0)(lambda: None)
+    assert sum(queue.counts().values()) == 0
+
+
+def test_an_expired_job_fails_in_the_worker_and_shows_in_the_failed_list(queue):
+    from django.core.management import call_command
+
+    brief = jobs.job(name="opts.brief")(lambda: None)
+    job_id = brief.enqueue_with(expires=0.05)
+    assert wait_until(lambda: now_ms() > int(queue.client.hget(queue.keys.job(job_id), "exp")), 5)
+    call_command("echomq_worker", "--queue", "default", "--burst", "-v", "0")
+    assert queue.get_state(job_id) == "failed" and queue.get_job(job_id).failed_reason == "expired"
+
+
+def test_the_failed_list_filters_the_expired(queue, client):
+    from django.contrib.auth.models import User
+    from django.core.management import call_command
+
+    brief = jobs.job(name="opts.brief")(lambda: None)
+    expired = brief.enqueue_with(expires=0.05, job_id="expired-job")
+    boom = jobs.job(name="opts.boom", attempts=1)(_boom).enqueue_with(job_id="failing-job")
+    assert wait_until(lambda: now_ms() > int(queue.client.hget(queue.keys.job(expired), "exp")), 5)
+    call_command("echomq_worker", "--queue", "default", "--burst", "-v", "0")
+    call_command("echomq_sweep", "--once", "-v", "0")  # copies the failed set to the admin's list
+    client.force_login(User.objects.create_superuser("root", password="x"))
+    page = client.get("/admin/echomq/failedjob/?why=expired").content.decode()
+    assert expired in page and boom not in page
+    other = client.get("/admin/echomq/failedjob/?why=other").content.decode()
+    assert boom in other and expired not in other
+
+
+def _boom():
+    raise RuntimeError("boom")
+
+
+def test_an_expiry_goes_through_the_outbox(queue, settings):
+    from django.db import transaction
+
+    settings.ECHOMQ = {**settings.ECHOMQ, "OUTBOX": True}
+    brief = jobs.job(name="opts.brief")(lambda: None)
+    with transaction.atomic():
+        job_id = brief.enqueue_with(expires=45)
+        created = now_ms()
+    exp = int(queue.client.hget(queue.keys.job(job_id), "exp"))
+    assert 44_000 <= exp - created <= 45_000

@@ -373,3 +373,16 @@ def test_a_primary_turned_replica_keeps_the_tick_due_until_a_write_lands():
         client.replicaof("NO", "ONE")
         assert [f.outcome for f in beat.fire_due(now + 1)] == ["fired"]
         client.close()
+
+
+def test_a_schedules_job_expires_from_its_firing(queue):
+    """A schedule of a job with an expiry: each job it adds carries `exp`, its firing plus the expiry."""
+    from echomq_django.core import JobOptions, now_ms, run_now
+
+    schedule = every(60, opts=JobOptions(expires_ms=30_000))
+    fired_at = now_ms()
+    firing = run_now(queue.scripts, schedule, "manual-1", prefix=queue.keys.prefix)
+    exp = int(queue.client.hget(queue.keys.job(firing.job_id), "exp"))
+    assert 30_000 <= exp - fired_at < 31_000
+    plain = run_now(queue.scripts, every(60, name="plain"), "manual-2", prefix=queue.keys.prefix)
+    assert queue.client.hget(queue.keys.job(plain.job_id), "exp") is None
