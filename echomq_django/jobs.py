@@ -35,7 +35,18 @@ from django.db import close_old_connections
 
 from . import outbox
 from .conf import delay_to, expiry_ms, own_time_limits_ms, time_limits_ms, unserved_queue
-from .core import Backoff, Job, JobOptions, Member, NewJob, PayloadError, UnrecoverableError, now_ms
+from .core import (
+    Backoff,
+    EchoMQError,
+    Job,
+    JobOptions,
+    Member,
+    NewJob,
+    PayloadError,
+    UnrecoverableError,
+    fail_for_good,
+    now_ms,
+)
 from .discovery import discover_jobs  # noqa: F401  (public here: echomq_django.jobs.discover_jobs)
 from .queues import get_queue
 from .signatures import Signature
@@ -75,6 +86,8 @@ class JobFunction:
     group: str = ""  # every job's group, unless enqueue_with gives one ("": none)
     priority: int = 0  # every job's priority (MIN_PRIORITY..MAX_PRIORITY, higher first), unless enqueue_with gives one
     expires: float | timedelta | None = None  # seconds after it is added past which a job never starts
+    # Set: only these exceptions are retried (while attempts are left); any other fails the job for good.
+    autoretry_for: tuple[type[BaseException], ...] = ()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs)
@@ -144,7 +157,9 @@ class JobFunction:
 def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queue: str = "default",
         attempts: int | None = None, backoff: Backoff | None = None,
         time_limit: float | None = None, soft_time_limit: float | None = None, group: str = "",
-        priority: int = 0, expires: float | timedelta | None = None) -> Any:
+        priority: int = 0, expires: float | timedelta | None = None,
+        autoretry_for: tuple[type[BaseException], ...] = (), retry_backoff: bool | float | Backoff = False,
+        max_retries: int | None = None) -> Any:
     """Register `func` as a job function (usable bare, `@job`, or with options, `@job(...)`).
 
     `attempts`, `backoff` and the time limits (seconds, fractions allowed)
@@ -155,28 +170,62 @@ def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queu
     (MIN_PRIORITY..MAX_PRIORITY, higher runs first) gives them that priority
     (enqueue_with can give each job its own of either). `expires` (seconds, or a
     timedelta): a job not started that long after it was added never starts.
+
+    As Celery's: `autoretry_for` (exception classes) retries only those, and
+    fails the job for good on any other; `max_retries=N` is `attempts=N + 1`;
+    `retry_backoff` True waits 1 s, 2 s, 4 s... between attempts, a number
+    of seconds starts there, a Backoff is used as it is (it takes the place
+    of `backoff`). Inside a job, `raise Retry(countdown=, reason=)` (or
+    `current_job().retry(...)`) ends the attempt and runs the job again.
     """
 
     # Wrong values fail at import (PayloadError), not at the first enqueue.
-    if attempts is not None:
-        JobOptions(attempts=attempts)
     if group or priority:
         JobOptions(group=group, priority=priority)
     if isinstance(expires, datetime):
         raise PayloadError("@job(expires=) is a duration (seconds, a timedelta); a datetime goes to enqueue_with")
     expiry_ms(expires, 0)
+    attempts, backoff = _celery_retries(attempts, backoff, retry_backoff, max_retries)
+    autoretry_for = tuple(autoretry_for)
+    if not all(isinstance(kind, type) and issubclass(kind, BaseException) for kind in autoretry_for):
+        raise PayloadError(f"autoretry_for is a tuple of exception classes, not {autoretry_for!r}")
     time_limits_ms(time_limit, soft_time_limit)
 
     def register(target: Callable[..., Any]) -> JobFunction:
         job_name = name or f"{target.__module__}.{target.__qualname__}"
         registered = JobFunction(target, job_name, queue, attempts, backoff, time_limit, soft_time_limit, group,
-                                 priority, expires)
+                                 priority, expires, autoretry_for)
         if job_name in _registry and _registry[job_name].func is not target:
             raise ValueError(f"two job functions are registered as {job_name!r}; give one a name=")
         _registry[job_name] = registered
         return registered
 
     return register(func) if func is not None else register
+
+
+def _celery_retries(attempts: int | None, backoff: Backoff | None, retry_backoff: bool | float | Backoff,
+                    max_retries: int | None) -> tuple[int | None, Backoff | None]:
+    """@job's attempts and backoff, from Celery's names for them where given (PayloadError for both at once)."""
+    if max_retries is not None:
+        if attempts is not None:
+            raise PayloadError("give a @job attempts or max_retries (attempts = max_retries + 1), not both")
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise PayloadError(f"max_retries is a whole number from 0, not {max_retries!r}")
+        attempts = max_retries + 1  # (JobOptions holds it to MAX_ATTEMPTS below)
+    if retry_backoff is not False:
+        if backoff is not None:
+            raise PayloadError("give a @job backoff or retry_backoff, not both")
+        if isinstance(retry_backoff, Backoff):
+            backoff = retry_backoff
+        elif retry_backoff is True:
+            backoff = Backoff("exponential", 1000)
+        elif isinstance(retry_backoff, (int, float)) and not isinstance(retry_backoff, bool) and retry_backoff > 0:
+            backoff = Backoff("exponential", round(retry_backoff * 1000))
+        else:
+            raise PayloadError(f"retry_backoff is True, a number of seconds or a Backoff, not {retry_backoff!r}")
+    if attempts is not None:
+        JobOptions(attempts=attempts)
+    return attempts, backoff
 
 
 def registered_jobs() -> dict[str, JobFunction]:
@@ -218,4 +267,10 @@ def _dispatch(job_record: Job) -> Any:
     if not isinstance(args, list) or not isinstance(kwargs, dict):
         raise UnrecoverableError(
             f"job {job_record.id} has data that is not {{\"args\": [...], \"kwargs\": {{...}}}}")
-    return function.func(*job_record.workflow_args, *args, **kwargs)  # a workflow's inputs come first
+    try:
+        return function.func(*job_record.workflow_args, *args, **kwargs)  # a workflow's inputs come first
+    except BaseException as error:
+        # With autoretry_for, another error fails for good (echomq's own errors keep their meaning).
+        if function.autoretry_for and not isinstance(error, (*function.autoretry_for, EchoMQError)):
+            fail_for_good(error)
+        raise

@@ -35,6 +35,7 @@ from .errors import (
     PayloadError,
     QueueStateError,
     RateLimited,
+    Retry,
     SoftTimeLimitExceeded,
     TimeLimitExceeded,
     UnrecoverableError,
@@ -99,6 +100,6 @@ __all__ = [
     "failed_count", "failed_since", "inspect_jobs", "last_sweep", "log_line", "now_ms", "oldest_waiting_age_ms",
     "parse_redis_url", "read_jobs", "recent_minutes", "redacted_url", "totals", "validate_job_id", "validate_name",
     "validate_stored_id", "FlowState", "GroupState", "flow_state", "RecordedSignals", "Runner", "SECOND_STOP_GRACE_S",
-    "run_until_signalled", "MAX_PRIORITY", "MIN_PRIORITY", "validate_job_name", "delay_until", "Chain", "Chord",
-    "Group", "Member", "Plan", "WorkflowError", "WorkflowHandle",
+    "run_until_signalled", "MAX_PRIORITY", "MIN_PRIORITY", "validate_job_name", "delay_until", "Retry", "Chain",
+    "Chord", "Group", "Member", "Plan", "WorkflowError", "WorkflowHandle",
 ]

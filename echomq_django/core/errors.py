@@ -66,6 +66,24 @@ class RateLimited(EchoMQError):
         return type(self), (self.retry_after, self.message)
 
 
+class Retry(EchoMQError):
+    """Raised by a job to end this attempt and run again after `countdown` seconds (the job's backoff by default).
+
+    It counts an attempt, as any failure does: with none left the job fails for good, with the reason.
+    `current_job().retry(countdown=, reason=)` raises it.
+    """
+
+    def __init__(self, countdown: float | None = None, reason: str = "") -> None:
+        if countdown is not None and not 0 <= countdown <= MAX_RETRY_AFTER_S:  # nan fails it too
+            raise ValueError(f"countdown is seconds from 0 to {MAX_RETRY_AFTER_S}, not {countdown!r}")
+        self.countdown, self.reason = countdown, reason
+        super().__init__(f"retry requested{': ' + reason if reason else ''}"
+                         + (f" (in {countdown:g} s)" if countdown is not None else ""))
+
+    def __reduce__(self) -> tuple[type[Retry], tuple[float | None, str]]:  # pickled as it was made
+        return type(self), (self.countdown, self.reason)
+
+
 class SoftTimeLimitExceeded(EchoMQError):
     """Raised inside a job that ran past its soft time limit; the job may catch it and clean up.
 

@@ -8,10 +8,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from . import defaults
-from .errors import InvalidNameError, PayloadError, SoftTimeLimitExceeded
+from .errors import InvalidNameError, PayloadError, Retry, SoftTimeLimitExceeded
 from .keys import validate_name
 
 # The bounds of the numbers a job may carry. The Lua scripts get them from
@@ -350,6 +350,13 @@ class Job:
         if self._reporter is None:
             raise RuntimeError(f"job {self.id} can {what} only while a worker runs it (inside its job function)")
         return self._reporter
+
+    def retry(self, countdown: float | None = None, reason: str = "") -> NoReturn:
+        """End this attempt and run the job again after `countdown` seconds (its backoff by default): raises Retry.
+
+        It counts an attempt; with none left the job fails for good.
+        """
+        raise Retry(countdown, reason)
 
     def update_progress(self, value: Any) -> bool:
         """Record how far the job got: a number or any JSON (emits a "progress" event).

@@ -45,6 +45,7 @@ from .errors import (
     LockLostError,
     PayloadError,
     RateLimited,
+    Retry,
     SoftTimeLimitExceeded,
     TimeLimitExceeded,
     is_final,
@@ -74,6 +75,11 @@ def run_handler(handler: Handler, job: Job) -> Finish:
     except RateLimited as limited:  # not a failure: the job waits its turn again
         return Finish(job.id, token, completed=False, value=str(limited), rate_limited=True,
                       backoff_ms=math.ceil(limited.retry_after * 1000))
+    except Retry as retry:  # a failed attempt the job asked for, after its own countdown
+        backoff_ms = (job.opts.backoff.delay_before(job.attempts_made + 1) if retry.countdown is None
+                      else math.ceil(retry.countdown * 1000))
+        return Finish(job.id, token, completed=False, value=f"Retry: {retry}", backoff_ms=backoff_ms,
+                      error_class=class_path(retry))
     except BaseException as error:  # the job's own failure (SystemExit too): recorded on the job, not raised
         return Finish(
             job.id, token, completed=False, value=f"{type(error).__name__}: {error}",
