@@ -93,6 +93,7 @@ QUEUE_DEFAULTS: dict[str, Any] = {
     "BACKOFF": {"TYPE": "fixed", "DELAY": 0},  # default backoff; DELAY in seconds
     "CONCURRENCY": defaults.CONCURRENCY,  # worker threads per queue
     "KEEP_COMPLETED": {"COUNT": defaults.KEEP_COMPLETED_COUNT, "AGE": None},  # None = no limit; AGE in seconds
+    "RESULT_TTL": None,  # seconds a completed job (its result) is kept at most; None = as KEEP_COMPLETED says
     "KEEP_FAILED": {"COUNT": None, "AGE": None},
     "MAX_LOG_LINES": defaults.MAX_LOG_LINES,  # log lines each job keeps; the oldest go first
     # What runs the jobs: "threads" of the worker's process, or "processes" (children started
@@ -158,6 +159,12 @@ class QueueConfig:
     max_active: int = 0  # 0: no cap
     group_max_active: int = 0  # 0: no cap
     outbox: bool | None = None  # None: the top-level OUTBOX
+    result_ttl_ms: int = 0  # 0: a completed job is kept as KEEP_COMPLETED says
+
+    @property
+    def job_options(self) -> JobOptions:
+        """The options of this queue's jobs where a job gives none of its own (attempts, backoff, result TTL)."""
+        return JobOptions(attempts=self.attempts, backoff=self.backoff, result_ttl_ms=self.result_ttl_ms)
 
 
 @dataclass(frozen=True)
@@ -345,6 +352,7 @@ def _queue_config(name: str, raw: Any) -> tuple[QueueConfig, list[Problem]]:
         max_active=option("MAX_ACTIVE", functools.partial(_count, minimum=1, allow_none=True)) or 0,
         group_max_active=option("GROUP_MAX_ACTIVE", functools.partial(_count, minimum=1, allow_none=True)) or 0,
         outbox=option("OUTBOX", functools.partial(_flag, allow_none=True)),
+        result_ttl_ms=option("RESULT_TTL", functools.partial(_seconds_to_ms, allow_none=True)) or 0,
         **_time_limits(option, where, problems),
     )
     if config.pool == "threads" and config.time_limit_ms:

@@ -39,6 +39,7 @@ from .core import (
     Backoff,
     EchoMQError,
     Job,
+    JobHandle,
     JobOptions,
     Member,
     NewJob,
@@ -88,6 +89,7 @@ class JobFunction:
     expires: float | timedelta | None = None  # seconds after it is added past which a job never starts
     # Set: only these exceptions are retried (while attempts are left); any other fails the job for good.
     autoretry_for: tuple[type[BaseException], ...] = ()
+    result_ttl: float | None = None  # seconds a completed job (its result) is kept at most; None: the queue's
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs)
@@ -115,14 +117,15 @@ class JobFunction:
         return Member(queue, self.name, {"args": list(signature.args), "kwargs": dict(signature.kwargs)}, opts,
                       immutable=signature.immutable, allow_failure=bool(options.get("allow_failure", False)))
 
-    def enqueue(self, *args: Any, **kwargs: Any) -> str:
-        """Add a job that runs this function with these JSON arguments; returns its id."""
+    def enqueue(self, *args: Any, **kwargs: Any) -> JobHandle:
+        """Add a job that runs this function with these JSON arguments; its id, a JobHandle (a str with `.status`,
+        `.result`, `.wait(timeout)` and `await .await_result(timeout)`)."""
         return self.enqueue_with(args=args, kwargs=kwargs)
 
     def enqueue_with(self, *, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None,
                      delay_ms: int = 0, eta: datetime | None = None, job_id: str | None = None,
                      group: str | None = None, priority: int | None = None,
-                     expires: float | timedelta | datetime | None = None) -> str:
+                     expires: float | timedelta | datetime | None = None) -> JobHandle:
         """`enqueue` with a delay (`delay_ms`, or `eta`: an aware datetime to run at; a past one runs now), a job id
         of the caller's choosing, a group, a priority or an expiry (the job function's by default).
 
@@ -149,9 +152,12 @@ class JobFunction:
                                              priority=self.priority if priority is None else priority,
                                              expires_ms=expiry_ms(self.expires if expires is None else expires,
                                                                   timestamp),
+                                             result_ttl_ms=None if self.result_ttl is None else expiry_ms(
+                                                 self.result_ttl, 0),
                                              **own_time_limits_ms(self), group=self.group if group is None else group)
-        return outbox.enqueue(queue, NewJob(self.name, {"args": list(args), "kwargs": kwargs or {}}, opts, job_id),
-                              timestamp_ms=timestamp)
+        job_id = outbox.enqueue(queue, NewJob(self.name, {"args": list(args), "kwargs": kwargs or {}}, opts, job_id),
+                                timestamp_ms=timestamp)
+        return JobHandle(job_id, queue)
 
 
 def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queue: str = "default",
@@ -159,7 +165,7 @@ def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queu
         time_limit: float | None = None, soft_time_limit: float | None = None, group: str = "",
         priority: int = 0, expires: float | timedelta | None = None,
         autoretry_for: tuple[type[BaseException], ...] = (), retry_backoff: bool | float | Backoff = False,
-        max_retries: int | None = None) -> Any:
+        max_retries: int | None = None, result_ttl: float | None = None) -> Any:
     """Register `func` as a job function (usable bare, `@job`, or with options, `@job(...)`).
 
     `attempts`, `backoff` and the time limits (seconds, fractions allowed)
@@ -177,6 +183,8 @@ def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queu
     of seconds starts there, a Backoff is used as it is (it takes the place
     of `backoff`). Inside a job, `raise Retry(countdown=, reason=)` (or
     `current_job().retry(...)`) ends the attempt and runs the job again.
+    `result_ttl` (seconds): a completed job, its result, is kept that long at
+    most (the queue's RESULT_TTL by default; its KEEP_COMPLETED may trim sooner).
     """
 
     # Wrong values fail at import (PayloadError), not at the first enqueue.
@@ -186,6 +194,8 @@ def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queu
         raise PayloadError("@job(expires=) is a duration (seconds, a timedelta); a datetime goes to enqueue_with")
     expiry_ms(expires, 0)
     attempts, backoff = _celery_retries(attempts, backoff, retry_backoff, max_retries)
+    if result_ttl is not None:
+        expiry_ms(result_ttl, 0)  # a positive duration, as an expiry
     autoretry_for = tuple(autoretry_for)
     if not all(isinstance(kind, type) and issubclass(kind, BaseException) for kind in autoretry_for):
         raise PayloadError(f"autoretry_for is a tuple of exception classes, not {autoretry_for!r}")
@@ -194,7 +204,7 @@ def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queu
     def register(target: Callable[..., Any]) -> JobFunction:
         job_name = name or f"{target.__module__}.{target.__qualname__}"
         registered = JobFunction(target, job_name, queue, attempts, backoff, time_limit, soft_time_limit, group,
-                                 priority, expires, autoretry_for)
+                                 priority, expires, autoretry_for, result_ttl)
         if job_name in _registry and _registry[job_name].func is not target:
             raise ValueError(f"two job functions are registered as {job_name!r}; give one a name=")
         _registry[job_name] = registered

@@ -15,7 +15,7 @@ from redis.retry import Retry
 
 from . import child
 from .conf import get_settings
-from .core import Confirm, Handler, JobOptions, Queue, Scripts, Sweeper, SweepTarget, Worker, connect
+from .core import Confirm, Handler, Queue, Scripts, Sweeper, SweepTarget, Worker, connect
 
 
 @functools.cache
@@ -92,7 +92,7 @@ def get_queue(name: str, *, long_running: bool = False) -> Queue:
     config = settings.queue(name)
     client, scripts = _runtime(settings, long_running)
     return Queue(name, client, prefix=settings.prefix, scripts=scripts,
-                 default_opts=JobOptions(attempts=config.attempts, backoff=config.backoff),
+                 default_opts=config.job_options,
                  max_payload_bytes=settings.max_payload_bytes, confirm=settings.confirm)
 
 

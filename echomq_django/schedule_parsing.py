@@ -266,7 +266,7 @@ class _Target:
             return None
         config = get_settings().queue(queue)
         try:  # the job's (or task's) group too: its ticks count against GROUP_MAX_ACTIVE like its other jobs
-            opts = JobOptions(attempts=config.attempts, backoff=config.backoff).overridden(
+            opts = config.job_options.overridden(
                 attempts=attempts if attempts is not None else own_attempts, backoff=backoff,
                 priority=own_priority if priority is None else priority, **own_limits,
                 group=getattr(self.found, "group", "") or "",

@@ -93,7 +93,7 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
   -- Validate before the first write: a script that errors halfway keeps its
   -- earlier writes.
   local attemptsMade, badAtm = parseCounter(fields[3], "atm")
-  local maxAttempts, badOpts = parseMaxAttempts(fields[4], defaultAttempts)
+  local maxAttempts, badOpts, resultTtl = parseMaxAttempts(fields[4], defaultAttempts)
 
   redis.call("DEL", prefix .. "fetch:" .. token)  -- keys.py's fetch_record(token)
   redis.call("LREM", KEYS[1], -1, id)
@@ -138,6 +138,10 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
   if outcome == "completed" then
     redis.call("HSET", jobKey, "ftk", token, "atm", attemptsMade, "finishedOn", now, "returnvalue", value)
     redis.call("ZADD", KEYS[2], now, id)
+    if resultTtl then  -- kept that long at most: trimResults removes it (retention may sooner)
+      redis.call("HSET", jobKey, "rexp", now + resultTtl)
+      redis.call("ZADD", prefix .. "result-ttl", now + resultTtl, id)
+    end
     emitEvent(prefix, "completed", id)
     countMetric("completed", 1)
     completedTo = true
@@ -182,6 +186,7 @@ for i = 10, #ARGV, 8 do
 end
 if completedTo then
   applyRetention(prefix, KEYS[2], tonumber(ARGV[5]), tonumber(ARGV[6]), now)
+  trimResults(prefix, KEYS[2], now)
 end
 if failedTo then
   applyRetention(prefix, KEYS[3], tonumber(ARGV[7]), tonumber(ARGV[8]), now)

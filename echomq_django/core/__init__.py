@@ -28,7 +28,9 @@ from .errors import (
     EchoMQError,
     InvalidNameError,
     JobCancelled,
+    JobFailedError,
     JobLockedError,
+    JobNotFinishedError,
     JobNotFoundError,
     LockLostError,
     NotConfirmedError,
@@ -42,6 +44,7 @@ from .errors import (
     fail_for_good,
 )
 from .flow import FlowState, GroupState, flow_state
+from .handle import JobHandle
 from .inspection import (
     LiveJob,
     count_failed_older_than,
@@ -101,5 +104,6 @@ __all__ = [
     "parse_redis_url", "read_jobs", "recent_minutes", "redacted_url", "totals", "validate_job_id", "validate_name",
     "validate_stored_id", "FlowState", "GroupState", "flow_state", "RecordedSignals", "Runner", "SECOND_STOP_GRACE_S",
     "run_until_signalled", "MAX_PRIORITY", "MIN_PRIORITY", "validate_job_name", "delay_until", "Retry", "Chain",
-    "Chord", "Group", "Member", "Plan", "WorkflowError", "WorkflowHandle",
+    "Chord", "Group", "Member", "Plan", "WorkflowError", "WorkflowHandle", "JobHandle", "JobFailedError",
+    "JobNotFinishedError",
 ]

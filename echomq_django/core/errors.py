@@ -21,6 +21,21 @@ class JobNotFoundError(EchoMQError, LookupError):
     """The job hash does not exist (never added, removed, or trimmed by retention)."""
 
 
+class JobFailedError(EchoMQError):
+    """The job whose result was asked for failed (for good): `reason` says why."""
+
+    def __init__(self, job_id: str, reason: str | None) -> None:
+        self.job_id, self.reason = job_id, reason
+        super().__init__(f"job {job_id} failed: {reason or 'no reason recorded'}")
+
+    def __reduce__(self) -> tuple[type[JobFailedError], tuple[str, str | None]]:
+        return type(self), (self.job_id, self.reason)
+
+
+class JobNotFinishedError(EchoMQError):
+    """The job whose result was asked for has not finished yet."""
+
+
 class LockLostError(EchoMQError):
     """The worker no longer owns the job: its lock lapsed and the job was recovered.
 

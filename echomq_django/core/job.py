@@ -97,6 +97,8 @@ class JobOptions:
     group: str = ""
     # ms after the job's creation past which it never starts (0: never expires); moveToActive fails it "expired".
     expires_ms: int = 0
+    # ms a completed job (its result) is kept at most (0: as its queue's retention says); moveToFinished.
+    result_ttl_ms: int = 0
 
     def __post_init__(self) -> None:
         # Checked here, for every way options are made; an integral float (3.0, from JSON) becomes an int.
@@ -104,6 +106,7 @@ class JobOptions:
         object.__setattr__(self, "priority", whole_number(self.priority, "priority", MIN_PRIORITY, MAX_PRIORITY))
         object.__setattr__(self, "delay_ms", whole_number(self.delay_ms, "delay (ms)", 0, MAX_DELAY_MS))
         object.__setattr__(self, "expires_ms", whole_number(self.expires_ms, "expiry (ms)", 0, MAX_DELAY_MS))
+        object.__setattr__(self, "result_ttl_ms", whole_number(self.result_ttl_ms, "result TTL (ms)", 0, MAX_DELAY_MS))
         if self.expires_ms and self.expires_ms <= self.delay_ms:
             raise PayloadError(f"the job would expire ({self.expires_ms} ms after it is added) before it is due "
                                f"({self.delay_ms} ms after): it could never run")
@@ -126,13 +129,14 @@ class JobOptions:
     def overridden(self, *, attempts: int | None = None, backoff: Backoff | None = None,
                    delay_ms: int = 0, priority: int = 0,
                    time_limit_ms: int | None = None, soft_time_limit_ms: int | None = None,
-                   group: str | None = None, expires_ms: int = 0) -> JobOptions:
+                   group: str | None = None, expires_ms: int = 0, result_ttl_ms: int | None = None) -> JobOptions:
         """These options as defaults, with a job's own attempts, backoff and time limits where it has them.
 
         Every enqueue asks for its options, mostly the same ones: those are
         built (and checked, and encoded) once.
         """
-        key = (attempts, backoff, delay_ms, priority, time_limit_ms, soft_time_limit_ms, group, expires_ms)
+        key = (attempts, backoff, delay_ms, priority, time_limit_ms, soft_time_limit_ms, group, expires_ms,
+               result_ttl_ms)
         try:
             return _overridden(self, *key)
         except TypeError:  # an unhashable value, which the options refuse with their own message
@@ -140,14 +144,15 @@ class JobOptions:
 
     def _override(self, attempts: int | None, backoff: Backoff | None, delay_ms: int, priority: int,
                   time_limit_ms: int | None, soft_time_limit_ms: int | None, group: str | None,
-                  expires_ms: int = 0) -> JobOptions:
+                  expires_ms: int = 0, result_ttl_ms: int | None = None) -> JobOptions:
         return JobOptions(attempts=self.attempts if attempts is None else attempts,
                           backoff=backoff or self.backoff,
                           delay_ms=delay_ms, priority=priority,
                           time_limit_ms=self.time_limit_ms if time_limit_ms is None else time_limit_ms,
                           soft_time_limit_ms=(self.soft_time_limit_ms if soft_time_limit_ms is None
                                               else soft_time_limit_ms),
-                          group=self.group if group is None else group, expires_ms=expires_ms)
+                          group=self.group if group is None else group, expires_ms=expires_ms,
+                          result_ttl_ms=self.result_ttl_ms if result_ttl_ms is None else result_ttl_ms)
 
     def to_json(self) -> dict[str, Any]:
         """The options as stored; defaults other than `attempts` are left out, to keep jobs small."""
@@ -166,6 +171,8 @@ class JobOptions:
             value["group"] = self.group
         if self.expires_ms:
             value["expires"] = self.expires_ms
+        if self.result_ttl_ms:
+            value["resultTtl"] = self.result_ttl_ms
         return value
 
     def encoded(self) -> str:
@@ -180,7 +187,8 @@ class JobOptions:
         return cls(attempts=value.get("attempts", defaults.ATTEMPTS), backoff=Backoff.from_json(value.get("backoff")),
                    delay_ms=value.get("delay", 0), priority=value.get("priority", 0),
                    time_limit_ms=value.get("timeLimit", 0), soft_time_limit_ms=value.get("softTimeLimit", 0),
-                   group=value.get("group", ""), expires_ms=value.get("expires", 0))
+                   group=value.get("group", ""), expires_ms=value.get("expires", 0),
+                   result_ttl_ms=value.get("resultTtl", 0))
 
 
 # The readers below never raise: a hash written by another client may hold

@@ -138,6 +138,8 @@ DERIVED_KEYS: dict[str, str] = {
     "handoff": "includes/workflow.lua's: a member's end bound for another queue waits there to be delivered",
     "<id>:in": "a workflow step's inputs, written where its inputs end and deleted with the job",
     "wf:<workflow>": "a workflow's record, in its home queue: named by the edges a member's hash holds",
+    "result-ttl": "moveToFinished's: the completed jobs with a result TTL, by when (opts.resultTtl, includes/"
+                  "applyRetention.lua)",
 }
 _PLACEHOLDER = re.compile(r"<([a-z]+)>")
 
@@ -146,7 +148,7 @@ _PLACEHOLDER = re.compile(r"<([a-z]+)>")
 RESERVED_IDS = frozenset(
     {"wait", "paused", "active", "stalled", "failed", "completed", "delayed", "prioritized",
      "stalled-check", "meta", "marker", "id", "events", "locks", "schedule", "limiter", "groups", "group-active",
-     "group-waiting", "group-running", "sent", "deferred", "handoff"}
+     "group-waiting", "group-running", "sent", "deferred", "handoff", "result-ttl"}
 )
 
 

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from . import defaults
 from .errors import NotConfirmedError, QueueStateError
+from .handle import JobHandle
 from .handoff import deliver_handoffs
 from .job import MAX_TIMESTAMP_MS, Job, JobOptions, encode_json, whole_number
 from .keys import (
@@ -137,6 +138,10 @@ class Queue:
                 f"replicas confirmed them within {self.confirm.timeout_ms} ms; a failover now could lose them",
                 ids)
         return ids
+
+    def handle(self, job_id: str) -> JobHandle:
+        """A handle on job `job_id` of this queue: its status, its result, a wait for it (a str: the id)."""
+        return JobHandle(validate_name(job_id, "job id"), self)
 
     def get_job(self, job_id: str, *, log_lines: int = -1) -> Job | None:
         """The job with this id, with its progress and its newest `log_lines` log lines (-1: all), or None."""

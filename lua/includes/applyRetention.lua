@@ -23,3 +23,22 @@ local function applyRetention(prefix, setKey, keepCount, keepAgeMs, now)
   end
   return #doomed
 end
+
+-- Remove up to 100 completed jobs whose result TTL (opts.resultTtl) has passed:
+-- `result-ttl` scores each by when. Only the completion that entered it is
+-- removed: the hash's `rexp` must still be that time (a caller's id may have
+-- been removed and added again since), else only the entry goes.
+local function trimResults(prefix, completedKey, now)
+  local ttlKey = prefix .. "result-ttl"
+  local due = redis.call("ZRANGEBYSCORE", ttlKey, "-inf", now, "WITHSCORES", "LIMIT", 0, 100)
+  for i = 1, #due, 2 do
+    local id, at = due[i], due[i + 1]
+    local key = jobKey(prefix, id)
+    if key and redis.pcall("HGET", key, "rexp") == at and redis.call("ZSCORE", completedKey, id) then
+      redis.call("DEL", key, key .. ":logs", key .. ":in")
+      redis.call("ZREM", completedKey, id)
+    end
+    redis.call("ZREM", ttlKey, id)
+  end
+end
+

@@ -32,7 +32,8 @@ local function appendToJsonList(raw, item, keep)
 end
 
 -- The job's attempt ceiling from its raw `opts`: opts.attempts, else the
--- caller's default (one default per script call). Only a whole number from 1
+-- caller's default (one default per script call); third, its opts.resultTtl
+-- (ms a completed job is kept at most), or nil. Only a whole number from 1
 -- to MAX_ATTEMPTS counts, the same rule as the Python side's (job.py), so
 -- 1e999 or "3" fails the job instead of retrying it forever. Jobs of one kind
 -- share their opts text, so each text is decoded once per call.
@@ -46,18 +47,20 @@ local function parseMaxAttempts(raw, defaultAttempts)
       known = {nil, "job field opts is not a JSON object"}
     else
       local attempts = opts["attempts"]
+      -- resultTtl (ms a completed job is kept; Python's JobOptions): anything but a positive number is none.
+      local ttl = type(opts["resultTtl"]) == "number" and opts["resultTtl"] >= 1 and math.floor(opts["resultTtl"])
       if attempts == nil then
-        known = {defaultAttempts}
+        known = {defaultAttempts, nil, ttl}
       elseif type(attempts) ~= "number" or attempts ~= math.floor(attempts) or attempts < 1
           or attempts > MAX_ATTEMPTS then
         known = {nil, "job field opts has attempts that are not a whole number from 1 to " .. MAX_ATTEMPTS}
       else
-        known = {attempts}
+        known = {attempts, nil, ttl}
       end
     end
     maxAttemptsByOpts[raw] = known
   end
-  return known[1], known[2]
+  return known[1], known[2], known[3]
 end
 
 -- Put a job in `failed` for good, saying why. The caller has already taken

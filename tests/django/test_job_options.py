@@ -131,3 +131,29 @@ def test_an_expiry_goes_through_the_outbox(queue, settings):
         created = now_ms()
     exp = int(queue.client.hget(queue.keys.job(job_id), "exp"))
     assert 44_000 <= exp - created <= 45_000
+
+
+def test_enqueue_returns_a_handle_that_waits_through_a_producers_short_timeout(queue, settings):
+    """The producer's client gives up on a reply after ENQUEUE_TIMEOUT / 4: the wait's reads stay shorter."""
+    from echomq_django.core import JobHandle
+
+    settings.ECHOMQ = {**settings.ECHOMQ, "ENQUEUE_TIMEOUT": 0.4}
+    double = jobs.job(name="opts.double")(lambda n: n * 2)
+    handle = double.enqueue(21)
+    assert isinstance(handle, JobHandle) and handle == queue.get_jobs("wait")[0].id
+    with pytest.raises(TimeoutError):
+        handle.wait(timeout=1.0)  # reads of at most 50 ms: no socket timeout, only the wait's own
+    from django.core.management import call_command
+
+    call_command("echomq_worker", "--queue", "default", "--burst", "-v", "0")
+    assert handle.wait(timeout=10) == 42 and handle.result == 42
+
+
+def test_result_ttl_per_queue_and_per_job(queue, settings):
+    settings.ECHOMQ = {**settings.ECHOMQ, "QUEUES": {"default": {"RESULT_TTL": 60}}}
+    plain = jobs.job(name="opts.plain")(lambda: None)
+    brief = jobs.job(name="opts.brief", result_ttl=5)(lambda: None)
+    assert queue.get_job(plain.enqueue()).opts.result_ttl_ms == 60_000
+    assert queue.get_job(brief.enqueue()).opts.result_ttl_ms == 5_000
+    with pytest.raises(PayloadError, match="positive number of seconds"):
+        jobs.job(name="opts.bad", result_ttl=-1)(lambda: None)
