@@ -25,6 +25,8 @@ task's module only from inside an installed app.)
 from __future__ import annotations
 
 import contextvars
+import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -37,6 +39,7 @@ from . import outbox
 from .conf import delay_to, expiry_ms, own_time_limits_ms, time_limits_ms, unserved_queue
 from .core import (
     Backoff,
+    Dedupe,
     EchoMQError,
     Job,
     JobHandle,
@@ -90,6 +93,13 @@ class JobFunction:
     # Set: only these exceptions are retried (while attempts are left); any other fails the job for good.
     autoretry_for: tuple[type[BaseException], ...] = ()
     result_ttl: float | None = None  # seconds a completed job (its result) is kept at most; None: the queue's
+    # Deduplication of every job (enqueue_with can give each its own): a key, or a callable of the job's
+    # arguments that returns one; `unique` keys on the function and its arguments. See dedupe_for.
+    dedupe: str | Callable[..., str] | None = None
+    unique: bool = False
+    dedupe_ttl_ms: int = 0
+    debounce_ms: int = 0
+    debounce: str = "replace"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs)
@@ -125,12 +135,19 @@ class JobFunction:
     def enqueue_with(self, *, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None,
                      delay_ms: int = 0, eta: datetime | None = None, job_id: str | None = None,
                      group: str | None = None, priority: int | None = None,
-                     expires: float | timedelta | datetime | None = None) -> JobHandle:
+                     expires: float | timedelta | datetime | None = None, dedupe: str | None = None,
+                     dedupe_ttl_ms: int | None = None, debounce_ms: int | None = None,
+                     debounce: str | None = None) -> JobHandle:
         """`enqueue` with a delay (`delay_ms`, or `eta`: an aware datetime to run at; a past one runs now), a job id
         of the caller's choosing, a group, a priority or an expiry (the job function's by default).
 
         `expires` (seconds, a timedelta, or a datetime): a job not started by then never starts; it fails
         with the reason "expired". Retries and recoveries past it fail so too.
+
+        `dedupe` (a key): while a job added with it is waiting, delayed or running, this adds nothing and
+        returns that job's id; `dedupe_ttl_ms` holds the key that long whatever the job does (a throttle);
+        `debounce_ms` makes the job wait that window, and an enqueue within it pushes the start back and
+        replaces its arguments (`debounce="keep"`: keeps the first ones).
 
         Inside a transaction on a queue with the outbox (ECHOMQ["OUTBOX"]), the
         job is written in that transaction and sent after the commit (outbox.py).
@@ -155,9 +172,31 @@ class JobFunction:
                                              result_ttl_ms=None if self.result_ttl is None else expiry_ms(
                                                  self.result_ttl, 0),
                                              **own_time_limits_ms(self), group=self.group if group is None else group)
-        job_id = outbox.enqueue(queue, NewJob(self.name, {"args": list(args), "kwargs": kwargs or {}}, opts, job_id),
-                                timestamp_ms=timestamp)
+        deduplicated = self.dedupe_for(args, kwargs or {}, dedupe, dedupe_ttl_ms, debounce_ms, debounce)
+        job_id = outbox.enqueue(queue, NewJob(self.name, {"args": list(args), "kwargs": kwargs or {}}, opts, job_id,
+                                              deduplicated), timestamp_ms=timestamp)
         return JobHandle(job_id, queue)
+
+
+    def dedupe_for(self, args: tuple[Any, ...], kwargs: dict[str, Any], key: str | None = None,
+                   ttl_ms: int | None = None, debounce_ms: int | None = None,
+                   debounce: str | None = None) -> Dedupe | None:
+        """The deduplication of one enqueue: its own key and modes over the function's; None for none."""
+        if key is None:
+            if callable(self.dedupe):
+                key = self.dedupe(*args, **kwargs)
+            elif self.dedupe is not None:
+                key = self.dedupe
+            elif self.unique:
+                arguments = json.dumps([list(args), kwargs], sort_keys=True, separators=(",", ":"), default=str)
+                key = f"{self.name}:{hashlib.sha256(arguments.encode()).hexdigest()[:32]}"
+        if key is None:
+            return None
+        mode = self.debounce if debounce is None else debounce
+        if mode not in ("replace", "keep"):
+            raise PayloadError(f"debounce is \"replace\" or \"keep\", not {mode!r}")
+        return Dedupe(key, ttl_ms=self.dedupe_ttl_ms if ttl_ms is None else ttl_ms,
+                      debounce_ms=self.debounce_ms if debounce_ms is None else debounce_ms, keep_first=mode == "keep")
 
 
 def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queue: str = "default",
@@ -165,7 +204,9 @@ def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queu
         time_limit: float | None = None, soft_time_limit: float | None = None, group: str = "",
         priority: int = 0, expires: float | timedelta | None = None,
         autoretry_for: tuple[type[BaseException], ...] = (), retry_backoff: bool | float | Backoff = False,
-        max_retries: int | None = None, result_ttl: float | None = None) -> Any:
+        max_retries: int | None = None, result_ttl: float | None = None,
+        dedupe: str | Callable[..., str] | None = None, unique: bool = False, dedupe_ttl_ms: int = 0,
+        debounce_ms: int = 0, debounce: str = "replace") -> Any:
     """Register `func` as a job function (usable bare, `@job`, or with options, `@job(...)`).
 
     `attempts`, `backoff` and the time limits (seconds, fractions allowed)
@@ -185,6 +226,9 @@ def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queu
     `current_job().retry(...)`) ends the attempt and runs the job again.
     `result_ttl` (seconds): a completed job, its result, is kept that long at
     most (the queue's RESULT_TTL by default; its KEEP_COMPLETED may trim sooner).
+    `dedupe` (a key, or a callable of the job's arguments returning one) or
+    `unique=True` (the function and its arguments), with `dedupe_ttl_ms` or
+    `debounce_ms` / `debounce`: see enqueue_with.
     """
 
     # Wrong values fail at import (PayloadError), not at the first enqueue.
@@ -196,6 +240,11 @@ def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queu
     attempts, backoff = _celery_retries(attempts, backoff, retry_backoff, max_retries)
     if result_ttl is not None:
         expiry_ms(result_ttl, 0)  # a positive duration, as an expiry
+    if isinstance(dedupe, str) or dedupe_ttl_ms or debounce_ms or debounce != "replace":
+        Dedupe(dedupe if isinstance(dedupe, str) else "check", ttl_ms=dedupe_ttl_ms, debounce_ms=debounce_ms,
+               keep_first=debounce == "keep")
+    if dedupe is not None and unique:
+        raise PayloadError("give a @job dedupe or unique=True, not both")
     autoretry_for = tuple(autoretry_for)
     if not all(isinstance(kind, type) and issubclass(kind, BaseException) for kind in autoretry_for):
         raise PayloadError(f"autoretry_for is a tuple of exception classes, not {autoretry_for!r}")
@@ -204,7 +253,8 @@ def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queu
     def register(target: Callable[..., Any]) -> JobFunction:
         job_name = name or f"{target.__module__}.{target.__qualname__}"
         registered = JobFunction(target, job_name, queue, attempts, backoff, time_limit, soft_time_limit, group,
-                                 priority, expires, autoretry_for, result_ttl)
+                                 priority, expires, autoretry_for, result_ttl, dedupe, unique, dedupe_ttl_ms,
+                                 debounce_ms, debounce)
         if job_name in _registry and _registry[job_name].func is not target:
             raise ValueError(f"two job functions are registered as {job_name!r}; give one a name=")
         _registry[job_name] = registered

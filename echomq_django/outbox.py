@@ -74,9 +74,10 @@ def enqueue(queue: Queue, job: NewJob, *, timestamp_ms: int | None = None, using
     """
     database = using or router.db_for_write(OutboxJob)
     if not (get_settings().uses_outbox(queue.name) and connections[database].in_atomic_block):
-        return queue.add(job.name, job.data, opts=job.opts, job_id=job.job_id, timestamp_ms=timestamp_ms)
+        return queue.add(job.name, job.data, opts=job.opts, job_id=job.job_id, timestamp_ms=timestamp_ms,
+                         dedupe=job.dedupe)
     if job.job_id is None:
-        job = NewJob(job.name, job.data, job.opts, new_job_id())
+        job = NewJob(job.name, job.data, job.opts, new_job_id(), job.dedupe)
     encoded = queue.encode(job)  # refused now, in the request, rather than after the commit
     row = OutboxJob(queue=queue.name, timestamp_ms=now_ms() if timestamp_ms is None else timestamp_ms,
                     **encoded._asdict())
@@ -185,7 +186,8 @@ def send(database: str, rows: list[OutboxJob]) -> Sent:
 
 def _encoded(row: OutboxJob) -> EncodedJob:
     return EncodedJob(job_id=row.job_id, name=row.name, data=row.data, opts=row.opts, delay_ms=row.delay_ms,
-                      priority=row.priority, group=row.group, expires_ms=row.expires_ms)
+                      priority=row.priority, group=row.group, expires_ms=row.expires_ms, dedupe=row.dedupe,
+                      dedupe_mode=row.dedupe_mode, dedupe_ms=row.dedupe_ms)
 
 
 def _unreadable(row: OutboxJob) -> str:

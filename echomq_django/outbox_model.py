@@ -25,6 +25,9 @@ class OutboxJob(models.Model):
     priority = models.IntegerField(default=0)
     group = models.CharField(max_length=128, blank=True)
     expires_ms = models.BigIntegerField("expires after (ms)", default=0)
+    dedupe = models.CharField("dedupe key", max_length=200, blank=True)
+    dedupe_mode = models.CharField(max_length=16, blank=True)
+    dedupe_ms = models.BigIntegerField(default=0)
     # When it was enqueued (ms), the job's timestamp in Redis: its delay counts from here.
     timestamp_ms = models.BigIntegerField()
     error = models.TextField(blank=True,

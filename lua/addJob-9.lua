@@ -32,7 +32,7 @@
   ARGV[3] token      add token: unique to this call (a re-send carries the same one)
   ARGV[4] record_ms  how long the record of a call that generated ids is kept, ms
   ARGV[5] sent_ms    0, or how long each job added is recorded in KEYS[9], ms
-  then eight values per job, ARGV[n+1] to ARGV[n+8] with n = 5, 13, 21, ...:
+  then eleven values per job, ARGV[n+1] to ARGV[n+11] with n = 5, 16, 27, ...:
   ARGV[n+1] job_id    id chosen by the caller, or "" to generate one (INCR KEYS[4])
   ARGV[n+2] name      the job's name
   ARGV[n+3] data      JSON text
@@ -41,13 +41,19 @@
   ARGV[n+6] priority  MIN_PRIORITY..MAX_PRIORITY (0 = none; higher runs first)
   ARGV[n+7] group     "" = none: the job waits in its group's list (includes/groups.lua)
   ARGV[n+8] expires_ms  0, or ms after `timestamp` past which the job never starts (`exp`, moveToActive)
+  ARGV[n+9] dedupe      "", or the job's dedupe key (includes/dedupe.lua): while `dedupe:<key>` names a
+      live job (for "ttl", any job), this add adds nothing and answers with that job's id (added 0)
+  ARGV[n+10] dedupe_mode  "" until the job ends, "ttl", "debounce" or "debounce-keep"
+  ARGV[n+11] dedupe_ms  the throttle's TTL or the debounce window, ms (0 for "")
 
   Returns {id1, added1, id2, added2, ...} in the order given: added is 1 when
   the job was created, 0 when a job with the caller's id already existed
-  (nothing is changed: adding is idempotent).
+  (nothing is changed: adding is idempotent), or when the job's dedupe key
+  named a job (its id is given instead; a debounce pushed its start back).
 ]]
 -- @include "emitEvent"
 -- @include "pushReady"
+-- @include "dedupe"
 
 local prefix, timestamp, sentMs = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[5])
 local record = redis.call("GET", KEYS[8])
@@ -65,10 +71,36 @@ local function flushReady()
 end
 
 local generated = false
-for i = 6, #ARGV, 8 do
+local completedKey, failedKey = prefix .. "completed", prefix .. "failed"
+for i = 6, #ARGV, 11 do
   local id = ARGV[i]
   local added = 1
-  if id == "" then
+  -- A dedupe key held by a live job (by any job, for a throttle): this add adds nothing and answers with
+  -- that job's id; a debounce pushes the waiting holder's start back instead (includes/dedupe.lua).
+  local dedupe, mode, dedupeMs = ARGV[i + 8], ARGV[i + 9], tonumber(ARGV[i + 10])
+  local holder
+  if dedupe ~= "" then
+    if mode == "ttl" then
+      holder = redis.call("GET", prefix .. "dedupe:" .. dedupe)
+    else
+      holder = dedupeHolder(prefix, dedupe, completedKey, failedKey)
+    end
+    if holder and mode ~= "" and mode ~= "ttl" then
+      if redis.call("ZSCORE", KEYS[5], holder) then  -- still in its window: it starts a window from now
+        local jobHash = prefix .. holder
+        redis.call("ZADD", KEYS[5], timestamp + dedupeMs, holder)
+        redis.call("HSET", jobHash, "due", timestamp + dedupeMs)
+        if mode == "debounce" then redis.call("HSET", jobHash, "data", ARGV[i + 2]) end
+        emitEvent(prefix, "debounced", holder, "due", timestamp + dedupeMs)
+        wake = true
+      else
+        holder = nil  -- it started: this add is a new job, which takes the key
+      end
+    end
+  end
+  if holder then
+    id, added = holder, 0
+  elseif id == "" then
     generated = true
     -- Skip any number another client already used as a key: HSET on a key of
     -- another type would raise after this call's earlier jobs were written.
@@ -88,6 +120,14 @@ for i = 6, #ARGV, 8 do
       "timestamp", timestamp, "atm", 0, "ats", 0, "stc", 0)
     local expires = tonumber(ARGV[i + 7])
     if expires > 0 then redis.call("HSET", jobKey, "exp", timestamp + expires) end
+    if dedupe ~= "" then
+      if mode == "ttl" then
+        redis.call("SET", prefix .. "dedupe:" .. dedupe, id, "PX", dedupeMs)
+      else
+        redis.call("SET", prefix .. "dedupe:" .. dedupe, id)
+      end
+      redis.call("HSET", jobKey, "ddk", dedupe, "ddm", mode)
+    end
     if group then
       redis.call("HSET", jobKey, "grp", group)  -- read again whenever the job becomes ready
     elseif priority ~= 0 then

@@ -36,6 +36,7 @@
 -- @include "jobKey"
 -- @include "groups"
 -- @include "workflow"
+-- @include "dedupe"
 
 local prefix, id, reason, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local jobHash = jobKey(prefix, id)  -- nil for a queue key's name, which no job has
@@ -71,4 +72,5 @@ redis.call("HSET", jobHash, "failedReason", reason, "finishedOn", now, "cxl", re
 redis.call("ZADD", KEYS[5], now, id)
 emitEvent(prefix, "cancelled", id, "reason", reason)
 workflowFailed(id, reason)
+dedupeRelease(prefix, id, false)
 return 1

@@ -85,6 +85,7 @@
 -- @include "locklessRuns"
 -- @include "metrics"
 -- @include "workflow"
+-- @include "dedupe"
 
 local stalledKey, waitKey, activeKey, failedKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local gateKey, metaKey, pausedKey, markerKey = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
@@ -148,6 +149,7 @@ local function recover(id)
   if outcome == "failed" then
     failed = failed + 1
     workflowFailed(id)
+    dedupeRelease(prefix, id, false)
     return false
   end
   recovered = recovered + 1

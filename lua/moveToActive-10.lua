@@ -86,6 +86,7 @@
 -- @include "metrics"
 -- @include "groups"
 -- @include "constants"
+-- @include "dedupe"
 
 local prefix, token, lockMs = ARGV[1], ARGV[2], ARGV[3]
 local now, limit, workerId = tonumber(ARGV[4]) or redisNowMs(), tonumber(ARGV[5]), ARGV[6]
@@ -296,6 +297,7 @@ while taken < limit do
       -- Not started by its expiry (addJob's `exp`): it never starts. (Taken by its group's turn, it held no slot.)
       redis.call("LREM", KEYS[2], 1, id)
       moveToFailed(prefix, KEYS[7], id, "expired", now)
+      dedupeRelease(prefix, id, false)
       countMetric("failed", 1)
       expiredJobs = expiredJobs + 1
     else

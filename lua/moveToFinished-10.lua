@@ -69,6 +69,7 @@
 -- @include "metrics"
 -- @include "constants"
 -- @include "workflow"
+-- @include "dedupe"
 
 local prefix, now = ARGV[1], tonumber(ARGV[2])
 local defaultAttempts, keepTraces = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -80,7 +81,7 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
   local jobKey = prefix .. id
   -- pcall: one job key of the wrong type must not abort the others' finishes.
   local fields = redis.pcall("HMGET", jobKey, "tok", "ftk", "atm", "opts", "processedOn", "cxl", "nxt",
-    "af")
+    "af", "ddk", "ddm")
   if fields["err"] then return -3 end
   if fields[1] ~= token then
     if fields[2] == token then return 5 end
@@ -111,6 +112,7 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
     countMetric("failed", 1)
     failedTo = true
     workflowEnded(id, false, badAtm or badOpts, fields[7], fields[8])
+    dedupeRelease(prefix, id, fields[9], fields[10])
     return 2
   end
 
@@ -146,6 +148,7 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
     countMetric("completed", 1)
     completedTo = true
     workflowEnded(id, true, value, fields[7], fields[8])
+    dedupeRelease(prefix, id, fields[9], fields[10])
     return 1
   end
 
@@ -176,6 +179,7 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
   countMetric("failed", 1)
   failedTo = true
   workflowEnded(id, false, value, fields[7], fields[8])
+  dedupeRelease(prefix, id, fields[9], fields[10])
   return 2
 end
 

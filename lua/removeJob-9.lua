@@ -25,6 +25,7 @@
 -- @include "emitEvent"
 -- @include "groups"
 -- @include "workflow"
+-- @include "dedupe"
 
 local prefix, id = ARGV[1], ARGV[2]
 local jobKey = prefix .. id
@@ -36,8 +37,10 @@ if redis.call("EXISTS", jobKey .. ":lock") == 1 then
 end
 local group = groupOf(redis.pcall("HGET", jobKey, "grp"))
 -- A workflow's member removed before it ended: its workflow hears of it as of a failure.
-local links = redis.pcall("HMGET", jobKey, "nxt", "af", "finishedOn")
-if links["err"] or links[3] then links = {} end
+local links = redis.pcall("HMGET", jobKey, "nxt", "af", "finishedOn", "ddk", "ddm")
+if links["err"] then links = {} end
+dedupeRelease(prefix, id, links[4], links[5])  -- (before the hash goes: its key names the job)
+if links[3] then links = {} end
 local found = redis.call("DEL", jobKey)
 redis.call("DEL", prefix .. id .. ":logs", prefix .. id .. ":in")
 local wasActive = redis.call("LREM", KEYS[3], 0, id)

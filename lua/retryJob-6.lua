@@ -1,7 +1,8 @@
 --[[
   retryJob: send a failed job back to wait (or paused) for another attempt.
   Only a job that is still in `failed` moves; a cancelled one is no longer
-  cancelled (`cxl` goes). `atm` is kept (it never
+  cancelled (`cxl` goes); a job with a dedupe key takes it back unless another
+  job holds it. `atm` is kept (it never
   decreases), so a job already at its attempt ceiling gets exactly one more
   attempt.
 
@@ -38,6 +39,9 @@ if redis.call("HEXISTS", key, "deps") == 1 then
 end
 redis.call("ZREM", KEYS[1], id)
 redis.call("HDEL", key, "finishedOn", "failedReason", "processedOn", "cxl")
+-- Live again: it takes its dedupe key back, unless another job has taken it meanwhile.
+local dedupe = redis.call("HMGET", key, "ddk", "ddm")
+if dedupe[1] and dedupe[2] ~= "ttl" then redis.call("SET", prefix .. "dedupe:" .. dedupe[1], id, "NX") end
 emitEvent(prefix, "retried", id, "by", "retryJob")  -- (before a "failed" that pushReady may emit)
 pushReady(prefix, KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], id)
 return 1

@@ -106,7 +106,8 @@ SCRIPT_ARGV: dict[str, tuple[str, ...]] = {
     "updateProgress-1": ("prefix", "job_id", "token", "progress"),
 }
 SCRIPT_ARGV_EACH: dict[str, tuple[str, ...]] = {
-    "addJob-9": ("job_id", "name", "data", "opts", "delay_ms", "priority", "group", "expires_ms"),
+    "addJob-9": ("job_id", "name", "data", "opts", "delay_ms", "priority", "group", "expires_ms", "dedupe",
+                 "dedupe_mode", "dedupe_ms"),
     "addWorkflow-8": ("job_id", "name", "data", "opts", "delay_ms", "priority", "group", "deps", "next_steps",
                       "inputs", "allow_failure"),
     "deliverWorkflow-5": ("target", "slot", "kind", "passed", "value", "origin"),
@@ -138,6 +139,8 @@ DERIVED_KEYS: dict[str, str] = {
     "handoff": "includes/workflow.lua's: a member's end bound for another queue waits there to be delivered",
     "<id>:in": "a workflow step's inputs, written where its inputs end and deleted with the job",
     "wf:<workflow>": "a workflow's record, in its home queue: named by the edges a member's hash holds",
+    "dedupe:<key>": "includes/dedupe.lua's: a job's dedupe key, named in its hash (`ddk`) where it ends",
+    "completed": "addJob's: a dedupe key whose holder completed is free (includes/dedupe.lua)",
     "result-ttl": "moveToFinished's: the completed jobs with a result TTL, by when (opts.resultTtl, includes/"
                   "applyRetention.lua)",
 }

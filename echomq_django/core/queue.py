@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
 from . import defaults
-from .errors import NotConfirmedError, QueueStateError
+from .errors import NotConfirmedError, PayloadError, QueueStateError
 from .handle import JobHandle
 from .handoff import deliver_handoffs
-from .job import MAX_TIMESTAMP_MS, Job, JobOptions, encode_json, whole_number
+from .job import MAX_DELAY_MS, MAX_TIMESTAMP_MS, Job, JobOptions, encode_json, whole_number
 from .keys import (
     LIST_STATES,
     STATES,
@@ -31,6 +31,47 @@ T = TypeVar("T")
 JOBS_PER_CALL = 500
 
 
+# The longest dedupe key (it becomes part of a Redis key, dedupe:<key>).
+MAX_DEDUPE_KEY = 200
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class Dedupe:
+    """How an add is deduplicated by `key` (lua/includes/dedupe.lua).
+
+    By default, while a job added with the key is waiting, delayed or active, an add with the key adds
+    nothing and answers with that job's id. `ttl_ms`: the key holds that long whatever the job does (a
+    throttle). `debounce_ms`: the job waits that window, and an add within it pushes its start back to a
+    window from then, with the new data (`keep_first`: the first data stays).
+    """
+
+    key: str
+    ttl_ms: int = 0
+    debounce_ms: int = 0
+    keep_first: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.key, str) or not 1 <= len(self.key) <= MAX_DEDUPE_KEY or _CONTROL.search(self.key):
+            raise PayloadError(f"a dedupe key is text of 1 to {MAX_DEDUPE_KEY} characters without control "
+                               f"characters, not {self.key!r:.80}")
+        whole_number(self.ttl_ms, "dedupe TTL (ms)", 0, MAX_DELAY_MS)
+        whole_number(self.debounce_ms, "debounce window (ms)", 0, MAX_DELAY_MS)
+        if self.ttl_ms and self.debounce_ms:
+            raise PayloadError("a dedupe key is held until the job ends, for a TTL, or for a debounce window: "
+                               "give a TTL or a debounce window, not both")
+        if self.keep_first and not self.debounce_ms:
+            raise PayloadError("keep_first is for a debounce (debounce_ms)")
+
+    @property
+    def mode(self) -> str:
+        if self.ttl_ms:
+            return "ttl"
+        if self.debounce_ms:
+            return "debounce-keep" if self.keep_first else "debounce"
+        return ""
+
+
 @dataclass(frozen=True)
 class NewJob:
     """One job to add with `Queue.add_bulk`."""
@@ -39,6 +80,7 @@ class NewJob:
     data: Any = None
     opts: JobOptions | None = None
     job_id: str | None = None
+    dedupe: Dedupe | None = None
 
 
 class EncodedJob(NamedTuple):
@@ -52,6 +94,9 @@ class EncodedJob(NamedTuple):
     priority: int
     group: str
     expires_ms: int = 0  # 0: never expires
+    dedupe: str = ""  # the dedupe key ("": none), its mode and its ms (see Dedupe)
+    dedupe_mode: str = ""
+    dedupe_ms: int = 0
 
 
 def now_ms() -> int:
@@ -89,19 +134,29 @@ class Queue:
         job_id = "" if job.job_id is None else validate_job_id(job.job_id)
         opts = job.opts or self.default_opts
         data = encode_json(job.data, f"data of job {job.name!r}", self.max_payload_bytes)
-        return EncodedJob(job_id=job_id, name=job.name, data=data, opts=opts.encoded(), delay_ms=opts.delay_ms,
-                          priority=opts.priority, group=opts.group, expires_ms=opts.expires_ms)
+        dedupe = job.dedupe
+        if dedupe is None:
+            return EncodedJob(job_id=job_id, name=job.name, data=data, opts=opts.encoded(), delay_ms=opts.delay_ms,
+                              priority=opts.priority, group=opts.group, expires_ms=opts.expires_ms)
+        # A debounced job waits its window (a delay of its own would be the same thing, twice).
+        delay_ms = dedupe.debounce_ms or opts.delay_ms
+        if opts.expires_ms and opts.expires_ms <= delay_ms:
+            raise PayloadError("the job would expire before its debounce window ends: it could never run")
+        return EncodedJob(job_id=job_id, name=job.name, data=data, opts=opts.encoded(), delay_ms=delay_ms,
+                          priority=opts.priority, group=opts.group, expires_ms=opts.expires_ms, dedupe=dedupe.key,
+                          dedupe_mode=dedupe.mode, dedupe_ms=dedupe.ttl_ms or dedupe.debounce_ms)
 
     def add(
         self, name: str, data: Any = None, *, opts: JobOptions | None = None,
-        job_id: str | None = None, timestamp_ms: int | None = None,
+        job_id: str | None = None, timestamp_ms: int | None = None, dedupe: Dedupe | None = None,
     ) -> str:
-        """Add one job and return its id (an existing caller-given id is returned as is).
+        """Add one job and return its id (an existing caller-given id is returned as is; with `dedupe`, the id of
+        the job that holds the key, when one does).
 
         `timestamp_ms` is stored as the job's creation time (and a delay counts
         from it); now by default.
         """
-        [new_id] = self._add([self.encode(NewJob(name, data, opts, job_id))], timestamp_ms)
+        [new_id] = self._add([self.encode(NewJob(name, data, opts, job_id, dedupe))], timestamp_ms)
         return new_id
 
     def add_bulk(self, jobs: Iterable[NewJob]) -> list[str]:

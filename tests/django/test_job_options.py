@@ -157,3 +157,41 @@ def test_result_ttl_per_queue_and_per_job(queue, settings):
     assert queue.get_job(brief.enqueue()).opts.result_ttl_ms == 5_000
     with pytest.raises(PayloadError, match="positive number of seconds"):
         jobs.job(name="opts.bad", result_ttl=-1)(lambda: None)
+
+
+def test_dedupe_on_the_job_function_and_per_enqueue(queue):
+    welcome = jobs.job(name="opts.welcome", dedupe=lambda user_id: f"welcome-{user_id}")(lambda user_id: None)
+    first = welcome.enqueue(7)
+    assert welcome.enqueue(7) == first and welcome.enqueue(8) != first
+    assert welcome.enqueue_with(args=(7,), dedupe="other") != first, "a key given at enqueue wins"
+    unique = jobs.job(name="opts.unique", unique=True)(lambda *args, **kwargs: None)
+    assert unique.enqueue(1, a=2) == unique.enqueue(1, a=2) != unique.enqueue(1, a=3)
+    assert queue.counts()["wait"] == 5
+
+
+def test_debounce_and_throttle_from_enqueue_with(queue):
+    save = jobs.job(name="opts.save")(lambda doc: doc)
+    first = save.enqueue_with(args=("v1",), dedupe="doc-1", debounce_ms=60_000)
+    assert save.enqueue_with(args=("v2",), dedupe="doc-1", debounce_ms=60_000) == first
+    assert queue.get_job(first).data["args"] == ["v2"] and queue.get_state(first) == "delayed"
+    assert save.enqueue_with(args=("v3",), dedupe="doc-1", debounce_ms=60_000, debounce="keep") == first
+    assert queue.get_job(first).data["args"] == ["v2"]
+    ping = save.enqueue_with(args=("p",), dedupe="ping", dedupe_ttl_ms=60_000)
+    assert save.enqueue_with(args=("p",), dedupe="ping", dedupe_ttl_ms=60_000) == ping
+
+
+def test_bad_dedupe_options_are_refused_and_add_nothing(queue):
+    save = jobs.job(name="opts.save")(lambda doc: doc)
+    with pytest.raises(PayloadError, match="1 to 200 characters"):
+        save.enqueue_with(dedupe="x" * 300)
+    with pytest.raises(PayloadError, match="dedupe TTL"):
+        save.enqueue_with(dedupe="k", dedupe_ttl_ms=-5)
+    with pytest.raises(PayloadError, match='debounce is "replace" or "keep"'):
+        save.enqueue_with(dedupe="k", debounce_ms=10, debounce="last")
+    with pytest.raises(PayloadError, match="a dedupe key is text"):
+        jobs.job(name="opts.keyed", dedupe=lambda: 42)(lambda: None).enqueue()
+    with pytest.raises(PayloadError, match="dedupe or unique"):
+        jobs.job(name="opts.both", dedupe="k", unique=True)(lambda: None)
+    with pytest.raises(PayloadError, match="before its debounce window ends"):
+        save.enqueue_with(dedupe="k", debounce_ms=60_000, expires=30)
+    assert sum(queue.counts().values()) == 0

@@ -112,7 +112,7 @@ def test_scripts_build_from_the_prefix_only_the_derived_keys():
             derived.add(literal if not variable else "<id>" + (suffix or ""))
     # "fetch:" .. token is the record of a token: "fetch:<token>"; "metrics:" .. minute a minute's metrics;
     # "group:" .. group a group's list.
-    placeholders = {"metrics:": "<minute>", "group:": "<name>", "wf:": "<workflow>"}
+    placeholders = {"metrics:": "<minute>", "group:": "<name>", "wf:": "<workflow>", "dedupe:": "<key>"}
     derived = {key + placeholders.get(key, "<token>") if key.endswith(":") else key for key in derived}
     assert derived == set(DERIVED_KEYS)
 
