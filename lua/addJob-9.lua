@@ -54,6 +54,7 @@
 -- @include "emitEvent"
 -- @include "pushReady"
 -- @include "dedupe"
+-- @include "lockIndex"
 
 local prefix, timestamp, sentMs = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[5])
 local record = redis.call("GET", KEYS[8])
@@ -86,12 +87,12 @@ for i = 6, #ARGV, 11 do
       holder = dedupeHolder(prefix, dedupe, completedKey, failedKey)
     end
     if holder and mode ~= "" and mode ~= "ttl" then
-      if redis.call("ZSCORE", KEYS[5], holder) then  -- still in its window: it starts a window from now
-        local jobHash = prefix .. holder
-        redis.call("ZADD", KEYS[5], timestamp + dedupeMs, holder)
-        redis.call("HSET", jobHash, "due", timestamp + dedupeMs)
+      if redis.call("ZSCORE", KEYS[5], holder) then  -- still in its window: a window from now (Redis's clock)
+        local jobHash, due = prefix .. holder, redisNowMs() + dedupeMs
+        redis.call("ZADD", KEYS[5], due, holder)
+        redis.call("HSET", jobHash, "due", due)
         if mode == "debounce" then redis.call("HSET", jobHash, "data", ARGV[i + 2]) end
-        emitEvent(prefix, "debounced", holder, "due", timestamp + dedupeMs)
+        emitEvent(prefix, "debounced", holder, "due", due)
         wake = true
       else
         holder = nil  -- it started: this add is a new job, which takes the key
@@ -134,11 +135,12 @@ for i = 6, #ARGV, 11 do
       redis.call("HSET", jobKey, "pri", priority)  -- read again whenever the job becomes ready
     end
     if delay > 0 then
-      -- When the job becomes due: its wait (metrics) counts from then.
-      redis.call("HSET", jobKey, "due", timestamp + delay)
-      redis.call("ZADD", KEYS[5], timestamp + delay, id)
+      -- When the job becomes due: its wait (metrics) counts from then. A debounce's window is Redis's clock.
+      local due = (mode == "debounce" or mode == "debounce-keep") and redisNowMs() + dedupeMs or timestamp + delay
+      redis.call("HSET", jobKey, "due", due)
+      redis.call("ZADD", KEYS[5], due, id)
       wake = true  -- a worker shortens its sleep to this job's due time
-      emitEvent(prefix, "delayed", id, "due", timestamp + delay)
+      emitEvent(prefix, "delayed", id, "due", due)
     else
       emitEvent(prefix, "added", id)  -- (before a "failed" that groupPush may emit)
       if group then
