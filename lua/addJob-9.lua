@@ -33,7 +33,7 @@
   ARGV[4] record_ms  how long the record of a call that generated ids is kept, ms
   ARGV[5] sent_ms    0, or how long each job added is recorded in KEYS[9], ms
   then eleven values per job, ARGV[n+1] to ARGV[n+11] with n = 5, 16, 27, ...:
-  ARGV[n+1] job_id    id chosen by the caller, or "" to generate one (INCR KEYS[4])
+  ARGV[n+1] job_id    id chosen by the caller, or "" to generate one: "<queue>.<INCR KEYS[4]>"
   ARGV[n+2] name      the job's name
   ARGV[n+3] data      JSON text
   ARGV[n+4] opts      JSON text
@@ -73,6 +73,8 @@ end
 
 local generated = false
 local completedKey, failedKey = prefix .. "completed", prefix .. "failed"
+-- A generated id is "<queue>.<n>" (n from KEYS[4]): it names one job across queues, not one per queue.
+local idBase = string.match(prefix, "{([^{}]*)}:$") .. "."
 for i = 6, #ARGV, 11 do
   local id = ARGV[i]
   local added = 1
@@ -106,7 +108,7 @@ for i = 6, #ARGV, 11 do
     -- Skip any number another client already used as a key: HSET on a key of
     -- another type would raise after this call's earlier jobs were written.
     repeat
-      id = tostring(redis.call("INCR", KEYS[4]))
+      id = idBase .. redis.call("INCR", KEYS[4])
     until redis.call("EXISTS", prefix .. id) == 0
   elseif redis.call("EXISTS", prefix .. id) == 1
       or (sentMs > 0 and redis.call("ZSCORE", KEYS[9], id .. ":" .. ARGV[2])) then

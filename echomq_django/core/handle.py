@@ -6,6 +6,8 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
 from .connection import socket_timeout
 from .errors import JobFailedError, JobNotFinishedError, JobNotFoundError
 
@@ -70,8 +72,8 @@ class JobHandle(str):
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         client, events = self.queue.client, self.queue.keys.events
-        # A blocking read shorter than half the client's socket timeout (a producer's is short: ENQUEUE_TIMEOUT).
-        longest = _BLOCK_MS if (limit := socket_timeout(client)) is None else min(_BLOCK_MS, int(limit * 500))
+        # A blocking read well within the client's socket timeout (a producer's is short: ENQUEUE_TIMEOUT / 4).
+        longest = _BLOCK_MS if (limit := socket_timeout(client)) is None else min(_BLOCK_MS, int(limit * 250))
         newest = client.xrevrange(events, count=1)
         position = newest[0][0] if newest else "0-0"
         while True:
@@ -83,7 +85,10 @@ class JobHandle(str):
                 if left_ms is not None and left_ms <= 0:
                     raise TimeoutError(f"job {self.id} of queue {self.queue.name} did not finish within {timeout} s")
                 block = max(1, longest if left_ms is None else min(longest, left_ms))
-                read = client.xread({events: position}, count=1000, block=block)
+                try:
+                    read = client.xread({events: position}, count=1000, block=block)
+                except RedisTimeoutError:  # the reply came later than the socket waits (a busy machine): no news
+                    read = None
                 if not read:
                     break  # a second without news: read the job again
                 entries = read[0][1]

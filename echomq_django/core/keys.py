@@ -220,7 +220,7 @@ def validate_job_name(name: object) -> str:
 def validate_stored_id(job_id: object) -> str:
     """Return the id of a job to change (retry, remove) if it can be one; else InvalidNameError.
 
-    Generated (all-digit) ids pass; a queue key name does not, even when another
+    Generated ids ("<queue>.<n>", all digits before) pass; a queue key name does not, even when another
     client put it in a set: changing it as a job would change the queue's own key.
     """
     job_id = validate_name(job_id, "job id")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
 from . import defaults
-from .errors import NotConfirmedError, PayloadError, QueueStateError
+from .errors import InvalidNameError, NotConfirmedError, PayloadError, QueueStateError
 from .handle import JobHandle
 from .handoff import deliver_handoffs
 from .job import MAX_DELAY_MS, MAX_TIMESTAMP_MS, Job, JobOptions, encode_json, whole_number
@@ -132,6 +132,9 @@ class Queue:
         """The job validated and encoded as an add sends it (PayloadError or InvalidNameError if it cannot be)."""
         validate_job_name(job.name)
         job_id = "" if job.job_id is None else validate_job_id(job.job_id)
+        if job_id.startswith(self.name + ".") and job_id[len(self.name) + 1:].isdigit():
+            raise InvalidNameError(f"job id {job_id!r} has the form of queue {self.name!r}'s generated ids "
+                                   f"({self.name}.<n>); choose another")
         opts = job.opts or self.default_opts
         data = encode_json(job.data, f"data of job {job.name!r}", self.max_payload_bytes)
         dedupe = job.dedupe

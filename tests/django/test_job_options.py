@@ -195,3 +195,13 @@ def test_bad_dedupe_options_are_refused_and_add_nothing(queue):
     with pytest.raises(PayloadError, match="before its debounce window ends"):
         save.enqueue_with(dedupe="k", debounce_ms=60_000, expires=30)
     assert sum(queue.counts().values()) == 0
+
+
+def test_the_admin_takes_generated_ids_in_its_urls(queue, client):
+    from django.contrib.auth.models import User
+
+    job_id = jobs.job(name="opts.page")(lambda: None).enqueue()
+    assert job_id == "default.1"
+    client.force_login(User.objects.create_superuser("root", password="x"))
+    page = client.get(f"/admin/echomq/job/default/job/{job_id}/")
+    assert page.status_code == 200 and "default.1" in page.content.decode()

@@ -24,9 +24,9 @@ from tests.helpers import fetch, finish, finish_attempt, kill_lock, renew_lock, 
 
 def test_add_generates_ids_and_queues_fifo(queue):
     ids = [queue.add("work", {"n": n}) for n in range(3)]
-    assert ids == ["1", "2", "3"]
+    assert ids == ["q.1", "q.2", "q.3"], "generated: the queue's name and its counter"
     assert [job_id for job_id, _ in fetch(queue, count=3)] == ids
-    job = queue.get_job("1")
+    job = queue.get_job("q.1")
     assert (job.name, job.data, job.attempts_made, job.attempts_started) == ("work", {"n": 0}, 0, 1)
 
 
@@ -117,7 +117,7 @@ def test_paused_queue_gives_no_jobs_until_resumed(queue):
     queue.add("b")
     assert queue.counts()["paused"] == 2 and fetch(queue) == []
     queue.resume()
-    assert [j for j, _ in fetch(queue, count=5)] == ["1", "2"]
+    assert [j for j, _ in fetch(queue, count=5)] == ["q.1", "q.2"]
 
 
 def test_complete_records_the_result_and_releases_the_lock(queue):
@@ -265,7 +265,7 @@ def test_promote_delayed_on_demand(queue):
 def test_script_flush_is_invisible_to_callers(queue):
     queue.add("work")
     queue.client.script_flush()
-    assert queue.add("work") == "2"
+    assert queue.add("work") == "q.2"
     assert len(fetch(queue, count=2)) == 2
 
 
@@ -303,7 +303,7 @@ def test_a_job_keeps_its_priority_through_retry_recovery_and_delay(queue):
     finish(queue, job_id, "t3", completed=False, value="boom", backoff_ms=1)
     time.sleep(0.01)
     queue.add("plain")
-    assert [j for j, _ in fetch(queue, token="t4", count=2)] == [job_id, "2"]
+    assert [j for j, _ in fetch(queue, token="t4", count=2)] == [job_id, "q.2"]
 
 
 def test_a_paused_queue_holds_prioritized_jobs_too(queue):
@@ -355,10 +355,10 @@ def test_error_classes_and_traces_stay_aligned_when_a_trace_is_missing(queue):
 
 
 def test_a_generated_id_skips_a_key_another_client_wrote(queue):
-    queue.client.set(queue.keys.job("2"), "someone else's string")
+    queue.client.set(queue.keys.job("q.2"), "someone else's string")
     ids = queue.add_bulk([NewJob("work", {"n": n}) for n in range(3)])
-    assert ids == ["1", "3", "4"]
-    assert queue.counts()["wait"] == 3 and queue.client.get(queue.keys.job("2")) == "someone else's string"
+    assert ids == ["q.1", "q.3", "q.4"]
+    assert queue.counts()["wait"] == 3 and queue.client.get(queue.keys.job("q.2")) == "someone else's string"
 
 
 def test_stray_entries_named_like_queue_keys_never_touch_the_queue_keys(queue):
@@ -375,3 +375,17 @@ def test_stray_entries_named_like_queue_keys_never_touch_the_queue_keys(queue):
     assert queue.client.zcard(queue.keys.failed) == 0
     assert queue.is_paused() and queue.client.get(queue.keys.id_counter) == "3"
     assert queue.client.lrange(queue.keys.paused, 0, -1) == ids[::-1], "the paused jobs are where they were"
+
+
+def test_generated_ids_name_one_job_across_queues(queue, redis_client, prefix, scripts):
+    """Issue 28: job "1" no longer exists in every queue; a caller's id never takes the generated form."""
+    from echomq_django.core import InvalidNameError, Queue
+
+    other = Queue("other", redis_client, prefix=prefix, scripts=scripts)
+    assert (queue.add("x"), other.add("x")) == ("q.1", "other.1")
+    assert queue.add("x", job_id="other.1") == "other.1", "another queue's form is a caller's id here"
+    with pytest.raises(InvalidNameError, match="form of queue 'q'.s generated ids"):
+        queue.add("x", job_id="q.7")
+    with pytest.raises(InvalidNameError, match="all digits"):
+        queue.add("x", job_id="7")
+    assert queue.add("x", job_id="q.7b") == "q.7b" and queue.add("x") == "q.2"

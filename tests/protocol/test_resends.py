@@ -21,11 +21,11 @@ def send_twice(queue, call):
 def test_a_resent_add_with_generated_ids_adds_nothing(queue):
     jobs = [queue.encode(NewJob("work", {"n": n})) for n in range(3)]
     first, again = send_twice(queue, queue.scripts.add_jobs_call(queue.keys, now_ms(), jobs))
-    assert first == again == ["1", 1, "2", 1, "3", 1]
+    assert first == again == ["q.1", 1, "q.2", 1, "q.3", 1]
     assert queue.counts()["wait"] == 3
     assert queue.client.get(queue.keys.id_counter) == "3"
     # A new call (a new add token) adds again, as a new add must.
-    assert queue.add("work") == "4"
+    assert queue.add("work") == "q.4"
 
 
 def test_a_resent_add_record_lapses_and_the_ids_of_caller_given_adds_need_none(queue):

@@ -150,7 +150,7 @@ def test_a_sweep_split_into_bounded_calls_handles_every_job_once(queue, budget, 
     for n in range(60):
         queue.add("work", {"n": n})
     for job_id, _ in fetch(queue, count=60):
-        (dead if int(job_id) % 3 == 0 else live).append(job_id)
+        (dead if int(job_id.rsplit(".", 1)[1]) % 3 == 0 else live).append(job_id)
     for job_id in dead:
         kill_lock(queue, job_id)
     if walk:  # a lockless job another client moved into `active`: the lock index does not cover it

@@ -10,6 +10,7 @@ network faults come from tests/fault_proxy.py. Sizes fit CI; for a soak:
 import hashlib
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -189,7 +190,7 @@ def test_lost_replies_never_add_a_job_twice_nor_waste_an_attempt():
         proxy.drop_replies(0)
         counts = queue.counts()
         job_hashes = [key for key in queue.client.scan_iter(match=queue.keys.base + "*", count=1000)
-                      if key.removeprefix(queue.keys.base).isdigit()]
+                      if re.fullmatch(rf"{re.escape(queue.name)}\.\d+", key.removeprefix(queue.keys.base))]
         generated = int(queue.client.get(queue.keys.id_counter))
         completed = set(queue.client.zrange(queue.keys.completed, 0, -1))
         completions = Counter(job_id for _, job_id in events(queue, "completed"))

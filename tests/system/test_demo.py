@@ -94,18 +94,18 @@ def test_the_demo_tells_the_whole_story(demo_env, tmp_path):
     assert "started a private redis-server" in out
     [password] = re.findall(r"admin user: admin / (\S+)", out)
     assert "worker 1 died (exit 1) in the middle of job" in out
-    rows = {line.split()[1]: line.split() for line in out.splitlines() if line[:3].strip().isdigit()}
+    rows = {line.split()[1]: line.split() for line in out.splitlines() if re.match(r"demo\.\d+ ", line)}
     assert rows["crash"][2:5] == ["completed", "2", "1"], "recovered from its stall, then completed"
     assert rows["doomed"][2:4] == ["failed", "2"]
     assert rows["flaky"][2:4] == ["completed", "2"]
-    assert re.search(r'^job \d+ \(import_rows\) logged 5 lines and last reported \{"percent": 100, "rows": 5\}: '
-                     r"see its page, /admin/echomq/job/demo/job/\d+/$", out, re.M)
+    assert re.search(r'^job demo\.\d+ \(import_rows\) logged 5 lines and last reported \{"percent": 100, "rows": 5\}: '
+                     r"see its page, /admin/echomq/job/demo/job/demo\.\d+/$", out, re.M)
     assert "Django task add(2, 3) through the Tasks framework: SUCCESSFUL, return value 5" in out
     assert re.search(r"^workflow w\w+: a chord of three import_rows jobs, then add_up once with their results: "
                      r"succeeded, 60 rows \(its page: /admin/echomq/job/demo/workflow/w\w+/\)$", out, re.M)
-    assert re.search(r"^cancel of job \d+ \(export\) while it runs: stopping;", out, re.M)
-    assert re.search(r"^job \d+ \(stuck\) of 'heavy': failed, time limit of 2 s exceeded$", out, re.M)
-    assert re.search(r"^job \d+ \(export\) of 'heavy': failed, cancelled: not needed any more$", out, re.M)
+    assert re.search(r"^cancel of job heavy\.\d+ \(export\) while it runs: stopping;", out, re.M)
+    assert re.search(r"^job heavy\.\d+ \(stuck\) of 'heavy': failed, time limit of 2 s exceeded$", out, re.M)
+    assert re.search(r"^job heavy\.\d+ \(export\) of 'heavy': failed, cancelled: not needed any more$", out, re.M)
     [limits] = re.findall(r"^queue 'api': 15 calls started over ([\d.]+) s by two workers; tenant-b's calls were "
                           r"starts (\d+), (\d+), (\d+) of 16 .*completed with 1 attempt made, 2 started$", out, re.M)
     assert float(limits[0]) >= 2.0, "5 a second: 15 starts (and a retry) take more than two windows"

@@ -242,12 +242,12 @@ class Command(BaseCommand):
             time.sleep(0.2)
 
     def show(self, queue: Any, ids: list[str]) -> None:
-        self.stdout.write(f"\n{'id':>3}  {'job':<11} {'state':<10} {'attempts':>8} {'stalls':>6}  outcome")
+        self.stdout.write(f"\n{'id':<8} {'job':<11} {'state':<10} {'attempts':>8} {'stalls':>6}  outcome")
         for job_id in ids:
             job, state = queue.get_job(job_id), queue.get_state(job_id)
             outcome = job.failed_reason if state == "failed" else repr(job.returnvalue)
             short_name = job.name.rsplit(".", 1)[-1]
-            self.stdout.write(f"{job_id:>3}  {short_name:<11} {state:<10} {job.attempts_made:>8} "
+            self.stdout.write(f"{job_id:<8} {short_name:<11} {state:<10} {job.attempts_made:>8} "
                               f"{job.stall_count:>6}  {outcome}")
         for job_id in ids:
             job = queue.get_job(job_id)
