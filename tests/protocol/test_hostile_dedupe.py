@@ -1,0 +1,51 @@
+"""Hostile checks of issue 28's dedupe, debounce, expiry and result TTL at the protocol level."""
+
+import json
+
+from echomq_django.core import Dedupe, JobOptions, NewJob
+from echomq_django.core.queue import now_ms
+from tests.helpers import fetch, finish, take_jobs
+
+
+def live(queue) -> int:
+    counts = queue.counts()
+    return counts["wait"] + counts["delayed"] + counts["active"] + counts.get("prioritized", 0)
+
+
+def test_a_resent_debounce_add_after_its_job_started_adds_no_second_job(queue):
+    # A debounce add merged into the pending job (its data v2 will run), but its reply was lost: redis-py sends
+    # the same call again. If the job started meanwhile (a short window), the re-send must not add v2 again.
+    first = queue.add("x", {"v": 1}, dedupe=Dedupe("d", debounce_ms=60_000))
+    call = queue.scripts.add_jobs_call(queue.keys, now_ms(),
+                                       [queue.encode(NewJob("x", {"v": 2}, dedupe=Dedupe("d", debounce_ms=60_000)))])
+    assert queue.scripts.run_batch([call], raise_on_error=True)[0] == [first, 0]
+    assert queue.promote(first)
+    [(taken, fields)] = fetch(queue)
+    assert taken == first and json.loads(fields["data"]) == {"v": 2}
+    again = queue.scripts.run_batch([call], raise_on_error=True)[0]
+    assert again == [first, 0], "the re-send of one add created a second job with the same data"
+    assert live(queue) == 1
+
+
+def test_a_resent_dedupe_add_after_the_holder_ended_adds_nothing(queue):
+    first = queue.add("x", dedupe=Dedupe("k"))
+    call = queue.scripts.add_jobs_call(queue.keys, now_ms(), [queue.encode(NewJob("x", dedupe=Dedupe("k")))])
+    assert queue.scripts.run_batch([call], raise_on_error=True)[0] == [first, 0]
+    [(taken, _)] = fetch(queue)
+    finish(queue, taken, "token-1")
+    again = queue.scripts.run_batch([call], raise_on_error=True)[0]
+    assert again == [first, 0], "a re-sent add must answer as the first send did, not add a job"
+    assert live(queue) == 0
+
+
+def test_a_debounce_add_that_pushes_the_start_back_also_pushes_the_expiry(queue):
+    # Each add of a debounced job carries its own expiry (a job not started within 3 s of its enqueue never
+    # starts). The first add's expiry is almost over; a later add pushes the start back a window: the job
+    # must run with the later add's data by the later add's expiry, not fail "expired" and lose both adds.
+    dedupe = Dedupe("d", debounce_ms=1000)
+    first = queue.add("x", {"v": 1}, opts=JobOptions(expires_ms=3000), dedupe=dedupe,
+                      timestamp_ms=now_ms() - 2800)
+    assert queue.add("x", {"v": 2}, opts=JobOptions(expires_ms=3000), dedupe=dedupe) == first
+    assert queue.promote(first)
+    _due, jobs = take_jobs(queue, "t", 30_000, now_ms() + 1500, 1, "w")  # at its new due time, in its expiry
+    assert [job_id for job_id, _ in jobs] == [first], queue.get_job(first).failed_reason
