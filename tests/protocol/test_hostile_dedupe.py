@@ -4,7 +4,7 @@ import json
 
 from echomq_django.core import Dedupe, JobOptions, NewJob
 from echomq_django.core.queue import now_ms
-from tests.helpers import fetch, finish, take_jobs
+from tests.helpers import fetch, finish, finish_attempt, sweep, take_jobs
 
 
 def live(queue) -> int:
@@ -49,3 +49,14 @@ def test_a_debounce_add_that_pushes_the_start_back_also_pushes_the_expiry(queue)
     assert queue.promote(first)
     _due, jobs = take_jobs(queue, "t", 30_000, now_ms() + 1500, 1, "w")  # at its new due time, in its expiry
     assert [job_id for job_id, _ in jobs] == [first], queue.get_job(first).failed_reason
+
+
+def test_a_result_ttl_is_kept_on_a_queue_where_nothing_else_completes(queue):
+    # "A completed job is kept result_ttl at most": on a queue where no later job completes (the last job of
+    # the day, a quiet queue), the only trim was the next finish, so the result stayed for ever. The sweep,
+    # which runs every interval on every served queue, trims it too.
+    kept = queue.add("x", opts=JobOptions(result_ttl_ms=1000))
+    [(taken, _)] = fetch(queue)
+    finish_attempt(queue, taken, "token-1", now_ms() - 5000, completed=True, value='"secret"', default_attempts=3)
+    sweep(queue)
+    assert queue.get_job(kept) is None, "its result TTL passed 4 s ago; nothing trimmed it"
