@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -75,7 +76,10 @@ class JobHandle(str):
 
     def _wait(self, timeout: float | None, given_up: threading.Event | None) -> Any:
         """`wait`; also ends (returning None) within a blocking read once `given_up` is set."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or math.isnan(timeout)):
+            raise ValueError(f"timeout is a number of seconds or None, not {timeout!r}")
+        deadline = None if timeout is None or timeout == math.inf else time.monotonic() + max(timeout, 0)
         client, events = self.queue.client, self.queue.keys.events
         # A blocking read well within the client's socket timeout (a producer's is short: ENQUEUE_TIMEOUT / 4).
         longest = _BLOCK_MS if (limit := socket_timeout(client)) is None else min(_BLOCK_MS, int(limit * 250))
