@@ -2,7 +2,9 @@
 
 import json
 
-from echomq_django.core import Dedupe, JobOptions, NewJob
+import pytest
+
+from echomq_django.core import Dedupe, JobOptions, NewJob, PayloadError
 from echomq_django.core.queue import now_ms
 from tests.helpers import fetch, finish, finish_attempt, sweep, take_jobs
 
@@ -60,3 +62,10 @@ def test_a_result_ttl_is_kept_on_a_queue_where_nothing_else_completes(queue):
     finish_attempt(queue, taken, "token-1", now_ms() - 5000, completed=True, value='"secret"', default_attempts=3)
     sweep(queue)
     assert queue.get_job(kept) is None, "its result TTL passed 4 s ago; nothing trimmed it"
+
+
+def test_a_dedupe_key_that_is_not_valid_text_is_refused_clearly_and_nothing_is_added(queue):
+    # A lone surrogate passed the key's check and failed later, in redis-py's encoder (UnicodeEncodeError).
+    with pytest.raises(PayloadError, match="dedupe key"):
+        queue.add_bulk([NewJob("x"), NewJob("x", dedupe=Dedupe("a\ud800b"))])
+    assert queue.counts()["wait"] == 0
