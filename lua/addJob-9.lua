@@ -4,8 +4,8 @@
   few hundred per call, so the per-call costs (the pause check, the marker)
   are paid once per call rather than once per job.
 
-  A call that generates ids is idempotent per add token: its reply is
-  recorded under the token (KEYS[8]) for ARGV[4] ms, longer than a client
+  A call that generates ids or has a job with a dedupe key is idempotent per
+  add token: its reply is recorded under the token (KEYS[8]) for ARGV[4] ms, longer than a client
   re-sends a call whose reply was lost, and a call that finds the record
   answers with it instead of adding the jobs a second time. (Caller-given
   ids need no record: an id that exists is never added again.) A call with
@@ -24,7 +24,7 @@
   KEYS[5] delayed   ZSET   score = due time (ms)
   KEYS[6] marker    ZSET   wakes blocked workers
   KEYS[7] prioritized ZSET ready jobs with a priority
-  KEYS[8] add:<token> STRING: this call's reply, JSON, when it generated ids
+  KEYS[8] add:<token> STRING: this call's reply, JSON, when it generated ids or deduplicated
   KEYS[9] sent      ZSET   "<id>:<timestamp>" of each job sent with a record, score = when it lapses (ms)
 
   ARGV[1] prefix     key prefix of the queue, e.g. "emq:{default}:"
@@ -71,7 +71,7 @@ local function flushReady()
   end
 end
 
-local generated = false
+local generated, deduped = false, false
 local completedKey, failedKey = prefix .. "completed", prefix .. "failed"
 -- A generated id is "<queue>.<n>" (n from KEYS[4]): it names one job across queues, not one per queue.
 local idBase = string.match(prefix, "{([^{}]*)}:$") .. "."
@@ -83,6 +83,7 @@ for i = 6, #ARGV, 11 do
   local dedupe, mode, dedupeMs = ARGV[i + 8], ARGV[i + 9], tonumber(ARGV[i + 10])
   local holder
   if dedupe ~= "" then
+    deduped = true  -- its outcome depends on the key's holder, which may have ended before a re-send: recorded
     if mode == "ttl" then
       holder = redis.call("GET", prefix .. "dedupe:" .. dedupe)
     else
@@ -94,6 +95,14 @@ for i = 6, #ARGV, 11 do
         redis.call("ZADD", KEYS[5], due, holder)
         redis.call("HSET", jobHash, "due", due)
         if mode == "debounce" then redis.call("HSET", jobHash, "data", ARGV[i + 2]) end
+        -- Its start moved to this add's window: so does its expiry, to this add's (none: it never expires).
+        local expires = tonumber(ARGV[i + 7])
+        if expires > 0 then
+          local current = tonumber(redis.call("HGET", jobHash, "exp"))
+          if current then redis.call("HSET", jobHash, "exp", math.max(current, timestamp + expires)) end
+        else
+          redis.call("HDEL", jobHash, "exp")
+        end
         emitEvent(prefix, "debounced", holder, "due", due)
         wake = true
       else
@@ -164,7 +173,7 @@ if sentMs > 0 then
   local lapsed = redis.call("ZRANGEBYSCORE", KEYS[9], "-inf", "(" .. timestamp, "LIMIT", 0, #result + 100)
   if #lapsed > 0 then redis.call("ZREM", KEYS[9], unpack(lapsed)) end
 end
-if generated then
+if generated or deduped then
   redis.call("SET", KEYS[8], cjson.encode(result), "PX", ARGV[4])
 end
 

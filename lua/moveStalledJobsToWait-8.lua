@@ -24,7 +24,9 @@
   The recover walk is skipped when nothing is marked, and the mark walk
   reads only the ids whose lock time has passed from the lock index (see
   includes/lockIndex.lua) when the index covers `active`, so a sweep that finds nothing
-  to do costs a few lookups however long `active` is.
+  to do costs a few lookups however long `active` is. The start of each
+  sweep also removes completed jobs past their result TTL (trimResults), as
+  a finish does: on a queue where nothing finishes, nothing else would.
 
   The hold: a lapsed lock means "dead worker" only if the worker could reach
   Redis for a whole lock duration and did not renew. After Redis was
@@ -86,6 +88,7 @@
 -- @include "metrics"
 -- @include "workflow"
 -- @include "dedupe"
+-- @include "applyRetention"
 
 local stalledKey, waitKey, activeKey, failedKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local gateKey, metaKey, pausedKey, markerKey = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
@@ -132,6 +135,8 @@ if phase == "start" then
   sampleMetric("waiting", redis.call("LLEN", waitKey) + redis.call("ZCARD", prioritizedKey)
     + redis.call("LLEN", pausedKey))
   flushMetrics(prefix, now, keepMetrics)
+  -- Results past their TTL, also on a queue where no later finish trims them (includes/applyRetention.lua).
+  trimResults(prefix, prefix .. "completed", now)
   repairs = groupRepair(prefix, metaKey, markerKey)
 end
 if redisNow < holdUntil then

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import math
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -70,7 +72,14 @@ class JobHandle(str):
         The wait reads the queue's events stream (a blocking XREAD), so it wakes when the job ends, and
         reads the job again at least once a second whatever the stream says.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
+        return self._wait(timeout, None)
+
+    def _wait(self, timeout: float | None, given_up: threading.Event | None) -> Any:
+        """`wait`; also ends (returning None) within a blocking read once `given_up` is set."""
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or math.isnan(timeout)):
+            raise ValueError(f"timeout is a number of seconds or None, not {timeout!r}")
+        deadline = None if timeout is None or timeout == math.inf else time.monotonic() + max(timeout, 0)
         client, events = self.queue.client, self.queue.keys.events
         # A blocking read well within the client's socket timeout (a producer's is short: ENQUEUE_TIMEOUT / 4).
         longest = _BLOCK_MS if (limit := socket_timeout(client)) is None else min(_BLOCK_MS, int(limit * 250))
@@ -81,6 +90,8 @@ class JobHandle(str):
             if state in ("completed", "failed") or job is None:
                 return self._outcome(job, state)
             while True:
+                if given_up is not None and given_up.is_set():
+                    return None  # its awaiter was cancelled or timed out: nobody reads this
                 left_ms = None if deadline is None else int((deadline - time.monotonic()) * 1000)
                 if left_ms is not None and left_ms <= 0:
                     raise TimeoutError(f"job {self.id} of queue {self.queue.name} did not finish within {timeout} s")
@@ -97,5 +108,9 @@ class JobHandle(str):
                     break
 
     async def await_result(self, timeout: float | None = None) -> Any:
-        """`wait` for asyncio code, on a thread of its own."""
-        return await asyncio.to_thread(self.wait, timeout)
+        """`wait` for asyncio code, on a thread of its own; the thread ends when the awaiter is cancelled."""
+        given_up = threading.Event()
+        try:
+            return await asyncio.to_thread(self._wait, timeout, given_up)
+        finally:
+            given_up.set()  # (cancelled, by asyncio.wait_for say: else the thread would wait on, unread)

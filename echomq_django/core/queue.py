@@ -36,6 +36,15 @@ MAX_DEDUPE_KEY = 200
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
+def _encodable(text: str) -> bool:
+    """Whether `text` is valid Unicode (a lone surrogate is not: redis-py could not send it)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class Dedupe:
     """How an add is deduplicated by `key` (lua/includes/dedupe.lua).
@@ -52,7 +61,8 @@ class Dedupe:
     keep_first: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.key, str) or not 1 <= len(self.key) <= MAX_DEDUPE_KEY or _CONTROL.search(self.key):
+        if (not isinstance(self.key, str) or not 1 <= len(self.key) <= MAX_DEDUPE_KEY or _CONTROL.search(self.key)
+                or not _encodable(self.key)):
             raise PayloadError(f"a dedupe key is text of 1 to {MAX_DEDUPE_KEY} characters without control "
                                f"characters, not {self.key!r:.80}")
         whole_number(self.ttl_ms, "dedupe TTL (ms)", 0, MAX_DELAY_MS)

@@ -20,7 +20,7 @@ from .transport import Call, Confirm, ScriptClient, Wait
 
 __all__ = ["ADD_RECORD_MS", "Call", "Confirm", "Finish", "Scripts", "Wait", "pairs"]
 
-# How long addJob keeps the reply of a call that generated ids, for a re-send
+# How long addJob keeps the reply of a call that generated ids or deduplicated, for a re-send
 # after a lost reply: twice the client's own retries (connection.py) when
 # Redis refuses connections. A lost reply re-sent later than that (a network
 # that swallows packets for longer) can still add the jobs twice.
