@@ -6,15 +6,12 @@ import asyncio
 import math
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .connection import socket_timeout
 from .errors import JobFailedError, JobNotFinishedError, JobNotFoundError
-
-if TYPE_CHECKING:
-    from .queue import Queue
 
 # The events after which a waiter reads the job again: it ended, or left every state.
 _ENDS = frozenset({"completed", "failed", "removed", "cancelled"})
@@ -31,9 +28,9 @@ class JobHandle(str):
     `.result` its return value; `.wait(timeout)` waits for its end.
     """
 
-    queue: Queue
+    queue: Any  # the job's Queue (not imported here: queue.py makes handles, and an import circle is refused)
 
-    def __new__(cls, job_id: str, queue: Queue) -> JobHandle:
+    def __new__(cls, job_id: str, queue: Any) -> JobHandle:
         handle = super().__new__(cls, job_id)
         handle.queue = queue
         return handle

@@ -40,9 +40,11 @@ def test_wait_returns_the_result_when_a_worker_completes_it(queue):
 
 def test_wait_raises_on_failure_and_on_cancel(queue):
     failing = queue.handle(queue.add("x", opts=JobOptions(attempts=1)))
-    later(0.2, lambda: work(queue, lambda job: 1 / 0))
+    worker = later(0.2, lambda: work(queue, lambda job: 1 / 0))
     with pytest.raises(JobFailedError, match="ZeroDivisionError"):
         failing.wait(timeout=30)
+    worker.join(30)  # its burst is over before the next job is added: the cancel is the only thing to end it
+    assert not worker.is_alive()
     cancelled = queue.handle(queue.add("x"))
     later(0.2, lambda: queue.cancel(cancelled, "not needed"))
     with pytest.raises(JobFailedError, match="cancelled: not needed") as raised:
