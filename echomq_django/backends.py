@@ -38,6 +38,7 @@ from .core import (
     MAX_PRIORITY,
     MIN_PRIORITY,
     Backoff,
+    Dedupe,
     InvalidNameError,
     Job,
     JobCancelled,
@@ -93,6 +94,11 @@ class EchoMQTask(Task):
     time_limit: float | None = None  # seconds an attempt may run; None: the queue's TIME_LIMIT
     soft_time_limit: float | None = None  # seconds until SoftTimeLimitExceeded; None: the queue's SOFT_TIME_LIMIT
     group: str = ""  # the group of its jobs ("": none); see in_group
+    # Deduplication of its jobs (see deduplicated): a key ("": none), a throttle's TTL or a debounce window (ms).
+    dedupe: str = ""
+    dedupe_ttl_ms: int = 0
+    debounce_ms: int = 0
+    debounce_keep: bool = False
 
     def in_group(self, group: str) -> EchoMQTask:
         """This task with its jobs in `group` (a tenant, a user): `send_mail.in_group(f"t{tenant.id}").enqueue(...)`.
@@ -102,6 +108,29 @@ class EchoMQTask(Task):
         running jobs. Like `using()`, it returns a new task, validated.
         """
         return dataclasses.replace(self, group=group)
+
+    def deduplicated(self, key: str, *, ttl_ms: int = 0, debounce_ms: int = 0, keep_first: bool = False) -> EchoMQTask:
+        """This task with its jobs deduplicated by `key`, as `@job(dedupe=)` (docs/execution.md): validated.
+
+        While a job enqueued with the key waits or runs, an enqueue adds nothing; its TaskResult's id then
+        names that job (get_result follows it), as soon as the send has happened (after the commit).
+        `ttl_ms`: a throttle; `debounce_ms` (and `keep_first`): a debounce.
+        """
+        try:
+            Dedupe(key, ttl_ms=ttl_ms, debounce_ms=debounce_ms, keep_first=keep_first)
+        except PayloadError as error:
+            raise InvalidTask(f"{error}.") from None
+        task = dataclasses.replace(self, dedupe=key, dedupe_ttl_ms=ttl_ms, debounce_ms=debounce_ms,
+                                   debounce_keep=keep_first)
+        task.get_backend().validate_task(task)  # (replace alone checks nothing)
+        return task
+
+    def dedupe_options(self) -> Dedupe | None:
+        """Its Dedupe (PayloadError when the options are wrong, a key "" included), or None without any."""
+        if not (self.dedupe or self.dedupe_ttl_ms or self.debounce_ms or self.debounce_keep):
+            return None
+        return Dedupe(self.dedupe, ttl_ms=self.dedupe_ttl_ms, debounce_ms=self.debounce_ms,
+                      keep_first=self.debounce_keep)
 
     def s(self, *args: Any, **kwargs: Any) -> Signature:
         """A workflow signature of this task (echomq_django.workflows): the previous step's result comes first."""
@@ -179,6 +208,11 @@ class EchoMQBackend(BaseTaskBackend):
                 JobOptions(group=group, priority=task.priority)
             except PayloadError as error:
                 raise InvalidTask(f"{error}.") from None
+        if isinstance(task, EchoMQTask):
+            try:
+                task.dedupe_options()
+            except PayloadError as error:
+                raise InvalidTask(f"{error}.") from None
         try:
             validate_name(task.queue_name, "queue name")
         except InvalidNameError as error:
@@ -193,6 +227,7 @@ class EchoMQBackend(BaseTaskBackend):
         # One timestamp: stored as the job's, returned as enqueued_at, and the start of any delay.
         timestamp_ms = now_ms()
         queue, payload, opts = self.prepared(task, args, kwargs, timestamp_ms)
+        dedupe = task.dedupe_options() if isinstance(task, EchoMQTask) else None
         job_id = outbox.new_job_id()
         result = TaskResult(
             task=task, id=job_id, status=TaskResultStatus.READY, enqueued_at=task_datetime(timestamp_ms),
@@ -201,12 +236,12 @@ class EchoMQBackend(BaseTaskBackend):
         )
 
         def send() -> None:
-            queue.add(task.module_path, payload, opts=opts, job_id=job_id, timestamp_ms=timestamp_ms)
+            queue.add(task.module_path, payload, opts=opts, job_id=job_id, timestamp_ms=timestamp_ms, dedupe=dedupe)
             task_enqueued.send(type(self), task_result=result)
 
         if get_settings().uses_outbox(queue.name) and connections[self.database].in_atomic_block:
             # Written in this transaction, sent after its commit (outbox.py): enqueued once committed.
-            outbox.enqueue(queue, NewJob(task.module_path, payload, opts, job_id), timestamp_ms=timestamp_ms,
+            outbox.enqueue(queue, NewJob(task.module_path, payload, opts, job_id, dedupe), timestamp_ms=timestamp_ms,
                            using=self.database)
             transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result), using=self.database)
         elif self.enqueue_on_commit:
@@ -256,7 +291,10 @@ class EchoMQBackend(BaseTaskBackend):
         except InvalidNameError as error:
             raise TaskResultDoesNotExist(str(error)) from None
         for queue_name in self.result_queues():
-            job, state = get_queue(queue_name).get_job_with_state(result_id)
+            queue = get_queue(queue_name)
+            job, state = queue.get_job_with_state(result_id)
+            if job is None and (holder := queue.deduplicated_to(result_id)) is not None:
+                job, state = queue.get_job_with_state(holder)  # its enqueue was deduplicated: the job that ran
             if job is not None and is_task_job(job):
                 try:
                     task = stored_task(job)

@@ -111,6 +111,9 @@ for i = 6, #ARGV, 11 do
     end
   end
   if holder then
+    if id ~= "" then  -- a caller's id that names no job: where it went, for a day (Queue.deduplicated_to)
+      redis.call("SET", prefix .. "dedupe-id:" .. id, holder, "PX", 86400000)
+    end
     id, added = holder, 0
   elseif id == "" then
     generated = true

@@ -140,6 +140,7 @@ DERIVED_KEYS: dict[str, str] = {
     "<id>:in": "a workflow step's inputs, written where its inputs end and deleted with the job",
     "wf:<workflow>": "a workflow's record, in its home queue: named by the edges a member's hash holds",
     "dedupe:<key>": "includes/dedupe.lua's: a job's dedupe key, named in its hash (`ddk`) where it ends",
+    "dedupe-id:<id>": "addJob's: the holder a caller's deduplicated id went to, for a day (a task's result id)",
     "completed": "addJob's: a dedupe key whose holder completed is free (includes/dedupe.lua)",
     "result-ttl": "moveToFinished's: the completed jobs with a result TTL, by when (opts.resultTtl, includes/"
                   "applyRetention.lua)",
@@ -339,6 +340,10 @@ class QueueKeys:
     def handoff(self) -> str:
         """Ends of this queue's workflow members bound for another queue, to be delivered (LIST of JSON)."""
         return self.base + "handoff"
+
+    def deduplicated_to(self, job_id: str) -> str:
+        """Where an add of caller id `job_id` went when its dedupe key was held (STRING, a day; addJob)."""
+        return self.base + "dedupe-id:" + job_id
 
     def workflow(self, workflow_id: str) -> str:
         """A workflow's record (HASH: status, deps, ttl, tree), in its home queue."""

@@ -211,6 +211,10 @@ class Queue:
         """A handle on job `job_id` of this queue: its status, its result, a wait for it (a str: the id)."""
         return JobHandle(validate_name(job_id, "job id"), self)
 
+    def deduplicated_to(self, job_id: str) -> str | None:
+        """The job that holds the dedupe key an add of `job_id` (a caller's id) found held, for a day; else None."""
+        return self.client.get(self.keys.deduplicated_to(validate_name(job_id, "job id")))
+
     def get_job(self, job_id: str, *, log_lines: int = -1) -> Job | None:
         """The job with this id, with its progress and its newest `log_lines` log lines (-1: all), or None."""
         return self.get_job_with_state(job_id, log_lines=log_lines)[0]

@@ -205,3 +205,27 @@ def test_the_admin_takes_generated_ids_in_its_urls(queue, client):
     client.force_login(User.objects.create_superuser("root", password="x"))
     page = client.get(f"/admin/echomq/job/default/job/{job_id}/")
     assert page.status_code == 200 and "default.1" in page.content.decode()
+
+
+def test_a_deduplicated_task_gives_the_result_of_the_job_that_runs(queue, settings):
+    """EchoMQTask.deduplicated: a second enqueue adds nothing; its TaskResult names the job that runs."""
+    from django.core.management import call_command
+    from django.db import transaction
+
+    from demo_project.demo_app import tasks
+    from echomq_django.tasks_compat import InvalidTask, TaskResultStatus
+
+    settings.TASKS = {"default": {"BACKEND": "echomq_django.backends.EchoMQBackend", "QUEUES": []}}
+    keyed = tasks.add.using(queue_name="default").deduplicated("sum-once")
+    first = keyed.enqueue(2, 3)
+    with transaction.atomic():  # sent at the commit, and deduplicated then
+        second = keyed.enqueue(4, 5)
+    assert queue.counts()["wait"] == 1 and second.id != first.id
+    assert keyed.get_result(second.id).id == first.id, "it names the job that holds the key"
+    call_command("echomq_worker", "--queue", "default", "--burst", "-v", "0")
+    done = keyed.get_result(second.id)
+    assert done.status == TaskResultStatus.SUCCESSFUL and done.return_value == 5
+    with pytest.raises(InvalidTask, match="1 to 200 characters"):
+        tasks.add.deduplicated("")
+    with pytest.raises(InvalidTask, match="not both"):
+        tasks.add.deduplicated("k", ttl_ms=5, debounce_ms=5)

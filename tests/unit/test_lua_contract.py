@@ -112,7 +112,8 @@ def test_scripts_build_from_the_prefix_only_the_derived_keys():
             derived.add(literal if not variable else "<id>" + (suffix or ""))
     # "fetch:" .. token is the record of a token: "fetch:<token>"; "metrics:" .. minute a minute's metrics;
     # "group:" .. group a group's list.
-    placeholders = {"metrics:": "<minute>", "group:": "<name>", "wf:": "<workflow>", "dedupe:": "<key>"}
+    placeholders = {"metrics:": "<minute>", "group:": "<name>", "wf:": "<workflow>", "dedupe:": "<key>",
+                    "dedupe-id:": "<id>"}
     derived = {key + placeholders.get(key, "<token>") if key.endswith(":") else key for key in derived}
     assert derived == set(DERIVED_KEYS)
 
@@ -153,7 +154,8 @@ def code_of(lua: str) -> str:
 
 
 # A number a script may write out although a bound has the same value: another fact, by chance.
-NOT_A_COPY = {("moveToActive-10.lua", 86_400_000)}  # the fetch record's lifetime, a day (MAX_PAUSE_MS too)
+# A day, as long as MAX_PAUSE_MS but not it: the fetch record's lifetime, and a deduplicated caller id's (dedupe-id).
+NOT_A_COPY = {("moveToActive-10.lua", 86_400_000), ("addJob-9.lua", 86_400_000)}
 
 
 def test_the_scripts_take_the_shared_bounds_from_python_and_copy_none():
