@@ -19,7 +19,7 @@ class JobRecord(models.Model):
         STALLED = "stalled", "marked stalled"
 
     queue = models.CharField(max_length=128)
-    job_id = models.CharField("job id", max_length=128)
+    job_id = models.CharField("job id", max_length=149)  # core.keys.MAX_ID_LENGTH: a generated id
     name = models.CharField(max_length=255, blank=True)
     state = models.CharField(max_length=16, choices=State.choices)
     data = models.JSONField(null=True, blank=True)

@@ -24,7 +24,7 @@ from django.utils.text import capfirst
 from django.views.decorators.http import require_POST
 
 from ..conf import get_settings
-from ..core import UNREACHABLE, InvalidNameError, Job, LiveJob, Queue, inspect_jobs, validate_name
+from ..core import UNREACHABLE, InvalidNameError, Job, LiveJob, Queue, inspect_jobs, validate_id, validate_name
 from ..mirror import sync_queue
 from ..models import FailedJob, JobRecord, MirrorCursor, StalledJob
 from ..queues import get_queue
@@ -96,7 +96,7 @@ class MirrorAdmin(admin.ModelAdmin):
     def job_url(self, queue_name: str, job_id: str) -> str:
         try:
             validate_name(queue_name, "queue name")
-            validate_name(job_id, "job id")
+            validate_id(job_id)
         except InvalidNameError:  # a row another client's id got into: found by an exact search instead
             return reverse(f"admin:{self.url_name('changelist')}") + "?" + urlencode({"q": f'"{job_id}"'})
         return reverse(f"admin:{self.url_name('job')}", args=[queue_name, job_id])
@@ -136,7 +136,7 @@ class MirrorAdmin(admin.ModelAdmin):
         """The queue of a job page's URL and the job's row; 404 for names no queue or job can have."""
         try:
             validate_name(queue_name, "queue name")
-            validate_name(job_id, "job id")
+            validate_id(job_id)
             configured = get_settings().queues
         except (InvalidNameError, ImproperlyConfigured) as error:
             raise Http404(str(error)) from None

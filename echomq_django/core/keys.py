@@ -17,6 +17,8 @@ from . import defaults
 from .errors import InvalidNameError
 
 MAX_NAME_LENGTH = 128
+# A generated id is "<queue>.<n>" (addJob): a queue name of MAX_NAME_LENGTH, a dot and a counter of up to 20 digits.
+MAX_ID_LENGTH = MAX_NAME_LENGTH + 21
 # A metrics key holds one minute: metrics:<minute>, minute = ms // MINUTE_MS (the scripts get it from here).
 MINUTE_MS = 60_000
 
@@ -189,15 +191,15 @@ def is_name(value: str) -> bool:
     return len(value) <= MAX_NAME_LENGTH and _NAME.fullmatch(value) is not None
 
 
-def validate_name(value: object, what: str) -> str:
-    """Return `value` if it may be part of a key, else raise InvalidNameError."""
+def validate_name(value: object, what: str, *, limit: int = MAX_NAME_LENGTH) -> str:
+    """Return `value` if it may be part of a key (at most `limit` characters), else raise InvalidNameError."""
     if not isinstance(value, str):
         raise InvalidNameError(f"{what} must be a string, not {type(value).__name__}")
     if not value:
         raise InvalidNameError(f"{what} must not be empty")
-    if len(value) > MAX_NAME_LENGTH:
+    if len(value) > limit:
         raise InvalidNameError(
-            f"{what} is {len(value)} characters long; the limit is {MAX_NAME_LENGTH}"
+            f"{what} is {len(value)} characters long; the limit is {limit}"
         )
     if not _NAME.fullmatch(value):
         raise InvalidNameError(
@@ -218,13 +220,18 @@ def validate_job_name(name: object) -> str:
     return name
 
 
+def validate_id(job_id: object) -> str:
+    """Return the id of a job to read if it can be one (a generated id is longer than a name), else InvalidNameError."""
+    return validate_name(job_id, "job id", limit=MAX_ID_LENGTH)
+
+
 def validate_stored_id(job_id: object) -> str:
     """Return the id of a job to change (retry, remove) if it can be one; else InvalidNameError.
 
     Generated ids ("<queue>.<n>", all digits before) pass; a queue key name does not, even when another
     client put it in a set: changing it as a job would change the queue's own key.
     """
-    job_id = validate_name(job_id, "job id")
+    job_id = validate_id(job_id)
     if job_id in RESERVED_IDS:
         raise InvalidNameError(f"job id {job_id!r} is the name of a queue key, not of a job")
     return job_id

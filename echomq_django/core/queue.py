@@ -18,9 +18,9 @@ from .keys import (
     LIST_STATES,
     STATES,
     QueueKeys,
+    validate_id,
     validate_job_id,
     validate_job_name,
-    validate_name,
     validate_stored_id,
 )
 from .scripts import Call, Confirm, Scripts, pairs
@@ -209,11 +209,11 @@ class Queue:
 
     def handle(self, job_id: str) -> JobHandle:
         """A handle on job `job_id` of this queue: its status, its result, a wait for it (a str: the id)."""
-        return JobHandle(validate_name(job_id, "job id"), self)
+        return JobHandle(validate_id(job_id), self)
 
     def deduplicated_to(self, job_id: str) -> str | None:
         """The job that holds the dedupe key an add of `job_id` (a caller's id) found held, for a day; else None."""
-        return self.client.get(self.keys.deduplicated_to(validate_name(job_id, "job id")))
+        return self.client.get(self.keys.deduplicated_to(validate_id(job_id)))
 
     def get_job(self, job_id: str, *, log_lines: int = -1) -> Job | None:
         """The job with this id, with its progress and its newest `log_lines` log lines (-1: all), or None."""
@@ -221,7 +221,7 @@ class Queue:
 
     def get_state(self, job_id: str) -> str | None:
         """Which state holds the job: one of STATES, or None when it is in none."""
-        return self.scripts.job_state(self.keys, validate_name(job_id, "job id"))
+        return self.scripts.job_state(self.keys, validate_id(job_id))
 
     def get_job_with_state(self, job_id: str, *, log_lines: int = -1) -> tuple[Job | None, str | None]:
         """The job and the state that holds it, read in one atomic step (None for either that is missing).
@@ -229,7 +229,7 @@ class Queue:
         The job's `logs` are its newest `log_lines` lines (-1: all) and
         `log_count` how many it keeps. QueueStateError when its key is not a hash.
         """
-        validate_name(job_id, "job id")
+        validate_id(job_id)
         state, fields, kept, lines = self.scripts.read_job(self.keys, job_id, log_lines)
         if fields is None:
             raise QueueStateError(f"the key of job {job_id!r} of queue {self.name!r} is not a hash")

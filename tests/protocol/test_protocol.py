@@ -30,6 +30,17 @@ def test_add_generates_ids_and_queues_fifo(queue):
     assert (job.name, job.data, job.attempts_made, job.attempts_started) == ("work", {"n": 0}, 0, 1)
 
 
+def test_generated_ids_of_a_queue_with_a_long_name_are_readable(redis_client, prefix, scripts):
+    from echomq_django.core.keys import MAX_NAME_LENGTH
+
+    long = Queue("L" * MAX_NAME_LENGTH, redis_client, prefix=prefix, scripts=scripts)  # a valid queue name
+    job_id = long.add("work", {"n": 1})
+    assert job_id == "L" * MAX_NAME_LENGTH + ".1"
+    assert long.get_job(job_id).data == {"n": 1}, "the id the queue generated is an id its own API takes"
+    assert long.handle(job_id).status == "wait"
+    assert long.remove(job_id) and long.get_job(job_id) is None
+
+
 def test_add_with_a_callers_id_is_idempotent(queue):
     assert queue.add("work", {"v": 1}, job_id="order-7") == "order-7"
     assert queue.add("work", {"v": 2}, job_id="order-7") == "order-7"
