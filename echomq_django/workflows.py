@@ -32,6 +32,7 @@ from .signatures import Signature
 
 __all__ = ["Signature", "WorkflowError", "WorkflowResult", "chain", "chord", "group", "signature"]
 
+
 def signature(target: Any, *args: Any, **kwargs: Any) -> Signature:
     """A signature of `target`: an @job function, an EchoMQ task, or the name of a registered @job.
 
@@ -46,11 +47,8 @@ def signature(target: Any, *args: Any, **kwargs: Any) -> Signature:
 
 
 class WorkflowResult(WorkflowHandle):
-    """A workflow that was enqueued: `.id`, `.status`, `.results()`, `.wait(timeout)`, `.cancel()`."""
-
-    async def await_results(self, timeout: float | None = None) -> Any:
-        """`wait` for asyncio code, on a thread of its own."""
-        return await asyncio.to_thread(self.wait, timeout)
+    """A workflow that was enqueued: `.id`, `.status`, `.results()`, `.wait(timeout)`, `await .await_results()`,
+    `.cancel()`."""
 
 
 class _Enqueue:

@@ -6,6 +6,7 @@ import asyncio
 import math
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -18,6 +19,35 @@ _ENDS = frozenset({"completed", "failed", "removed", "cancelled"})
 # Longest single blocking read of the events stream (ms): the job is read again at least this often, so
 # an end whose event was trimmed away (a busy stream) or never written (retention) is still seen.
 _BLOCK_MS = 1000
+
+
+def deadline_of(timeout: float | None) -> float | None:
+    """The monotonic time a wait of `timeout` seconds ends at; None (no end) for None or math.inf."""
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or math.isnan(timeout)):
+        raise ValueError(f"timeout is a number of seconds or None, not {timeout!r}")
+    return None if timeout is None or timeout == math.inf else time.monotonic() + max(timeout, 0)
+
+
+class GivenUp(Exception):
+    """Raised inside a wait's thread once its awaiter is gone, to end the thread (nobody reads it)."""
+
+
+async def awaited(wait: Callable[[threading.Event], Any]) -> Any:
+    """`wait(given_up)` on a thread of its own for asyncio code; `given_up` is set once the awaiter is done
+    (cancelled, by asyncio.wait_for say), and the wait must end soon after: else the thread waits on, unread,
+    and asyncio.run waits for it at its end."""
+    given_up = threading.Event()
+    try:
+        return await asyncio.to_thread(wait, given_up)
+    finally:
+        given_up.set()
+
+
+def sleep_unless(given_up: threading.Event, seconds: float) -> None:
+    """Sleep `seconds`, or raise GivenUp as soon as `given_up` is set (a polling wait's sleep, in `awaited`)."""
+    if given_up.wait(seconds):
+        raise GivenUp
 
 
 class JobHandle(str):
@@ -73,10 +103,7 @@ class JobHandle(str):
 
     def _wait(self, timeout: float | None, given_up: threading.Event | None) -> Any:
         """`wait`; also ends (returning None) within a blocking read once `given_up` is set."""
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                    or math.isnan(timeout)):
-            raise ValueError(f"timeout is a number of seconds or None, not {timeout!r}")
-        deadline = None if timeout is None or timeout == math.inf else time.monotonic() + max(timeout, 0)
+        deadline = deadline_of(timeout)
         client, events = self.queue.client, self.queue.keys.events
         # A blocking read well within the client's socket timeout (a producer's is short: ENQUEUE_TIMEOUT / 4).
         longest = _BLOCK_MS if (limit := socket_timeout(client)) is None else min(_BLOCK_MS, int(limit * 250))
@@ -106,8 +133,4 @@ class JobHandle(str):
 
     async def await_result(self, timeout: float | None = None) -> Any:
         """`wait` for asyncio code, on a thread of its own; the thread ends when the awaiter is cancelled."""
-        given_up = threading.Event()
-        try:
-            return await asyncio.to_thread(self._wait, timeout, given_up)
-        finally:
-            given_up.set()  # (cancelled, by asyncio.wait_for say: else the thread would wait on, unread)
+        return await awaited(lambda given_up: self._wait(timeout, given_up))

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import EchoMQError
+from .handle import awaited, deadline_of, sleep_unless
 from .job import Job, JobOptions
 from .keys import QueueKeys, script_argv, script_argv_each, validate_job_name
 from .queue import JOBS_PER_CALL, Cancel, EncodedJob, NewJob, Queue, now_ms
@@ -416,7 +417,7 @@ class WorkflowHandle:
     def wait(self, timeout: float | None = None, *, poll_s: float = 0.05,
              sleep: Callable[[float], None] = time.sleep) -> Any:
         """Wait for the workflow to end; its results (WorkflowError if it failed, TimeoutError past `timeout` s)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = deadline_of(timeout)
         while (status := self._record().get("status", "unknown")) in ("waiting", "running"):
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"workflow {self.id} did not end within {timeout} s")
@@ -425,6 +426,10 @@ class WorkflowHandle:
         if status == "unknown":
             raise WorkflowError(f"workflow {self.id} is unknown (its record expired, or it was never added)")
         return self.results()
+
+    async def await_results(self, timeout: float | None = None) -> Any:
+        """`wait` for asyncio code, on a thread of its own, which ends once the awaiter is cancelled."""
+        return await awaited(lambda given_up: self.wait(timeout, sleep=lambda s: sleep_unless(given_up, s)))
 
     def cancel(self, reason: str = "") -> int:
         """Cancel every job not yet ended (a running one is stopped as Queue.cancel stops it); how many.
