@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from echomq_django.core import Cancel, InvalidNameError, JobOptions, NewJob, Queue, Retention, Worker, now_ms
+from echomq_django.core.keys import MAX_ID_LENGTH
 from tests import hostile_pool_jobs as jobs
 from tests.helpers import Running, fetch, kill_lock, sweep, wait_until
 from tests.helpers import running as helpers_running
@@ -384,7 +385,7 @@ def test_cancel_validates_ids_and_takes_hostile_reasons(queue):
     for reserved in ("wait", "meta", "schedule", "stalled-check", "events", "locks"):
         with pytest.raises(InvalidNameError):
             queue.cancel(reserved)
-    for bad in ("a:b", "{q}", "", "x" * 129, "é"):
+    for bad in ("a:b", "{q}", "", "x" * (MAX_ID_LENGTH + 1), "é"):
         with pytest.raises(InvalidNameError):
             queue.cancel(bad)
     assert queue.cancel("unknown") is Cancel.NOT_FOUND
