@@ -18,7 +18,7 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from ..core import InvalidNameError, Job, Queue, WorkflowHandle, validate_name
+from ..core import InvalidNameError, Job, Queue, WorkflowHandle, tree_nodes, validate_name
 from .browser_pages import job_link, shortened
 from .common import JOB_ERRORS, REDIS_ERRORS, configured_queue, confirmation, confirmed, redis_problem
 
@@ -74,25 +74,16 @@ def tree_rows(workflow: WorkflowHandle, record: dict[str, str]) -> tuple[list[di
         tree = None
     rows: list[dict[str, Any]] = []
     steps: dict[str, list[str]] = defaultdict(list)
-    shown = [0, 0]  # steps shown, steps left out
-
-    def walk(node: Any, depth: int, label: str = "") -> None:
-        if isinstance(node, list) and len(node) == 2 and all(isinstance(part, str) for part in node):
-            if shown[0] >= MAX_STEPS:
-                shown[1] += 1
-                return
-            shown[0] += 1
-            rows.append({"depth": depth, "label": label, "queue": node[0], "id": node[1]})
-            steps[node[0]].append(node[1])
-        elif isinstance(node, list) and len(node) == 3 and node[0] in ("chain", "group", "chord"):
-            rows.append({"depth": depth, "label": label, "kind": node[0]})
-            parts = node[1] if isinstance(node[1], list) else []
-            for index, child in enumerate(parts):
-                walk(child, depth + 1, ("header" if index == 0 else "callback") if node[0] == "chord" else "")
-            if node[2] is not None:
-                walk(node[2], depth + 1, "on error")
-
-    walk(tree, 0)
+    shown = more = 0  # steps shown, steps left out
+    for node in tree_nodes(tree):
+        if node.job_id is None:
+            rows.append({"depth": node.depth, "label": node.label, "kind": node.kind})
+        elif shown >= MAX_STEPS:
+            more += 1
+        else:
+            shown += 1
+            rows.append({"depth": node.depth, "label": node.label, "queue": node.queue, "id": node.job_id})
+            steps[node.queue].append(node.job_id)
     facts = {}
     for queue_name, ids in steps.items():
         facts.update(step_facts(workflow.queue(queue_name), ids))
@@ -100,7 +91,7 @@ def tree_rows(workflow: WorkflowHandle, record: dict[str, str]) -> tuple[list[di
         if "id" in row:
             row.update(facts.get((row["queue"], row["id"]), {}))
             row["link"] = job_link(row["queue"], row["id"])
-    return rows, shown[1]
+    return rows, more
 
 
 def step_facts(queue: Queue, ids: list[str]) -> dict[tuple[str, str], dict[str, Any]]:

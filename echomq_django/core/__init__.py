@@ -88,7 +88,7 @@ from .signals import SECOND_STOP_GRACE_S, RecordedSignals, Runner, run_until_sig
 from .sweeper import Sweeper, SweepReport, SweepTarget, last_sweep
 from .transport import OWN_CONNECTIONS_ENV, own_connections_wanted
 from .worker import Retention, Worker, abandoned_threads
-from .workflow import Chain, Chord, Group, Member, Plan, WorkflowError, WorkflowHandle
+from .workflow import Chain, Chord, Group, Member, Plan, WorkflowError, WorkflowHandle, tree_nodes
 
 __all__ = [
     "ALPHABET", "BROWSABLE", "MAX_SCHEDULE_NAME", "MIN_EVERY_MS", "COUNTED", "DEFAULT_REDIS_URL", "MAX_ATTEMPTS",
@@ -106,6 +106,6 @@ __all__ = [
     "validate_name", "validate_stored_id", "FlowState", "GroupState", "flow_state", "RecordedSignals", "Runner",
     "SECOND_STOP_GRACE_S",
     "run_until_signalled", "MAX_PRIORITY", "MIN_PRIORITY", "validate_job_name", "delay_until", "Retry", "Chain",
-    "Chord", "Group", "Member", "Plan", "WorkflowError", "WorkflowHandle", "JobHandle", "JobFailedError",
+    "Chord", "Group", "Member", "Plan", "WorkflowError", "WorkflowHandle", "tree_nodes", "JobHandle", "JobFailedError",
     "JobNotFinishedError", "Dedupe",
 ]

@@ -17,7 +17,7 @@ import json
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -306,6 +306,34 @@ def _resolve(node: Any, members: dict[int, Member], depth: int) -> None:
         _resolve(node.on_error, members, depth + 1)
 
 
+@dataclass(frozen=True)
+class TreeNode:
+    """One node of a workflow's tree (Plan._tree's shape), as `tree_nodes` walks it."""
+
+    depth: int
+    label: str  # "header" or "callback" in a chord, "on error" for a handler, else ""
+    kind: str = ""  # "chain", "group" or "chord"; "" for a step
+    queue: str = ""  # a step's queue and job id
+    job_id: str | None = None
+
+
+def tree_nodes(tree: Any, *, handlers: bool = True) -> Iterator[TreeNode]:
+    """Every node of a record's tree, depth first, in order (a scope's error handler after its parts); a node
+    of another shape (a record another client wrote) is left out."""
+
+    def walk(node: Any, depth: int, label: str) -> Iterator[TreeNode]:
+        if isinstance(node, list) and len(node) == 2 and all(isinstance(part, str) for part in node):
+            yield TreeNode(depth, label, queue=node[0], job_id=node[1])
+        elif isinstance(node, list) and len(node) == 3 and node[0] in ("chain", "group", "chord"):
+            yield TreeNode(depth, label, kind=node[0])
+            for index, part in enumerate(node[1] if isinstance(node[1], list) else []):
+                yield from walk(part, depth + 1, ("header", "callback")[min(index, 1)] if node[0] == "chord" else "")
+            if node[2] is not None and handlers:
+                yield from walk(node[2], depth + 1, "on error")
+
+    return walk(tree, 0, "")
+
+
 def _chunks(items: list[Step], size: int) -> list[list[Step]]:
     return [items[start:start + size] for start in range(0, len(items), size)]
 
@@ -376,17 +404,9 @@ class WorkflowHandle:
         """Every job of the workflow by queue, as its record's tree names them (without `handlers`: but on_error's)."""
         record = self._record() if record is None else record
         found: dict[str, list[str]] = defaultdict(list)
-
-        def walk(node: Any) -> None:
-            if isinstance(node, list) and len(node) == 2 and all(isinstance(part, str) for part in node):
-                found[node[0]].append(node[1])
-            elif isinstance(node, list) and len(node) == 3:
-                for child in node[1]:
-                    walk(child)
-                if node[2] is not None and handlers:
-                    walk(node[2])
-
-        walk(json.loads(record.get("tree", "null")))
+        for node in tree_nodes(json.loads(record.get("tree", "null")), handlers=handlers):
+            if node.job_id is not None:
+                found[node.queue].append(node.job_id)
         return {self.queue(name): ids for name, ids in found.items()}
 
     def queue(self, name: str) -> Queue:
