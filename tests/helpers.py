@@ -20,6 +20,25 @@ def wait_until(predicate: Callable[[], object], timeout_s: float, interval_s: fl
     return True
 
 
+def abandoned_await_ends(awaitable: Callable[[], object]) -> None:
+    """Give up `awaitable()` (a handle's async wait that cannot end by itself) with asyncio.wait_for, and check
+    that asyncio.run returns: the wait's thread must stop too, or the run waits for it at its end."""
+    import asyncio
+
+    outcome = []
+
+    async def main():
+        try:
+            await asyncio.wait_for(awaitable(), 0.3)
+        except TimeoutError:
+            outcome.append("timed out")
+
+    runner = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
+    runner.start()
+    assert wait_until(lambda: outcome == ["timed out"], 10)
+    assert wait_until(lambda: not runner.is_alive(), 10), "asyncio.run hangs on the abandoned wait's thread"
+
+
 def fetch(queue: Queue, token: str = "token-1", lock_ms: int = 30_000, count: int = 1):
     """Take jobs as a worker would, returning [(id, Job-hash dict)]."""
     _due, jobs = take_jobs(queue, token, lock_ms, now_ms(), count, "test-worker")

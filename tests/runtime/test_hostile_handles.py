@@ -1,13 +1,12 @@
 """Hostile checks of the job handle's async wait (issue 28, item 5)."""
 
-import asyncio
 import math
 import threading
 
 import pytest
 
 from echomq_django.core import JobNotFoundError
-from tests.helpers import wait_until
+from tests.helpers import abandoned_await_ends
 
 
 def test_an_await_result_given_up_by_its_caller_ends_its_thread(queue):
@@ -15,18 +14,7 @@ def test_an_await_result_given_up_by_its_caller_ends_its_thread(queue):
     # asyncio.run waits for it as it shuts its executor down (5 minutes), and every such timeout leaves a thread
     # polling Redis forever.
     handle = queue.handle(queue.add("x"))  # never worked: the wait cannot end by itself
-    outcome = []
-
-    async def main():
-        try:
-            await asyncio.wait_for(handle.await_result(), 0.3)
-        except TimeoutError:
-            outcome.append("timed out")
-
-    runner = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
-    runner.start()
-    assert wait_until(lambda: outcome == ["timed out"], 10)
-    assert wait_until(lambda: not runner.is_alive(), 10), "asyncio.run hangs on the abandoned wait's thread"
+    abandoned_await_ends(handle.await_result)
 
 
 def test_wait_takes_an_infinite_timeout_and_refuses_nan_clearly(queue):

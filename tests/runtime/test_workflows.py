@@ -22,7 +22,7 @@ from echomq_django.core import (
 )
 from echomq_django.core.handoff import deliver_handoffs
 from echomq_django.core.queue import now_ms
-from tests.helpers import fetch, finish, kill_lock, sweep, wait_until
+from tests.helpers import abandoned_await_ends, fetch, finish, kill_lock, sweep
 
 
 @pytest.fixture
@@ -269,18 +269,5 @@ def test_a_result_that_is_not_json_fails_the_member_and_the_workflow(queue):
 
 def test_an_await_of_a_workflow_given_up_by_its_caller_ends_its_thread(queue):
     """As for a job's handle: asyncio.wait_for giving the wait up must stop its polling thread too."""
-    import asyncio
-
     workflow = Chain(step(queue, "add", 1)).enqueue()  # no worker: it cannot end by itself
-    outcome = []
-
-    async def main():
-        try:
-            await asyncio.wait_for(workflow.await_results(), 0.3)
-        except TimeoutError:
-            outcome.append("timed out")
-
-    runner = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
-    runner.start()
-    assert wait_until(lambda: outcome == ["timed out"], 10)
-    assert wait_until(lambda: not runner.is_alive(), 10), "asyncio.run hangs on the abandoned wait's thread"
+    abandoned_await_ends(workflow.await_results)
