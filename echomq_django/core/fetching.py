@@ -205,7 +205,7 @@ class RoundTrips:
     """The loop's round trips to Redis, and what they leave to remember across one another.
 
     `running` counts the jobs taken and not yet written back, `processed`
-    the results written. Through a Redis outage a fetch whose reply never
+    the results written, `failed` those of them that were failures. Through a Redis outage a fetch whose reply never
     came is sent again (`unanswered_token`); `held_back_ms` is the last
     fetch's flow control (0; ms until its rate limit or pause lets a job
     start; -1 capped).
@@ -217,6 +217,7 @@ class RoundTrips:
         self.locks, self.stages, self.reporter = locks, stages, reporter
         self.running = 0
         self.processed = 0
+        self.failed = 0
         self.wait = Wait()  # an idle loop's wait for work, which stop() cuts short
         # The token of a fetch whose reply never came: sent again with the next
         # fetch, so the script answers with the jobs it took (see moveToActive).
@@ -425,5 +426,6 @@ class RoundTrips:
             logger.info("job %s of queue %s was rate limited: back in the queue, its fetching paused for %g s",
                         job.id, self.keys.queue, finish.backoff_ms / 1000)
         elif not finish.completed:
+            self.failed += 1
             logger.info("job %s of queue %s failed, %s: %s", job.id, self.keys.queue,
                         _FAILURE_OUTCOMES.get(status, "failed"), finish.value)

@@ -154,7 +154,7 @@ _PLACEHOLDER = re.compile(r"<([a-z]+)>")
 RESERVED_IDS = frozenset(
     {"wait", "paused", "active", "stalled", "failed", "completed", "delayed", "prioritized",
      "stalled-check", "meta", "marker", "id", "events", "locks", "schedule", "limiter", "groups", "group-active",
-     "group-waiting", "group-running", "sent", "deferred", "handoff", "result-ttl"}
+     "group-waiting", "group-running", "sent", "deferred", "handoff", "result-ttl", "workers"}
 )
 
 
@@ -374,6 +374,15 @@ class QueueKeys:
     def abandoned(self) -> str:
         """The job threads past their hard limit that still run, each holding a worker's slot (ZSET); see Worker."""
         return self.base + "threads:abandoned"
+
+    @property
+    def workers(self) -> str:
+        """The workers registry's index (ZSET): each worker's id, scored by when its record lapses; see registry.py."""
+        return self.base + "workers"
+
+    def worker(self, worker_id: str) -> str:
+        """One worker's record in the registry (STRING, JSON, PX its lock duration); see registry.py."""
+        return self.base + "workers:" + worker_id
 
     @property
     def id_counter(self) -> str:

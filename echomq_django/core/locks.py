@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from .keys import QueueKeys
@@ -39,18 +40,23 @@ class LockRenewer:
         self.scripts, self.keys, self.worker_id, self.on_stop = scripts, keys, worker_id, on_stop
         self.beside = beside
         self.lock_duration_ms, self.renew_interval_ms = lock_duration_ms, renew_interval_ms
-        self._held: set[tuple[str, str]] = set()
+        self._held: dict[tuple[str, str], int] = {}  # each attempt held, and when (ms) it was taken
         self._held_lock = threading.Lock()
         self._soon = threading.Event()
         self._stopped = threading.Event()
 
     def hold(self, job_id: str, token: str) -> None:
         with self._held_lock:
-            self._held.add((job_id, token))
+            self._held.setdefault((job_id, token), int(time.time() * 1000))
 
     def release(self, job_id: str, token: str) -> None:
         with self._held_lock:
-            self._held.discard((job_id, token))
+            self._held.pop((job_id, token), None)
+
+    def running(self) -> list[tuple[str, int]]:
+        """(job id, when it was taken, ms) of each attempt held, oldest first."""
+        with self._held_lock:
+            return sorted(((job_id, since) for (job_id, _), since in self._held.items()), key=lambda job: job[1])
 
     def renew_soon(self) -> None:
         """Renew now rather than at the end of the interval (after an outage, say)."""
@@ -74,7 +80,7 @@ class LockRenewer:
     def renew(self) -> bool:
         """Renew every held lock in one call; False when the call failed."""
         with self._held_lock:
-            held = sorted(self._held)
+            held = sorted(self._held)  # the (job id, token) keys
         if not held:
             return True
         try:

@@ -23,6 +23,7 @@ from .keys import (
     validate_job_name,
     validate_stored_id,
 )
+from .registry import WorkerInfo, live_workers
 from .scripts import Call, Confirm, Scripts, pairs
 
 T = TypeVar("T")
@@ -333,6 +334,10 @@ class Queue:
     def promote_delayed(self) -> int:
         """Move due delayed jobs to wait now; workers also do this as they fetch."""
         return self.scripts.promote_delayed(self.keys, now_ms())
+
+    def workers(self) -> list[WorkerInfo]:
+        """The live workers of this queue as the workers registry has them (registry.py), oldest first."""
+        return live_workers(self.client, self.keys)
 
     def stalled_ids(self) -> set[str]:
         """Ids currently marked as stalled (recovered or failed by the next sweep)."""

@@ -11,7 +11,8 @@ The parts, each with one job, talk through one queue of events:
 - the marker waiter (marker.py) blocks on the queue's marker while jobs run,
   and puts a wake-up on the queue when work is signalled;
 - the lock renewer (locks.py) extends the held locks, and stops an attempt
-  whose job was cancelled or whose lock was lost.
+  whose job was cancelled or whose lock was lost; at each of its rounds the
+  worker's record in the workers registry (registry.py) is written again.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
+from .. import __version__
 from . import defaults
 from .connection import UNREACHABLE
 from .errors import InvalidNameError
@@ -38,6 +40,7 @@ from .locks import LockRenewer
 from .marker import MarkerWaiter
 from .pool import POOLS, Handler
 from .queue import now_ms
+from .registry import Heartbeat, WorkerInfo
 from .scripts import Confirm, RateLimit, Scripts
 from .slots import AbandonedShown, Events, JobSlots, SlotOptions
 from .stopping import TwoStages
@@ -156,7 +159,7 @@ class Worker:
         pool: str = "threads", time_limit_ms: int = 0, soft_time_limit_ms: int = 0,
         max_jobs_per_child: int = 0, max_memory_per_child_kb: int = 0,
         child_init: Callable[[], None] | None = None, rate_limit: RateLimit | None = None, max_active: int = 0,
-        group_max_active: int = 0,
+        group_max_active: int = 0, queues: tuple[str, ...] = (),
     ) -> None:
         slot_options = SlotOptions(pool, time_limit_ms, soft_time_limit_ms, max_jobs_per_child,
                                    max_memory_per_child_kb, child_init)
@@ -179,6 +182,8 @@ class Worker:
         self.pool, self.time_limit_ms, self.soft_time_limit_ms = pool, time_limit_ms, soft_time_limit_ms
         self._reporter = _Reporter(self.scripts, self.keys, max_log_lines)
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.queues = queues or (queue,)  # every queue its process serves, as the registry shows it
+        self.started_at_ms = now_ms()
         self._stages = TwoStages()  # what stop() and abort() set
         self._events: Events = Events()  # the parts' one queue: the loop reads it
         # Why run() may return: "ended" (the loop), "aborted" (abort()), or the loop's error.
@@ -186,8 +191,9 @@ class Worker:
         self._slots = JobSlots(handler, self._reporter, concurrency, slot_options, self._events, self._stages,
                                self.worker_id, on_abandoned=self._abandoned_changed, lead=self._lead)
         self._shown = AbandonedShown(client, self.keys, self._slots.abandoned, lock_duration_ms, self.worker_id)
+        self._heartbeat = Heartbeat(client, self.keys, self.describe, lock_duration_ms)
         self._locks = LockRenewer(self.scripts, self.keys, lock_duration_ms, renew_interval_ms, self.worker_id,
-                                  on_stop=self._slots.stop_attempt, beside=self._shown.show)
+                                  on_stop=self._slots.stop_attempt, beside=self._each_round)
         self._marker = MarkerWaiter(client, self.scripts, self.keys, self._events, self.worker_id)
         self._trips = RoundTrips(
             self.scripts, self.keys, self.worker_id,
@@ -203,6 +209,14 @@ class Worker:
     def processed(self) -> int:
         """Job attempts whose results this worker wrote."""
         return self._trips.processed
+
+    def describe(self) -> WorkerInfo:
+        """This worker as the workers registry shows it, as of now."""
+        return WorkerInfo(
+            id=self.worker_id, queue=self.keys.queue, host=socket.gethostname(), pid=os.getpid(),
+            queues=self.queues, pool=self.pool, concurrency=self.concurrency, version=__version__,
+            started_at_ms=self.started_at_ms, heartbeat_at_ms=now_ms(), done=self._trips.processed,
+            failed=self._trips.failed, running=tuple(self._locks.running()))
 
     # -- control ---------------------------------------------------------
 
@@ -238,6 +252,8 @@ class Worker:
         """
         if not self._slots.start_children():
             return 0  # stopped while they started
+        self.started_at_ms = now_ms()
+        self._heartbeat.beat()  # in the registry from now until it stops
         threads = [threading.Thread(target=self._locks.run, name="echomq-renew", daemon=True),
                    threading.Thread(target=self._marker.run, name="echomq-marker", daemon=True),
                    *self._slots.threads()]
@@ -300,8 +316,14 @@ class Worker:
         aborted = self._stages.aborted.is_set()
         if not aborted:  # (a second stop returns at once: they go within a lock duration)
             self._shown.show()
+            self._heartbeat.leave()
         # A second stop kills the children of jobs left running.
         self._slots.close(kill=aborted)
+
+    def _each_round(self) -> None:
+        """The renewer's other periodic writes, after each of its rounds."""
+        self._shown.show()
+        self._heartbeat.beat()
 
     def _abandoned_changed(self) -> None:
         """A thread past its hard limit was abandoned, or one ended: show it now, and let the loop count its slots."""

@@ -75,7 +75,7 @@ class Command(BaseCommand):
             names = queue_names(queues)
             configured = {name: worker_options(name, **overrides) for name in names}
             refuse_recycling_on_threads(configured, max_jobs_per_child, max_memory_per_child)
-            workers = [make_worker(name, run_and_report, **overrides) for name in names]
+            workers = [make_worker(name, run_and_report, queues=tuple(names), **overrides) for name in names]
         except (InvalidNameError, ValueError) as error:
             raise CommandError(str(error)) from None
         connect_or_fail(lambda message: self.stderr.write(self.style.WARNING(message)))
