@@ -113,6 +113,15 @@ class Job(models.Model):
         permissions = [("promote_job", "Can promote delayed jobs"), ("cancel_job", "Can cancel jobs")]
 
 
+class Worker(models.Model):
+    """No table: the admin's Workers page (every live worker of every queue, read from the workers registry)."""
+
+    class Meta:
+        managed = False
+        verbose_name = "worker"
+        default_permissions = ("view",)
+
+
 class Schedule(models.Model):
     """A periodic job kept in the database and edited in the admin; echomq_beat reads these rows every interval.
 

@@ -28,6 +28,11 @@ from .queues import get_queue
 
 logger = logging.getLogger("echomq.outbox")
 
+# The states whose jobs wait for a worker: one of them not empty and no live worker is worth a warning.
+READY_STATES = ("wait", "prioritized", "paused")
+# A queue whose last sweep is older than this many of its sweep intervals has no sweeper running, it seems.
+SWEEPS_MISSED = 3
+
 # The complete minutes whose rates `echomq_status --json` reports (its key "last_5_minutes" says so too).
 RATE_MINUTES = 5
 # The counts it gives a mean per minute of.
@@ -78,10 +83,56 @@ def queue_status(name: str, *, rates: bool = False, now: int | None = None,
                   # Worker slots held by a thread past its hard limit (threads pool): no job starts in them.
                   "abandoned_threads": [{"worker": worker, "job": job}
                                         for worker, job in abandoned_threads(queue.client, queue.keys)],
-                  "outbox": outbox_summary((outbox or {}).get(name))}
+                  "outbox": outbox_summary((outbox or {}).get(name)),
+                  "workers": [worker.to_json() for worker in queue.workers()]}
     except (QueueStateError, ResponseError) as error:  # a key another client gave another Redis type
         return {"queue": name, "error": str(error)}
+    status["warnings"] = queue_warnings(status, config)
     return {**status, **recent_rates(queue, now)} if rates else status
+
+
+def queue_warnings(status: dict[str, Any], config: QueueConfig) -> list[str]:
+    """What an operator should look at now: jobs waiting with no live worker, and no sweep for a while."""
+    warnings = []
+    ready = sum(status["counts"][state] for state in READY_STATES)
+    if ready and not status["workers"]:
+        warnings.append(f"no workers: {ready} job(s) waiting and no live worker serves this queue")
+    sweep, interval_s = status["last_sweep"], config.sweep_interval_ms / 1000
+    try:
+        age_s = seconds_since(sweep) if sweep else None
+    except (KeyError, TypeError, ValueError):  # a report another client wrote
+        age_s = None
+    if age_s is not None and age_s > SWEEPS_MISSED * interval_s:
+        warnings.append(f"no sweeper: the last sweep ended {age_s:.0f} s ago, more than {SWEEPS_MISSED} sweep "
+                        f"intervals of {interval_s:g} s (is `manage.py echomq_sweep` running?)")
+    elif sweep is None and status["counts"]["active"]:
+        warnings.append("no sweeper: this queue has running jobs and was never swept (is `manage.py echomq_sweep` "
+                        "running?): a job whose worker dies would not be recovered")
+    return warnings
+
+
+def describe_worker(worker: dict[str, Any], now_s: float | None = None) -> str:
+    """One worker of the registry in one line: where it runs, how busy, since when."""
+    now_s = time.time() if now_s is None else now_s
+    up_s = max(0.0, now_s - worker["started_at_ms"] / 1000)
+    beat_s = max(0.0, now_s - worker["heartbeat_at_ms"] / 1000)
+    jobs = ", ".join(job_id for job_id, _ in worker["running"])
+    return (f"{worker['id']} on {worker['host']} (pid {worker['pid']}), {worker['pool']} x{worker['concurrency']}, "
+            f"busy {len(worker['running'])}/{worker['concurrency']}, up {duration(up_s)}, heartbeat "
+            f"{beat_s:.0f} s ago, {worker['done']} done, {worker['failed']} failed"
+            + (f"; running {jobs}" if jobs else ""))
+
+
+def duration(seconds: float) -> str:
+    """A duration in its largest units: "45 s", "12 min", "3 h 20 min", "2 d 4 h"."""
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min"
+    if seconds < 86400:
+        return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+    return f"{seconds // 86400} d {seconds % 86400 // 3600} h"
 
 
 def flow_summary(state: FlowState, config: QueueConfig) -> dict[str, Any]:

@@ -48,6 +48,8 @@ class QueueReading:
     counts: dict[str, int]
     oldest_waiting_ms: int | None
     last_sweep_age_s: float | None
+    workers: int = 0  # live in the registry
+    busy_slots: int = 0  # of theirs, running a job
 
 
 def read_queue(name: str) -> QueueReading:
@@ -58,7 +60,9 @@ def read_queue(name: str) -> QueueReading:
         sweep_age_s = seconds_since(sweep) if sweep else None
     except (KeyError, TypeError, ValueError):  # a report another client wrote: no age to tell
         sweep_age_s = None
-    return QueueReading(name, totals(queue), queue.counts(), oldest_waiting_age_ms(queue), sweep_age_s)
+    workers = queue.workers()
+    return QueueReading(name, totals(queue), queue.counts(), oldest_waiting_age_ms(queue), sweep_age_s,
+                        len(workers), sum(worker.busy_slots for worker in workers))
 
 
 class QueueCollector:
@@ -85,6 +89,10 @@ class QueueCollector:
             "echomq_last_sweep_age_seconds",
             "Seconds since the last sweep of the queue ended; no sample for a queue never swept.",
             labels=["queue"])
+        workers = GaugeMetricFamily(
+            "echomq_workers", "Workers serving the queue now (live in the workers registry).", labels=["queue"])
+        busy = GaugeMetricFamily(
+            "echomq_worker_busy_slots", "Slots of the queue's live workers running a job now.", labels=["queue"])
         outbox_rows = GaugeMetricFamily(
             "echomq_outbox_rows", "Jobs committed in the outbox and not yet sent to Redis.", labels=["queue"])
         outbox_oldest = GaugeMetricFamily(
@@ -105,7 +113,9 @@ class QueueCollector:
             oldest.add_metric(label, (reading.oldest_waiting_ms or 0) / 1000)
             if reading.last_sweep_age_s is not None:
                 swept.add_metric(label, reading.last_sweep_age_s)
-        yield from (completed, failed, recovered, jobs, oldest, swept)
+            workers.add_metric(label, reading.workers)
+            busy.add_metric(label, reading.busy_slots)
+        yield from (completed, failed, recovered, jobs, oldest, swept, workers, busy)
         if outbox is not None:
             yield from (outbox_rows, outbox_oldest)
 

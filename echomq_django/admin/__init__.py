@@ -1,4 +1,5 @@
-"""The admin: a queue dashboard, every queue's states, the failed and stalled lists, schedules, the outbox.
+"""The admin: a queue dashboard, every queue's states, the failed and stalled lists, schedules, the outbox,
+the live workers.
 
 Every change goes through the Lua scripts first, so Redis stays the source
 of truth. Changes are POST-only, CSRF-protected and need their own
@@ -6,6 +7,6 @@ permission; the bulk ones that act on a whole set run only on the POST of a
 confirmation page.
 """
 
-from . import browser, dashboard, mirror_lists, outbox, schedules
+from . import browser, dashboard, mirror_lists, outbox, schedules, workers
 
-__all__ = ["browser", "dashboard", "mirror_lists", "outbox", "schedules"]
+__all__ = ["browser", "dashboard", "mirror_lists", "outbox", "schedules", "workers"]

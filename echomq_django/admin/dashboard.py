@@ -98,7 +98,8 @@ class QueueAdmin(admin.ModelAdmin):
             "queues": rows,
             # One header per counted state, from the same tuple as the cells (a state added is a column added).
             "state_headers": ["marked stalled" if state == "stalled" else state for state in COUNTED],
-            "span_columns": len(COUNTED) + 1,
+            "span_columns": len(COUNTED) + 2,  # the counts, the workers and the last sweep
+            "can_view_workers": user.has_perm("echomq.view_worker"),
             "flow_queues": [row for row in rows if row.get("flow")],
             "can_sweep": user.has_perm("echomq.sweep_queue"),
             "can_pause": user.has_perm("echomq.pause_queue"),
@@ -147,6 +148,9 @@ class QueueAdmin(admin.ModelAdmin):
                 "cells": [{"state": state, "count": counts[state]} for state in COUNTED],
                 "last_sweep": describe_sweep(status["last_sweep"]), "flow": flow if limited else None,
                 "abandoned": describe_abandoned(status["abandoned_threads"]),
+                "workers": len(status["workers"]), "warnings": status["warnings"],
+                "busy_slots": sum(len(worker["running"]) for worker in status["workers"]),
+                "slots": sum(worker["concurrency"] for worker in status["workers"]),
                 "outbox": describe_outbox(status["outbox"]), "outbox_unsent": bool(
                     status["outbox"]["stale"] or status["outbox"]["refused"])}
 

@@ -26,6 +26,8 @@ FAMILIES = {  # name as parsed (counters without _total) -> (type, name in the t
     "echomq_queue_jobs": ("gauge", "echomq_queue_jobs"),
     "echomq_oldest_waiting_seconds": ("gauge", "echomq_oldest_waiting_seconds"),
     "echomq_last_sweep_age_seconds": ("gauge", "echomq_last_sweep_age_seconds"),
+    "echomq_workers": ("gauge", "echomq_workers"),
+    "echomq_worker_busy_slots": ("gauge", "echomq_worker_busy_slots"),
     "echomq_outbox_rows": ("gauge", "echomq_outbox_rows"),
     "echomq_outbox_oldest_seconds": ("gauge", "echomq_outbox_oldest_seconds"),
 }

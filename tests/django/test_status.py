@@ -21,7 +21,7 @@ def status_table() -> dict[str, dict[str, str]]:
     """echomq_status's table as queue -> {column: cell}."""
     out = StringIO()
     call_command("echomq_status", stdout=out)
-    header, *rows = out.getvalue().splitlines()
+    header, *rows = out.getvalue().split("\n\n")[0].splitlines()  # the table, before the workers
     assert header.split()[1:len(COUNTED) + 1] == list(COUNTED)
     return {row.split()[0]: dict(zip(COUNTED, row.split()[1:])) for row in rows}
 
@@ -76,7 +76,9 @@ def test_json_gains_the_five_complete_minutes_before_now_and_their_rates(echomq_
 def test_the_table_keeps_one_line_per_queue(echomq_settings, queue):
     out = StringIO()
     call_command("echomq_status", stdout=out)
-    assert len(out.getvalue().splitlines()) == 2 and "last_5_minutes" not in out.getvalue()
+    table, workers = out.getvalue().split("\n\n")
+    assert len(table.splitlines()) == 2 and "last_5_minutes" not in out.getvalue()
+    assert workers.splitlines() == ["workers:", "  q: none"]
 
 
 def test_a_run_counts_once_its_minute_is_complete(echomq_settings, queue):
@@ -114,7 +116,7 @@ def test_slots_held_by_threads_past_their_limit_are_shown_until_the_threads_end(
         assert queue_status("q")["abandoned_threads"] == [{"worker": worker.worker_id, "job": hung}]
         [status] = json.loads(status_lines("--json"))
         assert status["abandoned_threads"] == [{"worker": worker.worker_id, "job": hung}]
-        _header, line = status_lines().splitlines()
+        _header, line = status_lines().split("\n\n")[0].splitlines()
         assert line.endswith(f"; 1 worker slot(s) held by thread(s) running on past their time limit (job(s) {hung}): "
                              "no job starts in them until they end"), line
         queue.client.rpush(go, "go")  # the thread ends: its slot is free again

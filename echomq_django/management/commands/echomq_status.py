@@ -1,5 +1,5 @@
-"""`manage.py echomq_status`: jobs per state, marks, the last sweep of each queue, and the worker slots
-held by threads past their time limit, if any.
+"""`manage.py echomq_status`: jobs per state, marks, the last sweep of each queue, the worker slots
+held by threads past their time limit, if any, the live workers and the warnings.
 
 `--json` adds each queue's last five complete minutes and its mean rates per minute over them.
 """
@@ -11,13 +11,21 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from echomq_django.core import COUNTED, UNREACHABLE, InvalidNameError, now_ms
 from echomq_django.queues import queue_names
-from echomq_django.status import describe_abandoned, describe_outbox, describe_sweep, queue_status, read_outbox
+from echomq_django.status import (
+    describe_abandoned,
+    describe_outbox,
+    describe_sweep,
+    describe_worker,
+    queue_status,
+    read_outbox,
+)
 
 COLUMN = 2 + max(len(state) for state in COUNTED)  # so that no two headers run together
 
 
 class Command(BaseCommand):
-    help = "Show jobs per state (stalled = marked, also counted in active), pause state and last sweep."
+    help = ("Show jobs per state (stalled = marked, also counted in active), pause state, last sweep, the live "
+            "workers and warnings (jobs waiting with no worker, no sweep for three intervals).")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--queue", action="append", dest="queues", metavar="NAME",
@@ -41,6 +49,15 @@ class Command(BaseCommand):
             self.stdout.write(f"{'queue':<20}" + "".join(f"{state:>{COLUMN}}" for state in COUNTED) + "  last sweep")
             for status in statuses:
                 self.stdout.write(status_line(status))
+            self.stdout.write("\nworkers:")
+            for status in statuses:
+                for line in worker_lines(status):
+                    self.stdout.write(line)
+            warnings = [f"{status['queue']}: {warning}" for status in statuses for warning in status.get("warnings", ())]
+            if warnings:
+                self.stdout.write("\nwarnings:")
+                for warning in warnings:
+                    self.stdout.write(self.style.WARNING(f"  {warning}"))
         broken = [status["queue"] for status in statuses if "error" in status]
         if broken:  # after the healthy queues were shown, so one broken queue hides nothing
             raise CommandError(f"could not read queue(s) {', '.join(broken)}")
@@ -54,3 +71,12 @@ def status_line(status: dict[str, Any]) -> str:
              if note]
     return (f"{name:<20}" + "".join(f"{status['counts'][s]:>{COLUMN}}" for s in COUNTED)
             + "  " + describe_sweep(status["last_sweep"]) + "".join(f"; {note}" for note in notes))
+
+
+def worker_lines(status: dict[str, Any]) -> list[str]:
+    """A queue's live workers, a line each (one line saying none when it has none)."""
+    if "error" in status:
+        return []
+    if not status["workers"]:
+        return [f"  {status['queue']}: none"]
+    return [f"  {status['queue']}: {describe_worker(worker)}" for worker in status["workers"]]
