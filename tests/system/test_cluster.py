@@ -18,6 +18,7 @@ from redis.cluster import RedisCluster
 
 from echomq_django.core import (
     Confirm,
+    NewJob,
     NotConfirmedError,
     Queue,
     QueueKeys,
@@ -206,4 +207,41 @@ def test_a_sentinel_failover_loses_no_acknowledged_job(own_prefix):
             assert load.acknowledged <= load.completed()
             print(load.report("Sentinel failover"))
     finally:
+        servers.stop()
+
+
+def test_fifty_workers_on_five_queues_are_listed_per_queue_on_a_cluster(own_prefix):
+    servers = ClusterServers(masters=3, replicas=0)
+    servers.start()
+    try:
+        client = connect(servers.url)
+        names = servers.queues_on_each_master(client, own_prefix, per_master=2)[:5]  # every master owns one or two
+        workers = {name: [Worker(name, lambda job: None, client, prefix=own_prefix, worker_id=f"{name}-w{n}",
+                                 lock_duration_ms=LOCK_MS, block_timeout_s=0.5) for n in range(10)]
+                   for name in names}
+        threads = [threading.Thread(target=worker.run, daemon=True) for each in workers.values() for worker in each]
+        for thread in threads:
+            thread.start()
+        queues = {name: Queue(name, client, prefix=own_prefix) for name in names}
+
+        def listed() -> dict[str, list[str]]:
+            return {name: sorted(info.id for info in queue.workers()) for name, queue in queues.items()}
+
+        expected = {name: sorted(f"{name}-w{n}" for n in range(10)) for name in names}
+        assert wait_until(lambda: listed() == expected, 30), listed()
+        for name, queue in queues.items():
+            queue.add_bulk([NewJob("x") for _ in range(20)])
+        assert wait_until(lambda: all(sum(info.done for info in queue.workers()) == 20 for queue in queues.values()),
+                          30), {name: [info.done for info in queue.workers()] for name, queue in queues.items()}
+        first = names[0]
+        for worker in workers[first]:
+            worker.stop()
+        assert wait_until(lambda: listed() == {**expected, first: []}, 30), listed()
+    finally:
+        for each in workers.values():
+            for worker in each:
+                worker.stop()
+                worker.stop()
+        for thread in threads:
+            thread.join(10)
         servers.stop()
