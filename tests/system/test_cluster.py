@@ -229,7 +229,7 @@ def test_fifty_workers_on_five_queues_are_listed_per_queue_on_a_cluster(own_pref
 
         expected = {name: sorted(f"{name}-w{n}" for n in range(10)) for name in names}
         assert wait_until(lambda: listed() == expected, 30), listed()
-        for name, queue in queues.items():
+        for queue in queues.values():
             queue.add_bulk([NewJob("x") for _ in range(20)])
         assert wait_until(lambda: all(sum(info.done for info in queue.workers()) == 20 for queue in queues.values()),
                           30), {name: [info.done for info in queue.workers()] for name, queue in queues.items()}

@@ -4,7 +4,6 @@ and the dashboard's warnings appear and clear as worker and sweeper commands com
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest

@@ -53,7 +53,8 @@ class Command(BaseCommand):
             for status in statuses:
                 for line in worker_lines(status):
                     self.stdout.write(line)
-            warnings = [f"{status['queue']}: {warning}" for status in statuses for warning in status.get("warnings", ())]
+            warnings = [f"{status['queue']}: {warning}"
+                        for status in statuses for warning in status.get("warnings", ())]
             if warnings:
                 self.stdout.write("\nwarnings:")
                 for warning in warnings:
