@@ -253,7 +253,7 @@ class Worker:
         if not self._slots.start_children():
             return 0  # stopped while they started
         self.started_at_ms = now_ms()
-        self._heartbeat.beat()  # in the registry from now until it stops
+        self._locks.renew_soon()  # its first round writes the worker's record: in the registry until it stops
         threads = [threading.Thread(target=self._locks.run, name="echomq-renew", daemon=True),
                    threading.Thread(target=self._marker.run, name="echomq-marker", daemon=True),
                    *self._slots.threads()]

@@ -101,6 +101,8 @@ def test_the_demo_tells_the_whole_story(demo_env, tmp_path):
     assert re.search(r'^job demo\.\d+ \(import_rows\) logged 5 lines and last reported \{"percent": 100, "rows": 5\}: '
                      r"see its page, /admin/echomq/job/demo/job/demo\.\d+/$", out, re.M)
     assert "Django task add(2, 3) through the Tasks framework: SUCCESSFUL, return value 5" in out
+    assert re.search(r"^workers of 'demo' in the registry now \(the admin's Workers page\): pid \d+, threads x1, "
+                     r"\d+ done; worker 1 \(pid \d+\) dropped out with its lock duration$", out, re.M)
     assert re.search(r"^workflow w\w+: a chord of three import_rows jobs, then add_up once with their results: "
                      r"succeeded, 60 rows \(its page: /admin/echomq/job/demo/workflow/w\w+/\)$", out, re.M)
     assert re.search(r"^cancel of job heavy\.\d+ \(export\) while it runs: stopping;", out, re.M)

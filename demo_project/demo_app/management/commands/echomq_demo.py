@@ -172,6 +172,11 @@ class Command(BaseCommand):
         self.wait_for(lambda: (last_sweep(queue.client, queue.keys) or {}).get("finished_at_ms", 0) > finished_ms,
                       "a sweep after the jobs finished")
         self.show(queue, ids)
+        self.wait_for(lambda: process.pid not in [worker.pid for worker in queue.workers()],
+                      "worker 1's record to lapse")
+        self.stdout.write(f"\nworkers of {QUEUE!r} in the registry now (the admin's Workers page): " + "; ".join(
+            f"pid {worker.pid}, {worker.pool} x{worker.concurrency}, {worker.done} done"
+            for worker in queue.workers()) + f"; worker 1 (pid {process.pid}) dropped out with its lock duration")
         self.wait_for(lambda: heartbeats(queue), "a heartbeat job to complete")
         self.stdout.write(f"\nschedule heartbeat: {heartbeats(queue)} of its jobs completed so far, one per tick "
                           "though two schedulers run (ids heartbeat@<tick ms>)")
