@@ -99,9 +99,15 @@ class Heartbeat:
             self._send(pipe, info.id, "could not write its heartbeat")
 
     def leave(self) -> None:
-        """Take the record out (a clean stop); no beat writes it again."""
+        """Take the record out (a clean stop); no beat writes it again.
+
+        After a beat that failed (Redis out of reach) it is left to lapse: the
+        stop does not wait out the client's retries once more for it.
+        """
         with self._lock:
             self._left = True
+            if self._failing:
+                return
             worker_id = self.describe().id
             pipe = self.client.pipeline(transaction=False)
             pipe.zrem(self.keys.workers, worker_id)
