@@ -15,6 +15,7 @@ from .handle import JobHandle
 from .handoff import deliver_handoffs
 from .job import MAX_DELAY_MS, MAX_TIMESTAMP_MS, Job, JobOptions, encode_json, whole_number
 from .keys import (
+    ALPHABET,
     LIST_STATES,
     STATES,
     QueueKeys,
@@ -341,7 +342,8 @@ class Queue:
                 try:
                     valid.append(validate_stored_id(job_id))
                 except InvalidNameError:
-                    outcome.add(str(job_id), "no job can have its id")
+                    outcome.add(str(job_id), f"no job can have its id (an id may hold only {ALPHABET}, and is "
+                                             "no queue key's name)")
             for job_id, code in zip(valid, self.scripts.run_batch([call(job_id) for job_id in valid])):
                 sort(outcome, job_id, code)
         return outcome
