@@ -33,8 +33,8 @@ from ..core import (
 from ..models import FailedJob, JobRecord
 from ..models import Job as JobModel
 from ..queues import get_queue
-from .bulk import actions_for, bulk_view
 from .browser_pages import COLUMNS, STATE_COLUMNS, job_sections, page_links, table_row
+from .bulk import actions_for, bulk_view
 from .common import JOB_ERRORS, REDIS_ERRORS, configured_queue, confirmation, confirmed, redis_problem
 from .mirror_lists import live_jobs
 from .workflows import cancel_workflow_view, workflow_view

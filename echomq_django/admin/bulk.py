@@ -27,8 +27,8 @@ from django.urls import reverse
 from ..core import (
     BROWSABLE,
     BULK_BATCH,
-    STATES,
     GONE,
+    STATES,
     BulkOutcome,
     InvalidNameError,
     Queue,
