@@ -29,6 +29,7 @@ from ..core import (
     BULK_BATCH,
     GONE,
     STATES,
+    STOPPING,
     BulkOutcome,
     InvalidNameError,
     Queue,
@@ -103,6 +104,9 @@ def summary(action: BulkAction, queue_name: str, state: str, asked: int, outcome
     parts = [f"{len(outcome.done)} job(s) {action.done}, of {asked} asked for in queue {queue_name}"]
     for why, ids in outcome.other.items():
         shown = ", ".join(ids[:IDS_SHOWN]) + (", …" if len(ids) > IDS_SHOWN else "")
+        if why == STOPPING:  # changed too: flagged
+            parts.append(f"{len(ids)} {why}")
+            continue
         if why == GONE:
             why = f"no longer {'marked stalled' if state == 'stalled' else state} (moved on or removed meanwhile)"
         parts.append(f"{len(ids)} left alone, {why}: {shown}")
@@ -122,7 +126,7 @@ def tell(model_admin: admin.ModelAdmin, request: HttpRequest, action: BulkAction
          queue_name: str, state: str, outcome: BulkOutcome, problem: str) -> None:
     text = summary(action, queue_name, state, asked, outcome, problem)
     audit(request, model_admin.model, action, what, text)
-    level = messages.ERROR if problem else messages.WARNING if outcome.other else messages.SUCCESS
+    level = messages.ERROR if problem else messages.WARNING if set(outcome.other) - {STOPPING} else messages.SUCCESS
     model_admin.message_user(request, text, level)
 
 
@@ -210,7 +214,8 @@ def bulk_selected(model_admin: admin.ModelAdmin, request: HttpRequest, queryset:
         outcome, problem = change(action, get_queue(queue_name), state, ids, request.user.get_username(),
                                   lambda outcome, name=queue_name: forget(action, model_admin.model, name, outcome))
         texts.append(summary(action, queue_name, state, len(ids), outcome, problem))
-        worst = max(worst, messages.ERROR if problem else messages.WARNING if outcome.other else messages.SUCCESS)
+        worst = max(worst, messages.ERROR if problem else messages.WARNING if set(outcome.other) - {STOPPING}
+                    else messages.SUCCESS)
     if texts:
         which = "every job the list matched" if across else "the ticked jobs"
         query = f" ({request.GET.urlencode()})" if request.GET else ""

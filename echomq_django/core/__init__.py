@@ -82,7 +82,7 @@ from .keys import (
 )
 from .metrics import Minute, oldest_waiting_age_ms, recent_minutes, totals
 from .pool import POOLS, Handler, class_path
-from .queue import BULK_BATCH, GONE, BulkOutcome, Cancel, Dedupe, EncodedJob, NewJob, Queue, now_ms
+from .queue import BULK_BATCH, GONE, STOPPING, BulkOutcome, Cancel, Dedupe, EncodedJob, NewJob, Queue, now_ms
 from .scripts import MAX_RATE_WINDOW_MS, Confirm, RateLimit, Scripts
 from .signals import SECOND_STOP_GRACE_S, RecordedSignals, Runner, run_until_signalled
 from .sweeper import Sweeper, SweepReport, SweepTarget, last_sweep
@@ -107,5 +107,5 @@ __all__ = [
     "SECOND_STOP_GRACE_S",
     "run_until_signalled", "MAX_PRIORITY", "MIN_PRIORITY", "validate_job_name", "delay_until", "Retry", "Chain",
     "Chord", "Group", "Member", "Plan", "WorkflowError", "WorkflowHandle", "tree_nodes", "JobHandle", "JobFailedError",
-    "JobNotFinishedError", "Dedupe", "BULK_BATCH", "GONE", "BulkOutcome", "state_ids", "state_size",
+    "JobNotFinishedError", "Dedupe", "BULK_BATCH", "GONE", "STOPPING", "BulkOutcome", "state_ids", "state_size",
 ]

@@ -295,4 +295,5 @@ def test_stalled_list_cancels_the_selected_jobs(root, queue):
     root.post(STALLED_LIST, {**data, "post": "yes"})
     assert all(queue.get_job(job_id).cancel_reason == "cancelled: in the admin by root" for job_id in ids)
     [line] = audit_lines(StalledJob)
-    assert "running: its worker stops it" in line.change_message
+    assert ("0 job(s) cancelled (failed, Retry brings them back), of 3 asked for in queue q; "
+            "3 running: its worker stops it") in line.change_message
