@@ -54,7 +54,7 @@ COMPARE_FACTOR = 20
 # The range of score_ms (a BigIntegerField, 64 bits).
 SCORE_MIN_MS, SCORE_MAX_MS = -(2**63), 2**63 - 1
 UPDATE_FIELDS = ["name", "state", "data", "opts", "attempts_made", "stall_count", "failed_reason",
-                 "stacktrace", "created_at", "processed_at", "finished_at", "score_ms", "synced_at"]
+                 "stacktrace", "error_class", "created_at", "processed_at", "finished_at", "score_ms", "synced_at"]
 
 logger = logging.getLogger("echomq.mirror")
 
@@ -121,6 +121,7 @@ def _record(job: Job, state: str, score_ms: int | None) -> JobRecord:
         opts=job.opts.to_json(), attempts_made=min(job.attempts_made, _INT_MAX),
         stall_count=min(job.stall_count, _INT_MAX),
         failed_reason=storable(job.failed_reason or ""), stacktrace=storable(job.stacktrace),
+        error_class=storable(str(job.error_classes[-1])[:255]) if job.error_classes else "",
         created_at=datetime_from_ms(job.timestamp), processed_at=datetime_from_ms(job.processed_on),
         finished_at=datetime_from_ms(job.finished_on) or datetime_from_ms(score_ms), score_ms=score_ms,
     )
@@ -165,9 +166,12 @@ def _delete(queue: Queue, state: str, job_ids: Iterable[str]) -> int:
 
 
 def _new_or_changed(queue: Queue, state: str, scored_ids: list[tuple[str, int | None]]) -> list[tuple[str, int | None]]:
-    known = dict(JobRecord.objects.filter(queue=queue.name, state=state, job_id__in=[i for i, _ in scored_ids])
-                 .values_list("job_id", "score_ms"))
-    return [(job_id, score) for job_id, score in scored_ids if job_id not in known or known[job_id] != score]
+    # A row without its exception class (copied before the column existed) is copied again.
+    known = {job_id: (score, error_class) for job_id, score, error_class in JobRecord.objects.filter(
+        queue=queue.name, state=state, job_id__in=[i for i, _ in scored_ids]).values_list(
+        "job_id", "score_ms", "error_class")}
+    return [(job_id, score) for job_id, score in scored_ids
+            if job_id not in known or known[job_id][0] != score or known[job_id][1] is None]
 
 
 def _copy_failed(queue: Queue, page: list[tuple[str, float]]) -> int:

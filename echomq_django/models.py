@@ -28,6 +28,9 @@ class JobRecord(models.Model):
     stall_count = models.IntegerField(default=0)
     failed_reason = models.TextField(blank=True)
     stacktrace = models.JSONField(default=list, blank=True)
+    # The dotted class of the last exception the job raised (the hash's `errc`), "" when none was recorded;
+    # None: copied before this column existed, and copied again by the next sync.
+    error_class = models.CharField("exception class", max_length=255, null=True, blank=True)
     created_at = models.DateTimeField(null=True, blank=True)
     processed_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -42,6 +45,7 @@ class JobRecord(models.Model):
             models.Index(fields=["state", "queue", "finished_at"], name="echomq_job_state_queue_fin"),
             models.Index(fields=["state", "name"], name="echomq_job_state_name"),
             models.Index(fields=["state", "finished_at"], name="echomq_job_state_finished"),
+            models.Index(fields=["state", "error_class"], name="echomq_job_state_errclass"),
         ]
 
     def __str__(self) -> str:

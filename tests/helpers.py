@@ -151,3 +151,24 @@ def running(worker: Worker, stop_timeout_s: float = 10) -> Iterator[Running]:
     finally:
         run.stop(stop_timeout_s)
     assert run.error is None, f"worker.run() raised {run.error!r}"
+
+
+def fail_jobs(queue: Queue, count: int, *, reason: str = "boom", error_class: str = "", name: str = "work",
+              now: int = 1_700_000_000_000, batch: int = 500) -> list[str]:
+    """`count` jobs of one attempt each, failed for good through the real scripts, `batch` per call: add, fetch, fail.
+
+    The queue must have no other job ready (the fetch would take it).
+    """
+    from echomq_django.core import JobOptions, NewJob
+
+    ids: list[str] = []
+    for start in range(0, count, batch):
+        size = min(batch, count - start)
+        added = queue.add_bulk([NewJob(name, {"n": start + n}, JobOptions(attempts=1)) for n in range(size)])
+        _due, taken = take_jobs(queue, "fail-jobs", 30_000, now_ms(), size, "test-worker")
+        assert sorted(job_id for job_id, _ in taken) == sorted(added)
+        attempts = [Finish(job_id, "fail-jobs", False, reason, error_class=error_class) for job_id in added]
+        call = queue.scripts.finish_call(queue.keys, attempts, now + start, default_attempts=1)
+        queue.scripts.run_batch([call], raise_on_error=True)
+        ids += added
+    return ids

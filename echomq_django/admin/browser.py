@@ -34,6 +34,7 @@ from ..models import FailedJob, JobRecord
 from ..models import Job as JobModel
 from ..queues import get_queue
 from .browser_pages import COLUMNS, STATE_COLUMNS, job_sections, page_links, table_row
+from .bulk import actions_for, bulk_view
 from .common import JOB_ERRORS, REDIS_ERRORS, configured_queue, confirmation, confirmed, redis_problem
 from .mirror_lists import live_jobs
 from .workflows import cancel_workflow_view, workflow_view
@@ -115,6 +116,8 @@ class JobBrowserAdmin(admin.ModelAdmin):
             path(job + "cancel/", change(self.cancel_job_view), name="echomq_job_cancel"),
             path(job + "delete/", change(self.delete_job_view), name="echomq_job_delete"),
             path("<str:queue_name>/<str:state>/", page(self.browse_view), name="echomq_job_browse"),
+            path("<str:queue_name>/<str:state>/bulk/", change(
+                lambda request, **names: bulk_view(self, request, **names)), name="echomq_job_bulk"),
             path("<str:queue_name>/workflow/<str:workflow_id>/", page(
                 lambda request, **names: workflow_view(self, request, **names)), name="echomq_workflow_detail"),
             path("<str:queue_name>/workflow/<str:workflow_id>/cancel/", change(
@@ -187,10 +190,12 @@ class JobBrowserAdmin(admin.ModelAdmin):
         mirror = {"failed": "failedjob", "stalled": "stalledjob"}.get(state)
         mirror_url = (reverse(f"admin:echomq_{mirror}_changelist") + "?" + urlencode({"queue": queue.name})
                       if mirror and request.user.has_perm(f"echomq.view_{mirror}") else None)
+        rows = [table_row(queue.name, entry, columns) for entry in page.entries]
+        bulk = actions_for(request, state) if page.total else []
         return self.page(request, "job_browser.html", f"Queue {queue.name}: {state}", queue_name=queue.name,
                          state=state, state_links=links, total=page.total, paging=paging, mirror_url=mirror_url,
-                         headers=[header for header, _ in columns],
-                         rows=[table_row(queue.name, entry, columns) for entry in page.entries])
+                         headers=[header for header, _ in columns], rows=rows, bulk_actions=bulk,
+                         bulk_url=reverse("admin:echomq_job_bulk", args=[queue.name, state]) if bulk else None)
 
     def job_view(self, request: HttpRequest, queue_name: str, job_id: str) -> HttpResponse:
         """Everything Redis holds about one job, and the buttons its state and the user allow."""

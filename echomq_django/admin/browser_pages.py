@@ -76,9 +76,15 @@ STATE_COLUMNS: dict[str, tuple[Column, ...]] = {
 
 
 def table_row(queue_name: str, entry: Entry, columns: tuple[Column, ...]) -> dict[str, Any]:
+    """A job's line of a list; `job_id` is None for an id no job can have (it cannot be ticked either)."""
+    try:
+        job_id: str | None = validate_stored_id(entry.job_id)
+    except InvalidNameError:
+        job_id = None
     if entry.job is None:
-        return {"id": job_link(queue_name, entry.job_id), "problem": entry.problem}
-    return {"id": job_link(queue_name, entry.job_id), "cells": [value(entry.job, entry) for _, value in columns]}
+        return {"id": job_link(queue_name, entry.job_id), "job_id": job_id, "problem": entry.problem}
+    return {"id": job_link(queue_name, entry.job_id), "job_id": job_id,
+            "cells": [value(entry.job, entry) for _, value in columns]}
 
 
 def page_links(number: int, last: int) -> dict[str, Any]:

@@ -58,11 +58,17 @@ def exact_time(value: datetime | None) -> str:
 
 
 def confirmation(request: HttpRequest, model_admin: admin.ModelAdmin, *, title: str, question: str,
-                 button: str, fields: dict[str, str] | None = None) -> TemplateResponse:
-    """A page that asks before a change; its form POSTs the same fields again, with post=yes."""
+                 button: str, fields: dict[str, str] | list[tuple[str, str]] | None = None,
+                 cancel_url: str | None = None, items: list[str] | None = None) -> TemplateResponse:
+    """A page that asks before a change; its form POSTs the same fields again (a name may repeat), with post=yes.
+
+    `items`: the things it would change, one line each, listed under the question.
+    """
+    pairs = list(fields.items()) if isinstance(fields, dict) else list(fields or [])
     context = {**model_admin.admin_site.each_context(request), "title": title, "question": question,
-               "button": button, "fields": fields or {}, "opts": model_admin.model._meta,
-               "cancel_url": reverse(f"admin:{model_admin.opts.app_label}_{model_admin.opts.model_name}_changelist")}
+               "button": button, "fields": pairs, "opts": model_admin.model._meta, "items": items or [],
+               "cancel_url": cancel_url or reverse(
+                   f"admin:{model_admin.opts.app_label}_{model_admin.opts.model_name}_changelist")}
     return TemplateResponse(request, "admin/echomq/confirm.html", context)
 
 

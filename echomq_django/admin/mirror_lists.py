@@ -28,6 +28,7 @@ from ..core import UNREACHABLE, InvalidNameError, Job, LiveJob, Queue, inspect_j
 from ..mirror import sync_queue
 from ..models import FailedJob, JobRecord, MirrorCursor, StalledJob
 from ..queues import get_queue
+from .bulk import CANCEL, DELETE, RETRY, bulk_selected
 from .common import (
     JOB_ERRORS,
     REDIS_ERRORS,
@@ -197,11 +198,34 @@ class WhyFailedFilter(admin.SimpleListFilter):
         return queryset
 
 
+class ErrorTextFilter(admin.SimpleListFilter):
+    """The failed jobs whose reason holds a text, any case (one pass over the rows of the set, like a search)."""
+
+    title, parameter_name = "error text", "error"
+    template = "admin/echomq/text_filter.html"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return []
+
+    def has_output(self) -> bool:
+        return True
+
+    def choices(self, changelist: ChangeList) -> Any:
+        # The form keeps every other filter of the page (and goes back to its first page).
+        kept = [(name, value) for name, values in self.request.GET.lists() for value in values
+                if name not in (self.parameter_name, "p")]
+        yield {"name": self.parameter_name, "value": self.value() or "", "kept": kept,
+               "clear_url": changelist.get_query_string(remove=[self.parameter_name]) if self.value() else None}
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        return queryset.filter(failed_reason__icontains=self.value()) if self.value() else queryset
+
+
 @admin.register(FailedJob)
 class FailedJobAdmin(MirrorAdmin):
-    list_display = ("job_id", "finished", "dotted_name", "reason", "attempts_made", "queue")
+    list_display = ("job_id", "finished", "dotted_name", "reason", "error_class", "attempts_made", "queue")
     # No date_hierarchy: its year/month links need a scan of every row.
-    list_filter = ("queue", WhyFailedFilter, "name", "finished_at")
+    list_filter = ("queue", WhyFailedFilter, "error_class", ErrorTextFilter, "name", "finished_at")
     ordering = ("-finished_at",)
     actions = ["retry_selected", "delete_selected"]
 
@@ -267,36 +291,14 @@ class FailedJobAdmin(MirrorAdmin):
         return HttpResponseRedirect(reverse(f"admin:{self.url_name('changelist')}"))
 
     @admin.action(permissions=["retry"], description="Retry selected jobs")
-    def retry_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        retried, gone = 0, []
-        for record in queryset:
-            try:
-                if get_queue(record.queue).retry(record.job_id):
-                    retried += 1
-                else:
-                    gone.append(record.job_id)
-            except JOB_ERRORS as error:
-                self.message_user(request, f"Job {record.job_id!r} was left alone: {redis_problem(error)}",
-                                  messages.ERROR)
-                continue
-            record.delete()  # either way it is no longer in failed
-        self.message_user(request, f"{retried} job(s) sent back to wait.", messages.SUCCESS)
-        if gone:
-            self.message_user(request, f"{len(gone)} job(s) were no longer failed and were left alone: "
-                              f"{', '.join(gone[:20])}", messages.WARNING)
+    def retry_selected(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        """Ticked rows at once; every row the list matches ("Select all") after a page that gives the count."""
+        return bulk_selected(self, request, queryset, RETRY, "retry_selected")
 
-    def delete_model(self, request: HttpRequest, obj: JobRecord) -> None:
-        """Delete the job from Redis (only while it is still failed), then its row."""
-        try:
-            get_queue(obj.queue).remove(obj.job_id, only_from="failed")
-        except JOB_ERRORS as error:
-            self.message_user(request, f"Job {obj.job_id!r} was not deleted: {redis_problem(error)}", messages.ERROR)
-            return
-        obj.delete()
-
-    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
-        for record in queryset:
-            self.delete_model(request, record)
+    @admin.action(permissions=["delete"], description="Delete selected jobs")
+    def delete_selected(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        """Delete from Redis (each only while still failed), after a page that gives the count; then the rows."""
+        return bulk_selected(self, request, queryset, DELETE, "delete_selected")
 
 
 class StalledChangeList(JobChangeList):
@@ -336,11 +338,19 @@ def lock_ttl(ttl_ms: int | None) -> str:
 class StalledJobAdmin(MirrorAdmin):
     list_display = ("job_id", "next_sweep", "lock_ttl", "time_in_active", "attempts_made", "dotted_name", "queue")
     ordering = ("queue", "job_id")
-    actions = None
+    actions = ["cancel_selected"]
     changelist_class = StalledChangeList
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("echomq.cancel_job")
+
+    @admin.action(permissions=["cancel"], description="Cancel selected jobs")
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        """Flag the jobs for their workers to stop (they are active), after a page that gives the count."""
+        return bulk_selected(self, request, queryset, CANCEL, "cancel_selected")
 
     def in_its_set(self, queue: Queue, job_id: str, state: str | None) -> bool:
         return job_id in queue.stalled_ids()

@@ -22,7 +22,7 @@ from .beat import (
     transient,
     zone,
 )
-from .browse import BROWSABLE, Entry, Page, browse
+from .browse import BROWSABLE, Entry, Page, browse, state_ids, state_size
 from .connection import DEFAULT_REDIS_URL, UNREACHABLE, RedisURLError, connect, parse_redis_url, redacted_url
 from .errors import (
     EchoMQError,
@@ -82,7 +82,7 @@ from .keys import (
 )
 from .metrics import Minute, oldest_waiting_age_ms, recent_minutes, totals
 from .pool import POOLS, Handler, class_path
-from .queue import Cancel, Dedupe, EncodedJob, NewJob, Queue, now_ms
+from .queue import BULK_BATCH, GONE, STOPPING, BulkOutcome, Cancel, Dedupe, EncodedJob, NewJob, Queue, now_ms
 from .registry import WorkerInfo
 from .scripts import MAX_RATE_WINDOW_MS, Confirm, RateLimit, Scripts
 from .signals import SECOND_STOP_GRACE_S, RecordedSignals, Runner, run_until_signalled
@@ -108,5 +108,5 @@ __all__ = [
     "SECOND_STOP_GRACE_S",
     "run_until_signalled", "MAX_PRIORITY", "MIN_PRIORITY", "validate_job_name", "delay_until", "Retry", "Chain",
     "Chord", "Group", "Member", "Plan", "WorkflowError", "WorkflowHandle", "tree_nodes", "JobHandle", "JobFailedError",
-    "JobNotFinishedError", "Dedupe", "WorkerInfo",
+    "JobNotFinishedError", "Dedupe", "WorkerInfo", "BULK_BATCH", "GONE", "STOPPING", "BulkOutcome", "state_ids", "state_size",
 ]

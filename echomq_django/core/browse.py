@@ -99,3 +99,46 @@ def _ms(score: float) -> int | None:
         return int(score)
     except (OverflowError, ValueError):  # inf or nan, scored by another client
         return None
+
+
+def state_size(queue: Queue, state: str) -> int:
+    """How many ids `state` (one of BROWSABLE) holds now: one LLEN, ZCARD or SCARD, as a page's total."""
+    if state not in BROWSABLE:
+        raise ValueError(f"state must be one of {', '.join(BROWSABLE)}, not {state!r}")
+    key = getattr(queue.keys, state)
+    if state == "stalled":
+        return int(queue.client.scard(key))
+    return int(queue.client.llen(key) if state in LIST_STATES else queue.client.zcard(key))
+
+
+def state_ids(queue: Queue, state: str, page: int = MAX_PAGE) -> list[str]:
+    """Every id in `state` (one of BROWSABLE) now, each once, read in windows of `page` (no call reads it all).
+
+    A bulk change takes this list first and then changes the jobs, so a job it
+    sends back into the same state (a retried job that fails again) is not met
+    twice. The windows are read from the end where ids arrive (a list's head,
+    a sorted set's highest score), while workers and retention take ids from
+    the other end: an arrival shifts the windows onto ids already read (kept
+    once), a departure at the far end shifts nothing. Only an id that leaves
+    from the middle meanwhile (a job finishing in active, another operator's
+    change) can shift one unread id past the window; the stalled set is read
+    by SSCAN, which misses nothing that stays.
+    """
+    if state not in BROWSABLE:
+        raise ValueError(f"state must be one of {', '.join(BROWSABLE)}, not {state!r}")
+    if not 1 <= page <= 10_000:
+        raise ValueError(f"a window holds 1 to 10,000 ids, not {page}")
+    key, client = getattr(queue.keys, state), queue.client
+    seen: dict[str, None] = {}
+    if state == "stalled":
+        for job_id in client.sscan_iter(key, count=page):
+            seen[job_id] = None
+        return list(seen)
+    start = 0
+    while True:
+        stop = start + page - 1
+        window = client.lrange(key, start, stop) if state in LIST_STATES else client.zrevrange(key, start, stop)
+        seen.update(dict.fromkeys(window))
+        if len(window) < page:
+            return list(seen)
+        start += page

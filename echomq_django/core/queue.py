@@ -5,8 +5,8 @@ from __future__ import annotations
 import enum
 import re
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
 from . import defaults
@@ -15,6 +15,7 @@ from .handle import JobHandle
 from .handoff import deliver_handoffs
 from .job import MAX_DELAY_MS, MAX_TIMESTAMP_MS, Job, JobOptions, encode_json, whole_number
 from .keys import (
+    ALPHABET,
     LIST_STATES,
     STATES,
     QueueKeys,
@@ -30,6 +31,9 @@ T = TypeVar("T")
 # Jobs per addJob call in add_bulk: large enough that per-call costs vanish, small
 # enough that one call never blocks Redis for long (about a millisecond).
 JOBS_PER_CALL = 500
+# Jobs per pipelined round trip of a bulk change (retry_many, remove_many, cancel_many): each job is a
+# script call of its own, which touches that job alone, so no call walks a whole state.
+BULK_BATCH = 500
 
 
 # The longest dedupe key (it becomes part of a Redis key, dedupe:<key>).
@@ -293,6 +297,58 @@ class Queue:
                 break
         return retried
 
+    def retry_many(self, job_ids: Iterable[str], batch: int = BULK_BATCH) -> BulkOutcome:
+        """`retry` each of these jobs, `batch` script calls per pipelined round trip."""
+        def sort(outcome: BulkOutcome, job_id: str, code: Any) -> None:
+            outcome.add(job_id, {1: None, 0: GONE, -1: "it has no job hash to run (delete it)",
+                                 -2: "a workflow's step whose inputs did not all come"}.get(code, _refused(code)))
+
+        return self._bulk(job_ids, batch, lambda job_id: self.scripts.retry_call(self.keys, job_id), sort)
+
+    def remove_many(self, job_ids: Iterable[str], *, only_from: str | None = None,
+                    batch: int = BULK_BATCH) -> BulkOutcome:
+        """`remove` each of these jobs (only while in `only_from`, when given), `batch` calls per round trip.
+
+        A job a live worker holds is left alone, as is one no longer in `only_from` (`gone`).
+        """
+        def sort(outcome: BulkOutcome, job_id: str, code: Any) -> None:
+            outcome.add(job_id, {1: None, 0: GONE, -4: GONE, -3: "a worker holds it"}.get(code, _refused(code)))
+
+        outcome = self._bulk(job_ids, batch, lambda job_id: self.scripts.remove_call(self.keys, job_id, only_from),
+                             sort)
+        if outcome.done:
+            deliver_handoffs(self.scripts, self.keys, now_ms())  # workflows' members: their workflows heard of it
+        return outcome
+
+    def cancel_many(self, job_ids: Iterable[str], reason: str = "", batch: int = BULK_BATCH) -> BulkOutcome:
+        """`cancel` each of these jobs, `batch` calls per round trip; a running one is flagged (see `cancel`)."""
+        text = f"cancelled: {reason}" if reason else "cancelled"
+
+        def sort(outcome: BulkOutcome, job_id: str, code: Any) -> None:
+            outcome.add(job_id, {1: None, 2: STOPPING, 3: GONE, 0: GONE,
+                                 -1: "its key is no job hash (its id left its state)"}.get(code, _refused(code)))
+
+        outcome = self._bulk(job_ids, batch, lambda job_id: self.scripts.cancel_call(self.keys, job_id, text,
+                                                                                     now_ms()), sort)
+        if outcome.done:
+            deliver_handoffs(self.scripts, self.keys, now_ms())
+        return outcome
+
+    def _bulk(self, job_ids: Iterable[str], batch: int, call: Callable[[str], Call],
+              sort: Callable[[BulkOutcome, str, Any], None]) -> BulkOutcome:
+        outcome = BulkOutcome()
+        for chunk in batched(job_ids, batch):
+            valid = []
+            for job_id in chunk:
+                try:
+                    valid.append(validate_stored_id(job_id))
+                except InvalidNameError:
+                    outcome.add(str(job_id), f"no job can have its id (an id may hold only {ALPHABET}, and is "
+                                             "no queue key's name)")
+            for job_id, code in zip(valid, self.scripts.run_batch([call(job_id) for job_id in valid])):
+                sort(outcome, job_id, code)
+        return outcome
+
     def clean(self, state: str, older_than_ms: int, batch: int = 1000) -> int:
         """Delete jobs of `state` ("completed"/"failed") finished more than `older_than_ms` ago."""
         cutoff, cleaned = now_ms() - older_than_ms, 0
@@ -362,6 +418,41 @@ class Cancel(enum.Enum):
 
     def __bool__(self) -> bool:
         return self in (Cancel.CANCELLED, Cancel.STOPPING)
+
+
+# Why a bulk change left a job alone, when the job had simply moved on: it is no longer in the state the change
+# was for (retried, taken, finished or removed meanwhile). A running job being cancelled: its worker stops it.
+GONE = "no longer there (it moved on or was removed meanwhile)"
+STOPPING = "running: its worker stops it at its next lock renewal"
+
+
+@dataclass
+class BulkOutcome:
+    """What a bulk change did: the ids it changed (`done`), and every other id under why it was not."""
+
+    done: list[str] = field(default_factory=list)
+    other: dict[str, list[str]] = field(default_factory=dict)
+
+    def add(self, job_id: str, why: str | None) -> None:
+        if why is None:
+            self.done.append(job_id)
+        else:
+            self.other.setdefault(why, []).append(job_id)
+
+    def merge(self, more: BulkOutcome) -> None:
+        self.done += more.done
+        for why, ids in more.other.items():
+            self.other.setdefault(why, []).extend(ids)
+
+    @property
+    def gone(self) -> list[str]:
+        """The ids no longer in the state the change was for."""
+        return self.other.get(GONE, [])
+
+
+def _refused(code: Any) -> str:
+    """Why for a reply that is no code of the script: the error Redis answered."""
+    return f"Redis refused it: {code}" if isinstance(code, Exception) else f"the script answered {code!r}"
 
 
 _CANCEL_CODES = {1: Cancel.CANCELLED, 2: Cancel.STOPPING, 3: Cancel.FINISHED}

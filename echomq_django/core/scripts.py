@@ -189,20 +189,23 @@ class Scripts(ScriptClient):
         """Move a job that is still in `failed` back to wait (codes as for `retry_call`)."""
         return int(self._run(*self.retry_call(keys, job_id)))
 
+    def remove_call(self, keys: QueueKeys, job_id: str, only_from: str | None = None) -> Call:
+        """The removeJob call for one job (see `remove_job`); its reply: 1 removed, 0 no such job, -3 held by a
+        live worker, -4 not in `only_from` (nothing changed in either)."""
+        sets = ("delayed", "completed", "failed")
+        if only_from is not None and only_from not in sets:
+            raise ValueError(f"only_from must be one of {', '.join(sets)}, not {only_from!r}")
+        return ("removeJob-9", keys.for_script("removeJob-9"),
+                script_argv("removeJob-9", prefix=keys.base, job_id=job_id,
+                            only_from=SCRIPT_KEYS["removeJob-9"].index(only_from) + 1 if only_from else ""))
+
     def remove_job(self, keys: QueueKeys, job_id: str, only_from: str | None = None) -> bool:
         """Delete a job from every state; False if there was no such job.
 
         With `only_from` ("delayed", "completed" or "failed"), only a job still in
         that set is removed; otherwise nothing changes and the result is False.
         """
-        sets = ("delayed", "completed", "failed")
-        if only_from is not None and only_from not in sets:
-            raise ValueError(f"only_from must be one of {', '.join(sets)}, not {only_from!r}")
-        code = self._run(
-            "removeJob-9", keys.for_script("removeJob-9"),
-            script_argv("removeJob-9", prefix=keys.base, job_id=job_id,
-                        only_from=SCRIPT_KEYS["removeJob-9"].index(only_from) + 1 if only_from else ""),
-        )
+        code = self._run(*self.remove_call(keys, job_id, only_from))
         if code == -3:
             raise JobLockedError(
                 f"job {job_id!r} of queue {keys.queue!r} is held by a live worker; "
@@ -236,14 +239,18 @@ class Scripts(ScriptClient):
         return int(self._run("promoteDelayed-6", keys.for_script("promoteDelayed-6"),
                              script_argv("promoteDelayed-6", prefix=keys.base, now=now, limit=1, job_id=job_id))) == 1
 
+    def cancel_call(self, keys: QueueKeys, job_id: str, reason: str, now: int) -> Call:
+        """The cancelJob call for one job (its codes as for `cancel_job`)."""
+        return ("cancelJob-6", keys.for_script("cancelJob-6"),
+                script_argv("cancelJob-6", prefix=keys.base, job_id=job_id, reason=reason, now=now))
+
     def cancel_job(self, keys: QueueKeys, job_id: str, reason: str, now: int) -> int:
         """Cancel a job with `reason` (see lua/cancelJob-6.lua).
 
         1 cancelled, 2 running and flagged for its worker to stop, 3 already
         finished, 0 no such job, -1 its key is no job hash.
         """
-        return int(self._run("cancelJob-6", keys.for_script("cancelJob-6"),
-                             script_argv("cancelJob-6", prefix=keys.base, job_id=job_id, reason=reason, now=now)))
+        return int(self._run(*self.cancel_call(keys, job_id, reason, now)))
 
     def update_progress(self, keys: QueueKeys, job_id: str, token: str, progress_json: str) -> int:
         """Record a running job's progress for the attempt holding `token`.

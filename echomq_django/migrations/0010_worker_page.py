@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('echomq', '0008_jobrecord_generated_id_length'),
+        ('echomq', '0009_bulk_jobrecord_error_class'),
     ]
 
     operations = [

@@ -1,0 +1,52 @@
+"""The admin's bulk retry at scale, on a Redis of the test's own (it sets the slow log's threshold)."""
+
+import time
+
+import pytest
+import redis
+from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import reverse
+
+from echomq_django.core import Queue
+from tests.helpers import fail_jobs
+from tests.redis_servers import redis_server
+
+pytestmark = pytest.mark.django_db
+JOBS = 20_000
+SLOW_US = 50_000  # a script call (any command) that takes longer is logged by Redis
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)  # about 5 s here
+def test_bulk_retry_of_20000_failed_jobs_sends_each_back_once_in_short_calls(settings):
+    with redis_server() as url:
+        client = redis.Redis.from_url(url, decode_responses=True)
+        queue = Queue("q", client, prefix="bulk")
+        settings.ECHOMQ = {"REDIS_URL": url, "PREFIX": "bulk", "QUEUES": {"q": {}}}
+        ids = fail_jobs(queue, JOBS)
+        assert client.zcard(queue.keys.failed) == JOBS
+        root = Client(enforce_csrf_checks=True)
+        root.force_login(User.objects.create_superuser("root", password="pw"))
+        browse = reverse("admin:echomq_job_browse", args=["q", "failed"])
+        page = root.get(browse).content.decode()
+        token = page.split('name="csrfmiddlewaretoken" value="', 1)[1].split('"', 1)[0]
+        assert f"all {JOBS} job(s) in failed" in page
+        client.config_set("slowlog-log-slower-than", SLOW_US)
+        client.slowlog_reset()
+
+        bulk = reverse("admin:echomq_job_bulk", args=["q", "failed"])
+        form = {"action": "retry", "scope": "all", "csrfmiddlewaretoken": token}
+        asked = root.post(bulk, form).content.decode()
+        assert f"Retry {JOBS} failed job(s) of queue q?" in asked and client.zcard(queue.keys.failed) == JOBS
+        started = time.monotonic()
+        done = root.post(bulk, {**form, "post": "yes"}, follow=True).content.decode()
+        took_s = time.monotonic() - started
+        slow = client.slowlog_get(128)
+
+        assert f"{JOBS} job(s) sent back to wait, of {JOBS} asked for in queue q." in done
+        assert slow == [], f"calls over {SLOW_US // 1000} ms: {[(e['duration'], e['command'][:60]) for e in slow]}"
+        wait = client.lrange(queue.keys.wait, 0, -1)
+        assert len(wait) == JOBS and set(wait) == set(ids), "each job in wait, once"
+        assert client.zcard(queue.keys.failed) == 0
+        print(f"bulk retry of {JOBS} failed jobs through the admin: {took_s:.2f} s")
