@@ -378,7 +378,12 @@ class Beat:
         for queue, due in by_queue.items():
             if self._aborted.is_set():
                 break
-            sent, replies = self._send(QueueKeys(queue, self.prefix), due, now, deadline)
+            sent, replies, refused = send_ticks(
+                self.scripts, QueueKeys(queue, self.prefix), [(schedule, tick, self._floor[schedule.name])
+                                                              for schedule, tick in due],
+                now, deadline, self.max_payload_bytes)
+            for schedule in refused:  # data too large for the queue: nothing to retry until it changes
+                self._due_at[schedule.name] = schedule.tick_after(now)
             answered = self.now() if deadline else now  # lateness as of the answer, not of the round's start
             unreachable = None
             for (schedule, tick), reply in zip(sent, replies):
@@ -400,34 +405,6 @@ class Beat:
             if unreachable is not None:
                 raise unreachable
         return firings
-
-    def _send(self, keys: QueueKeys, due: list[tuple[Schedule, int]], now: int,
-              deadline: int) -> tuple[list[tuple[Schedule, int]], list[Any]]:
-        """Send the due ticks of one queue in one round trip: the ticks sent, and their replies.
-
-        With tracing on, the round trip is a send span, whose context the jobs it fires carry.
-        """
-        sent: list[tuple[Schedule, int]] = []
-        replies: list[Any] = []
-
-        def fire(trace: str) -> list[str]:
-            calls = []
-            for schedule, tick in due:
-                try:
-                    # Once the next tick is due this call is stale: that tick is sent instead (coalesced).
-                    call_deadline = min(deadline, schedule.tick_after(tick)) if deadline else 0
-                    calls.append(fire_call(keys, schedule, now, tick, max_payload_bytes=self.max_payload_bytes,
-                                           deadline=call_deadline, floor=self._floor[schedule.name], trace=trace))
-                    sent.append((schedule, tick))
-                except PayloadError as error:  # data too large for the queue: nothing to retry until it changes
-                    logger.error("schedule %s: cannot add its job: %s", schedule.name, error)
-                    self._due_at[schedule.name] = schedule.tick_after(now)
-            replies.extend(self.scripts.run_batch(calls))
-            return [str(reply[1]) for reply in replies  # the jobs this call added (decided, fired)
-                    if not isinstance(reply, Exception) and reply[0] == "fired" and str(reply[2]) == "1"]
-
-        send_traced(keys.queue, fire, len(due))
-        return sent, replies
 
     def next_wake_ms(self) -> int:
         """When the loop next has something to do: a due tick, or reading the schedules again."""
@@ -595,6 +572,37 @@ class _Reader:
             if self._close is not None:
                 self._close()
 
+
+
+def send_ticks(scripts: Scripts, keys: QueueKeys, due: list[tuple[Schedule, int, int]], now: int, deadline: int,
+               max_payload_bytes: int) -> tuple[list[tuple[Schedule, int]], list[Any], list[Schedule]]:
+    """Send the due ticks (schedule, tick, floor) of one queue in one round trip (see Beat.fire_due).
+
+    The ticks sent, their replies, and the schedules whose job cannot be sent
+    (logged). With tracing on, the round trip is a send span, whose context the jobs it fires carry.
+    """
+    sent: list[tuple[Schedule, int]] = []
+    replies: list[Any] = []
+    refused: list[Schedule] = []
+
+    def fire(trace: str) -> list[str]:
+        calls = []
+        for schedule, tick, floor in due:
+            try:
+                # Once the next tick is due this call is stale: that tick is sent instead (coalesced).
+                call_deadline = min(deadline, schedule.tick_after(tick)) if deadline else 0
+                calls.append(fire_call(keys, schedule, now, tick, max_payload_bytes=max_payload_bytes,
+                                       deadline=call_deadline, floor=floor, trace=trace))
+                sent.append((schedule, tick))
+            except PayloadError as error:
+                logger.error("schedule %s: cannot add its job: %s", schedule.name, error)
+                refused.append(schedule)
+        replies.extend(scripts.run_batch(calls))
+        return [str(reply[1]) for reply in replies  # the jobs this call added (decided, fired)
+                if not isinstance(reply, Exception) and reply[0] == "fired" and str(reply[2]) == "1"]
+
+    send_traced(keys.queue, fire, len(due))
+    return sent, replies, refused
 
 
 def fire_call(keys: QueueKeys, schedule: Schedule, now: int, tick: int | None, job_id: str = "", *,

@@ -6,6 +6,10 @@ trace every later test of it); the processes pool is tests/system/test_tracing_p
 """
 
 import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -25,9 +29,10 @@ from echomq_django.core import (
     Schedule,
     Worker,
     run_now,
+    tracing,
     use_tracer_provider,
 )
-from echomq_django.core import tracing
+from tests.conftest import current_redis_url
 
 # Every attribute of a process span but its id and attempt.
 PROCESS = {"messaging.system": "echomq", "messaging.destination.name": "q", "messaging.operation.type": "process",
@@ -181,3 +186,23 @@ def test_without_a_provider_nothing_is_traced_or_stored(queue):
     drain(queue)
     assert queue.get_job(job_id).trace is None
     assert queue.get_state(job_id) == "completed"
+
+
+def test_without_opentelemetry_installed_jobs_run_and_nothing_is_imported(queue):
+    """A process where opentelemetry cannot be imported (None in sys.modules: as if not installed)."""
+    script = textwrap.dedent(f"""
+        import sys
+        sys.modules["opentelemetry"] = None
+        from echomq_django.core import Queue, Worker, connect, tracing
+        assert not tracing.INSTALLED and tracing.tracer() is None
+        client = connect({current_redis_url()!r})
+        queue = Queue("q", client, prefix={queue.keys.prefix!r})
+        job_id = queue.add("ok")
+        Worker("q", lambda job: job.id, client, prefix={queue.keys.prefix!r}, block_timeout_s=0.1).run(burst=True)
+        assert queue.get_state(job_id) == "completed", queue.get_state(job_id)
+        assert client.hget(queue.keys.job(job_id), "opts") == '{{"attempts":3}}'
+        assert not [name for name in sys.modules if name.startswith("opentelemetry.")]
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr[-3000:]
