@@ -2,8 +2,9 @@
 
 Tracing is on when opentelemetry-api is installed and a tracer provider is set:
 the one given to `use_tracer_provider`, else the global one (the SDK's, set by
-the application). Otherwise nothing here makes a span or stores anything in a
-job, and the check costs a dictionary lookup per add (bench/otel_cost.py).
+the application; one set after the process's first add is used within
+UNSET_RECHECK_S). Otherwise nothing here makes a span or stores anything in a
+job, and the check costs a clock read per add (bench/otel_cost.py).
 
 With it on:
 
@@ -23,6 +24,7 @@ With it on:
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -49,6 +51,9 @@ JOB_NAME = "echomq.job.name"
 ERROR_TYPE = "error.type"
 
 _propagator = TraceContextTextMapPropagator() if INSTALLED else None
+# A process without a global provider asks for one again this often: one set later is used from then on.
+UNSET_RECHECK_S = 1.0
+_unset_until = 0.0
 _provider: Any = None  # use_tracer_provider's; None: the global one
 _tracer: tuple[Any, Any] = (None, None)  # (a provider, its tracer): one get_tracer per provider
 
@@ -61,12 +66,20 @@ def use_tracer_provider(provider: trace.TracerProvider | None) -> None:
 
 def tracer() -> trace.Tracer | None:
     """echomq's tracer, or None when tracing is off (opentelemetry not installed, or no provider set)."""
+    global _tracer, _unset_until
     if not INSTALLED:
         return None
-    provider = _provider or trace.get_tracer_provider()
-    if isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
-        return None  # none set: the API's stand-in
-    global _tracer
+    provider = _provider
+    if provider is None:
+        now = time.monotonic()
+        if now < _unset_until:  # none was set a moment ago: get_tracer_provider() looks at os.environ, a µs an add
+            return None
+        provider = trace.get_tracer_provider()
+        if isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
+            _unset_until = now + UNSET_RECHECK_S
+            return None
+    elif isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
+        return None  # use_tracer_provider was given the API's stand-in
     cached = _tracer
     if cached[0] is not provider:
         cached = _tracer = (provider, provider.get_tracer("echomq_django"))

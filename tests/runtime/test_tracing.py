@@ -206,3 +206,32 @@ def test_without_opentelemetry_installed_jobs_run_and_nothing_is_imported(queue)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
                           cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_the_global_tracer_provider_turns_tracing_on_even_when_set_after_an_add(queue):
+    """In a process of its own: the global provider can be set once per process."""
+    script = textwrap.dedent(f"""
+        import time
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+        from echomq_django.core import Queue, connect, tracing
+        queue = Queue("q", connect({current_redis_url()!r}), prefix={queue.keys.prefix!r})
+        queue.add("before")
+        assert tracing.tracer() is None
+        exporter, provider = InMemorySpanExporter(), TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        trace.set_tracer_provider(provider)
+        deadline = time.monotonic() + 10 * tracing.UNSET_RECHECK_S  # asked for again within UNSET_RECHECK_S
+        while tracing.tracer() is None:
+            assert time.monotonic() < deadline, "the provider set is not used"
+            time.sleep(0.05)
+        job_id = queue.add("after")
+        [send] = exporter.get_finished_spans()
+        assert send.name == "send q" and send.attributes["messaging.message.id"] == job_id
+        assert queue.get_job(job_id).trace["traceparent"].startswith(f"00-{{send.context.trace_id:032x}}-")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr[-3000:]
