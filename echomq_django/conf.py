@@ -83,6 +83,9 @@ TOP_LEVEL_DEFAULTS: dict[str, Any] = {
     "OUTBOX_MAX_AGE": 86_400,
     # Seconds a finished workflow's record and results are kept (docs/workflows.md).
     "WORKFLOW_TTL": 86_400,
+    # With OpenTelemetry tracing on (the otel extra): a job's process spans are children of the span that
+    # sent it, in its trace; False: each starts a trace of its own, linked to that span (core/tracing.py).
+    "TRACE_AS_CHILD": False,
 }
 QUEUE_DEFAULTS: dict[str, Any] = {
     "LOCK_DURATION": defaults.LOCK_DURATION_MS / 1000,  # seconds a lock lives unless renewed
@@ -180,6 +183,7 @@ class EchoMQSettings:
     outbox: bool = False
     outbox_max_age_ms: int = TOP_LEVEL_DEFAULTS["OUTBOX_MAX_AGE"] * 1000
     workflow_ttl_ms: int = TOP_LEVEL_DEFAULTS["WORKFLOW_TTL"] * 1000
+    trace_as_child: bool = False
 
     def uses_outbox(self, name: str) -> bool:
         """Whether queue `name`'s enqueues inside a transaction go through the outbox."""
@@ -477,6 +481,7 @@ def parse_settings(raw: Any) -> tuple[EchoMQSettings, list[Problem]]:
     outbox = option("OUTBOX", _flag)
     outbox_max_age_ms = option("OUTBOX_MAX_AGE", _seconds_to_ms)
     workflow_ttl_ms = option("WORKFLOW_TTL", _seconds_to_ms)
+    trace_as_child = option("TRACE_AS_CHILD", _flag)
     queues: dict[str, QueueConfig] = {}
     raw_queues = values["QUEUES"]
     if not isinstance(raw_queues, dict) or not raw_queues:
@@ -496,7 +501,7 @@ def parse_settings(raw: Any) -> tuple[EchoMQSettings, list[Problem]]:
                               confirm=Confirm(replicas, confirm_ms) if replicas else None,
                               enqueue_timeout_s=enqueue_timeout_ms / 1000, metrics_minutes=metrics_minutes,
                               metrics_token=metrics_token, outbox=outbox, outbox_max_age_ms=outbox_max_age_ms,
-                              workflow_ttl_ms=workflow_ttl_ms)
+                              workflow_ttl_ms=workflow_ttl_ms, trace_as_child=trace_as_child)
     return resolved, problems
 
 

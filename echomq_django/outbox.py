@@ -41,6 +41,7 @@ from .core import (
     NewJob,
     Queue,
     now_ms,
+    send_traced,
     validate_job_id,
     validate_job_name,
 )
@@ -78,14 +79,20 @@ def enqueue(queue: Queue, job: NewJob, *, timestamp_ms: int | None = None, using
                          dedupe=job.dedupe)
     if job.job_id is None:
         job = NewJob(job.name, job.data, job.opts, new_job_id(), job.dedupe)
-    encoded = queue.encode(job)  # refused now, in the request, rather than after the commit
-    row = OutboxJob(queue=queue.name, timestamp_ms=now_ms() if timestamp_ms is None else timestamp_ms,
-                    **encoded._asdict())
-    # A caller's id enqueued twice in one transaction is one row, as it is one job in Redis.
-    OutboxJob.objects.using(database).bulk_create([row], ignore_conflicts=True)
-    _written(database).append(row)
-    transaction.on_commit(lambda: send_written(database), using=database, robust=True)
-    return encoded.job_id
+
+    def write(trace: str) -> list[str]:
+        encoded = queue.encode(job, trace)  # refused now, in the request, rather than after the commit
+        row = OutboxJob(queue=queue.name, timestamp_ms=now_ms() if timestamp_ms is None else timestamp_ms,
+                        **encoded._asdict())
+        # A caller's id enqueued twice in one transaction is one row, as it is one job in Redis.
+        OutboxJob.objects.using(database).bulk_create([row], ignore_conflicts=True)
+        _written(database).append(row)
+        transaction.on_commit(lambda: send_written(database), using=database, robust=True)
+        return [encoded.job_id]
+
+    # With tracing on, the send span is the row's write: the job carries the context of the enqueue.
+    [job_id] = send_traced(queue.name, write)
+    return job_id
 
 
 _local = threading.local()

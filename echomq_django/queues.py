@@ -164,6 +164,7 @@ def worker_options(name: str, **overrides: Any) -> dict[str, Any]:
         "rate_limit": config.rate_limit,
         "max_active": config.max_active,
         "group_max_active": config.group_max_active,
+        "trace_as_child": settings.trace_as_child,
     }
     options.update({key: value for key, value in overrides.items() if value is not None})
     if options["pool"] == "processes":

@@ -87,6 +87,7 @@ from .registry import WorkerInfo
 from .scripts import MAX_RATE_WINDOW_MS, Confirm, RateLimit, Scripts
 from .signals import SECOND_STOP_GRACE_S, RecordedSignals, Runner, run_until_signalled
 from .sweeper import Sweeper, SweepReport, SweepTarget, last_sweep
+from .tracing import send_traced, use_tracer_provider
 from .transport import OWN_CONNECTIONS_ENV, own_connections_wanted
 from .worker import Retention, Worker, abandoned_threads
 from .workflow import Chain, Chord, Group, Member, Plan, WorkflowError, WorkflowHandle, tree_nodes
@@ -108,5 +109,6 @@ __all__ = [
     "SECOND_STOP_GRACE_S",
     "run_until_signalled", "MAX_PRIORITY", "MIN_PRIORITY", "validate_job_name", "delay_until", "Retry", "Chain",
     "Chord", "Group", "Member", "Plan", "WorkflowError", "WorkflowHandle", "tree_nodes", "JobHandle", "JobFailedError",
-    "JobNotFinishedError", "Dedupe", "WorkerInfo", "BULK_BATCH", "GONE", "STOPPING", "BulkOutcome", "state_ids", "state_size",
+    "JobNotFinishedError", "Dedupe", "WorkerInfo", "BULK_BATCH", "GONE", "STOPPING", "BulkOutcome", "state_ids",
+    "state_size", "send_traced", "use_tracer_provider",
 ]

@@ -32,6 +32,7 @@ from .keys import QueueKeys, script_argv, validate_job_id, validate_job_name, va
 from .queue import now_ms
 from .scripts import Call, Scripts
 from .stopping import TwoStages
+from .tracing import send_traced, with_trace
 
 logger = logging.getLogger("echomq.beat")
 
@@ -377,19 +378,12 @@ class Beat:
         for queue, due in by_queue.items():
             if self._aborted.is_set():
                 break
-            keys = QueueKeys(queue, self.prefix)
-            calls, sent = [], []
-            for schedule, tick in due:
-                try:
-                    # Once the next tick is due this call is stale: that tick is sent instead (coalesced).
-                    call_deadline = min(deadline, schedule.tick_after(tick)) if deadline else 0
-                    calls.append(fire_call(keys, schedule, now, tick, max_payload_bytes=self.max_payload_bytes,
-                                           deadline=call_deadline, floor=self._floor[schedule.name]))
-                    sent.append((schedule, tick))
-                except PayloadError as error:  # data too large for the queue: nothing to retry until it changes
-                    logger.error("schedule %s: cannot add its job: %s", schedule.name, error)
-                    self._due_at[schedule.name] = schedule.tick_after(now)
-            replies = self.scripts.run_batch(calls)
+            sent, replies, refused = send_ticks(
+                self.scripts, QueueKeys(queue, self.prefix), [(schedule, tick, self._floor[schedule.name])
+                                                              for schedule, tick in due],
+                now, deadline, self.max_payload_bytes)
+            for schedule in refused:  # data too large for the queue: nothing to retry until it changes
+                self._due_at[schedule.name] = schedule.tick_after(now)
             answered = self.now() if deadline else now  # lateness as of the answer, not of the round's start
             unreachable = None
             for (schedule, tick), reply in zip(sent, replies):
@@ -580,13 +574,46 @@ class _Reader:
 
 
 
+def send_ticks(scripts: Scripts, keys: QueueKeys, due: list[tuple[Schedule, int, int]], now: int, deadline: int,
+               max_payload_bytes: int) -> tuple[list[tuple[Schedule, int]], list[Any], list[Schedule]]:
+    """Send the due ticks (schedule, tick, floor) of one queue in one round trip (see Beat.fire_due).
+
+    The ticks sent, their replies, and the schedules whose job cannot be sent
+    (logged). With tracing on, the round trip is a send span, whose context the jobs it fires carry.
+    """
+    sent: list[tuple[Schedule, int]] = []
+    replies: list[Any] = []
+    refused: list[Schedule] = []
+
+    def fire(trace: str) -> list[str]:
+        calls = []
+        for schedule, tick, floor in due:
+            try:
+                # Once the next tick is due this call is stale: that tick is sent instead (coalesced).
+                call_deadline = min(deadline, schedule.tick_after(tick)) if deadline else 0
+                calls.append(fire_call(keys, schedule, now, tick, max_payload_bytes=max_payload_bytes,
+                                       deadline=call_deadline, floor=floor, trace=trace))
+                sent.append((schedule, tick))
+            except PayloadError as error:
+                logger.error("schedule %s: cannot add its job: %s", schedule.name, error)
+                refused.append(schedule)
+        replies.extend(scripts.run_batch(calls))
+        return [str(reply[1]) for reply in replies  # the jobs this call added (decided, fired)
+                if not isinstance(reply, Exception) and reply[0] == "fired" and str(reply[2]) == "1"]
+
+    send_traced(keys.queue, fire, len(due))
+    return sent, replies, refused
+
+
 def fire_call(keys: QueueKeys, schedule: Schedule, now: int, tick: int | None, job_id: str = "", *,
-              max_payload_bytes: int = defaults.MAX_PAYLOAD_BYTES, deadline: int = 0, floor: int = 0) -> Call:
+              max_payload_bytes: int = defaults.MAX_PAYLOAD_BYTES, deadline: int = 0, floor: int = 0,
+              trace: str = "") -> Call:
     """The fireSchedule call for one tick, or with `tick` None for a run now under `job_id`.
 
     `deadline`: the latest time by Redis's clock the call may run at and
     decide (0: no limit, and no look at Redis's clock). `floor`: the newest
-    tick decided on a queue the schedule moved from (see Beat). PayloadError
+    tick decided on a queue the schedule moved from (see Beat). `trace`: the
+    context of the send span the job carries (tracing.py). PayloadError
     when the schedule's data is not JSON or too large for the queue.
     """
     data = encode_json(schedule.data, f"data of schedule {schedule.name!r}", max_payload_bytes)
@@ -598,7 +625,8 @@ def fire_call(keys: QueueKeys, schedule: Schedule, now: int, tick: int | None, j
                   "catch_up": int(catch_up)}
     return ("fireSchedule-6", keys.for_script("fireSchedule-6", name=schedule.name), script_argv(
         "fireSchedule-6", prefix=keys.base, now=now, **timing, name=schedule.job_name, data=data,
-        opts=schedule.opts.encoded(), priority=schedule.opts.priority, skip_if_running=int(schedule.skip_if_running),
+        opts=with_trace(schedule.opts.encoded(), trace), priority=schedule.opts.priority,
+        skip_if_running=int(schedule.skip_if_running),
         deadline=deadline, group=schedule.opts.group, floor=floor, expires_ms=schedule.opts.expires_ms))
 
 
@@ -615,10 +643,16 @@ def run_now(scripts: Scripts, schedule: Schedule, job_id: str, *, prefix: str = 
     It becomes the schedule's latest job (which SKIP_IF_RUNNING waits for).
     """
     now = now_ms()
-    call = fire_call(QueueKeys(schedule.queue, prefix), schedule, now, None, validate_job_id(job_id),
-                     max_payload_bytes=max_payload_bytes)
-    [reply] = scripts.run_batch([call], raise_on_error=True)
-    return _firing(schedule, None, now, reply)
+    keys, job_id = QueueKeys(schedule.queue, prefix), validate_job_id(job_id)
+    replies: list[Any] = []
+
+    def fire(trace: str) -> list[str]:
+        call = fire_call(keys, schedule, now, None, job_id, max_payload_bytes=max_payload_bytes, trace=trace)
+        replies.extend(scripts.run_batch([call], raise_on_error=True))
+        return [str(replies[0][1])]
+
+    send_traced(schedule.queue, fire)
+    return _firing(schedule, None, now, replies[0])
 
 
 @dataclass(frozen=True)

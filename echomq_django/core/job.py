@@ -246,6 +246,17 @@ class TooDeep(str):
         return cls(text if len(text) <= TOO_DEEP_CHARS else text[:TOO_DEEP_CHARS - 1] + "…")
 
 
+def _trace_of(opts: str | None) -> dict[str, str] | None:
+    """The trace context in an `opts` field (its `trace`, strings only), or None (core/tracing.py)."""
+    if not opts or '"trace"' not in opts:
+        return None
+    value = _json(opts, None)
+    trace = value.get("trace") if isinstance(value, dict) else None
+    if not isinstance(trace, dict):
+        return None
+    return {key: text for key, text in trace.items() if isinstance(key, str) and isinstance(text, str)} or None
+
+
 def _json(value: str | None, default: Any) -> Any:
     if value in (None, ""):
         return default
@@ -323,6 +334,10 @@ class Job:
     inputs_mode: str = ""  # "1": its workflow inputs come before its own arguments; "2": an error handler's
     workflow_args: list[Any] = field(default_factory=list)  # those arguments, read by the worker before it runs
     next_steps: str | None = None  # its workflow edges (`nxt`, JSON), read where it ends
+    # OpenTelemetry (core/tracing.py): the W3C context of the span that sent it (opts `trace`), and, while a
+    # worker runs it, that of its attempt's process span, in which the handler runs (sent to a pool's child).
+    trace: dict[str, str] | None = None
+    running_trace: dict[str, str] | None = None
     _reporter: Reporter | None = field(default=None, init=False, repr=False, compare=False)
     # What the running job is to raise at its next check (a cancel, a time limit); see check().
     _interrupt: BaseException | None = field(default=None, init=False, repr=False, compare=False)
@@ -427,6 +442,7 @@ class Job:
             workflow_queue=fields.get("wfq"),
             inputs_mode=fields.get("inp", ""),
             next_steps=fields.get("nxt"),
+            trace=_trace_of(opts),
         )
 
     @classmethod

@@ -53,6 +53,7 @@ from .errors import (
 from .job import Job, Reporter, encode_json
 from .scripts import Finish
 from .signals import SOFT_LIMIT_SIGNAL, leave_stop_signals_to_the_parent, on_soft_limit_signal
+from .tracing import run_traced
 
 logger = logging.getLogger("echomq.worker")
 
@@ -70,7 +71,7 @@ def run_handler(handler: Handler, job: Job) -> Finish:
     """Run the handler; returns the end of the attempt (the job's own errors become a failed Finish)."""
     token = job.token or ""
     try:
-        result = handler(job)
+        result = run_traced(job, handler)
         value = encode_json(result, f"return value of job {job.id}")
     except RateLimited as limited:  # not a failure: the job waits its turn again
         return Finish(job.id, token, completed=False, value=str(limited), rate_limited=True,

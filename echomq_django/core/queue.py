@@ -26,6 +26,7 @@ from .keys import (
 )
 from .registry import WorkerInfo, live_workers
 from .scripts import Call, Confirm, Scripts, pairs
+from .tracing import send_traced, with_trace
 
 T = TypeVar("T")
 # Jobs per addJob call in add_bulk: large enough that per-call costs vanish, small
@@ -143,8 +144,11 @@ class Queue:
     def __repr__(self) -> str:
         return f"<Queue {self.name!r} prefix={self.keys.prefix!r}>"
 
-    def encode(self, job: NewJob) -> EncodedJob:
-        """The job validated and encoded as an add sends it (PayloadError or InvalidNameError if it cannot be)."""
+    def encode(self, job: NewJob, trace: str = "") -> EncodedJob:
+        """The job validated and encoded as an add sends it (PayloadError or InvalidNameError if it cannot be).
+
+        `trace`: the trace context its opts carry, as `send_traced` gives it (core/tracing.py).
+        """
         validate_job_name(job.name)
         job_id = "" if job.job_id is None else validate_job_id(job.job_id)
         if job_id.startswith(self.name + ".") and job_id[len(self.name) + 1:].isdigit():
@@ -152,15 +156,16 @@ class Queue:
                                    f"({self.name}.<n>); choose another")
         opts = job.opts or self.default_opts
         data = encode_json(job.data, f"data of job {job.name!r}", self.max_payload_bytes)
+        opts_text = with_trace(opts.encoded(), trace)
         dedupe = job.dedupe
         if dedupe is None:
-            return EncodedJob(job_id=job_id, name=job.name, data=data, opts=opts.encoded(), delay_ms=opts.delay_ms,
+            return EncodedJob(job_id=job_id, name=job.name, data=data, opts=opts_text, delay_ms=opts.delay_ms,
                               priority=opts.priority, group=opts.group, expires_ms=opts.expires_ms)
         # A debounced job waits its window (a delay of its own would be the same thing, twice).
         delay_ms = dedupe.debounce_ms or opts.delay_ms
         if opts.expires_ms and opts.expires_ms <= delay_ms:
             raise PayloadError("the job would expire before its debounce window ends: it could never run")
-        return EncodedJob(job_id=job_id, name=job.name, data=data, opts=opts.encoded(), delay_ms=delay_ms,
+        return EncodedJob(job_id=job_id, name=job.name, data=data, opts=opts_text, delay_ms=delay_ms,
                           priority=opts.priority, group=opts.group, expires_ms=opts.expires_ms, dedupe=dedupe.key,
                           dedupe_mode=dedupe.mode, dedupe_ms=dedupe.ttl_ms or dedupe.debounce_ms)
 
@@ -172,9 +177,10 @@ class Queue:
         the job that holds the key, when one does).
 
         `timestamp_ms` is stored as the job's creation time (and a delay counts
-        from it); now by default.
+        from it); now by default. With tracing on, the add is a send span (core/tracing.py).
         """
-        [new_id] = self._add([self.encode(NewJob(name, data, opts, job_id, dedupe))], timestamp_ms)
+        job = NewJob(name, data, opts, job_id, dedupe)
+        [new_id] = send_traced(self.name, lambda trace: self._add([self.encode(job, trace)], timestamp_ms))
         return new_id
 
     def add_bulk(self, jobs: Iterable[NewJob]) -> list[str]:
@@ -182,7 +188,8 @@ class Queue:
 
         Every job is validated before anything is sent, so bad input adds nothing.
         """
-        return self._add([self.encode(job) for job in jobs])
+        jobs = list(jobs)
+        return send_traced(self.name, lambda trace: self._add([self.encode(job, trace) for job in jobs]), len(jobs))
 
     def add_calls(self, encoded: Sequence[EncodedJob], timestamp_ms: int | None = None, *,
                   sent_ms: int = 0) -> list[Call]:

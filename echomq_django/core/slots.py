@@ -27,6 +27,7 @@ from .pool import AbandonedThreads, ChildStartError, Handler, ProcessSlot, Threa
 from .queue import now_ms
 from .scripts import Finish
 from .stopping import TwoStages
+from .tracing import process_traced
 
 logger = logging.getLogger("echomq.worker")
 
@@ -55,6 +56,7 @@ class SlotOptions:
     max_jobs_per_child: int = 0
     max_memory_per_child_kb: int = 0
     child_init: Callable[[], None] | None = None
+    trace_as_child: bool = False  # an attempt's process span is its send span's child (tracing.py), not linked only
 
 
 class JobSlots:
@@ -157,7 +159,8 @@ class JobSlots:
         with self._in_hand_lock:
             self._in_hand[key] = (job, slot)
         try:
-            finish = slot.run(job, *self.limits(job))
+            finish = process_traced(job, lambda: slot.run(job, *self.limits(job)),
+                                    child_of_send=self.options.trace_as_child)
         except ChildStartError as error:  # no child to run jobs in: stop, leaving this job to the sweeper
             if not error.stopped:
                 logger.error("worker %s: %s; stopping, and leaving job %s to the sweeper", self.worker_id,

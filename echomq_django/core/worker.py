@@ -142,6 +142,9 @@ class Worker:
     sleeps as long as the script says, without calling Redis; a job that
     raises RateLimited pauses the whole queue for its `retry_after`.
 
+    With OpenTelemetry tracing on (tracing.py), each attempt is a process span,
+    linked to the span that sent the job, and its child with `trace_as_child`.
+
     Shutdown has two stages: the first `stop()` stops fetching and lets
     running jobs finish; a second `stop()` makes `run()` return at once, and
     the jobs still running are left to their lapsing locks and the sweeper.
@@ -159,10 +162,10 @@ class Worker:
         pool: str = "threads", time_limit_ms: int = 0, soft_time_limit_ms: int = 0,
         max_jobs_per_child: int = 0, max_memory_per_child_kb: int = 0,
         child_init: Callable[[], None] | None = None, rate_limit: RateLimit | None = None, max_active: int = 0,
-        group_max_active: int = 0, queues: tuple[str, ...] = (),
+        group_max_active: int = 0, queues: tuple[str, ...] = (), trace_as_child: bool = False,
     ) -> None:
         slot_options = SlotOptions(pool, time_limit_ms, soft_time_limit_ms, max_jobs_per_child,
-                                   max_memory_per_child_kb, child_init)
+                                   max_memory_per_child_kb, child_init, trace_as_child)
         renew_interval_ms = _checked(concurrency, slot_options, max_active, group_max_active, max_log_lines,
                                      lock_duration_ms, renew_interval_ms)
         self.keys = QueueKeys(queue, prefix)

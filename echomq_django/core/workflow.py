@@ -27,6 +27,7 @@ from .job import Job, JobOptions
 from .keys import QueueKeys, script_argv, script_argv_each, validate_job_name
 from .queue import JOBS_PER_CALL, Cancel, EncodedJob, NewJob, Queue, now_ms
 from .scripts import ADD_RECORD_MS
+from .tracing import send_traced, with_trace
 
 # Deeper nesting than this is refused: no real workflow comes close, and the
 # plan and every step's inputs are built recursively.
@@ -247,8 +248,12 @@ class Plan:
         re-sent call adds nothing twice); as the steps that wait come first,
         a step that runs at once finds the steps it hands its result to, and
         an add cut short runs nothing. Every job was encoded when planned,
-        so bad input is refused before anything is sent.
+        so bad input is refused before anything is sent. With tracing on, the
+        add is one send span on the home queue, whose context every job carries.
         """
+        send_traced(self.home.name, self._add, len(self.steps))
+
+    def _add(self, trace: str) -> list[str]:
         by_queue: dict[str, list[Step]] = defaultdict(list)
         for step in self.steps:
             by_queue[step.member.queue.name].append(step)
@@ -263,12 +268,13 @@ class Plan:
                 record = name == self.home.name and number == 0
                 picked = [step for step in by_queue[name] if chosen(step)]
                 chunks = _chunks(picked, ADD_JOBS_PER_CALL) or ([[]] if record else [])
-                calls = [self._call(queue, chunk, record and index == 0, f"{number}.{index}")
+                calls = [self._call(queue, chunk, record and index == 0, f"{number}.{index}", trace)
                          for index, chunk in enumerate(chunks)]
                 if calls:
                     queue.scripts.run_confirmed(calls, queue.confirm, raise_on_error=True)
+        return []
 
-    def _call(self, queue: Queue, steps: Sequence[Step], record: bool, part: str) -> Any:
+    def _call(self, queue: Queue, steps: Sequence[Step], record: bool, part: str, trace: str = "") -> Any:
         token = f"{self.id}.{part}"
         args = script_argv("addWorkflow-8", prefix=queue.keys.base, timestamp=now_ms(), token=token,
                            record_ms=ADD_RECORD_MS, workflow_id=self.id, home=self.home.name,
@@ -277,7 +283,8 @@ class Plan:
         for step in steps:
             encoded = step.encoded
             args += script_argv_each(
-                "addWorkflow-8", job_id=step.id, name=encoded.name, data=encoded.data, opts=encoded.opts,
+                "addWorkflow-8", job_id=step.id, name=encoded.name, data=encoded.data,
+                opts=with_trace(encoded.opts, trace),
                 delay_ms=encoded.delay_ms, priority=encoded.priority, group=encoded.group, deps=step.deps,
                 next_steps=json.dumps(step.edges, separators=(",", ":")), inputs=step.inputs,
                 allow_failure="1" if step.member.allow_failure else "")

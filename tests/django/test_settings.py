@@ -104,6 +104,7 @@ def test_a_correct_setting_passes_the_checks():
     ({"QUEUES": {"a": {"LOCK_DURATION": 0.001}}}, "echomq.E004"),
     ({"QUEUES": {"a": {"BACKOFF": {"TYPE": "linear"}}}}, "echomq.E006"),
     ({"QUEUES": {"a": "fast"}}, "echomq.E006"),
+    ({"TRACE_AS_CHILD": "yes"}, "echomq.E006"),
     ({"CONFIRM_REPLICAS": -1}, "echomq.E005"),
     ({"CONFIRM_REPLICAS": 1, "CONFIRM_TIMEOUT": 0}, "echomq.E005"),
     ({"ENQUEUE_TIMEOUT": 0}, "echomq.E005"),

@@ -128,3 +128,12 @@ def test_workflow_cost_runs_and_prints_every_row():
     assert "  chord  501 jobs:" in proc.stdout and "longest call" in proc.stdout
     assert "Last member's end to the callback's start" in proc.stdout
 
+
+
+def test_otel_cost_runs_and_prints_every_row():
+    proc = subprocess.run([sys.executable, "bench/otel_cost.py", "--quick", "--redis-url", current_redis_url()],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for row in ("tracing on: False", "Queue.add, with the hook", "the same add without the hook",
+                "median of the blocks' ratios (wall time)", "the hook alone", "with tracing on"):
+        assert row in proc.stdout, f"{row!r} missing from:\n{proc.stdout}"
