@@ -35,8 +35,9 @@ def test_the_dashboard_has_a_header_over_every_count(superuser_client, queue, de
     head, body = table.split("</thead>", 1)
     headers = re.findall(r'<th class="num">([^<]*)</th>', head)
     row = body.split("</tr>", 1)[0]
-    counts = re.findall(r'<td class="num">', row)
-    assert len(headers) == len(counts) == len(COUNTED), (
+    counts = re.findall(r'<td class="num"[ >]', row)  # the states' counts, then the workers'
+    assert headers[-1] == "workers"
+    assert len(headers) == len(counts) == len(COUNTED) + 1, (
         f"{len(headers)} headers over {len(counts)} counts: each count after `delayed` sits under the wrong header")
     assert "deferred" in headers
     deferred = reverse("admin:echomq_job_browse", args=["q", "deferred"])
