@@ -1,0 +1,35 @@
+"""Records another client wrote into the workers registry: a stranger one is skipped, never a crash of the reader."""
+
+import json
+
+import pytest
+
+from echomq_django.core import Queue, now_ms
+
+
+def record(**fields) -> str:
+    now = now_ms()
+    return json.dumps({"id": "w", "host": "h", "pid": 1, "queues": ["q"], "pool": "threads", "concurrency": 1,
+                       "version": "1", "started_at_ms": now, "heartbeat_at_ms": now, "done": 0, "failed": 0,
+                       "running": [], **fields})
+
+
+def write(queue: Queue, worker_id: str, text: str) -> None:
+    queue.client.set(queue.keys.worker(worker_id), text, px=60_000)
+    queue.client.zadd(queue.keys.workers, {worker_id: now_ms() + 60_000})
+
+
+@pytest.mark.parametrize("text", [
+    "[" * 100_000,  # json.loads: RecursionError, not a ValueError
+    '{"id": ' * 50_000,
+    record(started_at_ms=10**400),  # an int no float (nor datetime) holds: the readers divide it by 1000
+    record(heartbeat_at_ms=-10**30),
+    record(running=[["j", 10**400]]),
+    record(concurrency=10**400),
+    record(pid=-5),
+], ids=["deep-array", "deep-object", "huge-start", "huge-negative-beat", "huge-job-start", "huge-concurrency",
+        "negative-pid"])
+def test_a_stranger_record_is_skipped_and_the_good_one_listed(queue, text):
+    write(queue, "stranger", text)
+    write(queue, "good", record(id="good"))
+    assert [worker.id for worker in queue.workers()] == ["good"]
