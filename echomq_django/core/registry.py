@@ -56,18 +56,30 @@ class WorkerInfo:
 
     @classmethod
     def from_json(cls, queue: str, text: str) -> WorkerInfo | None:
-        """A record as its worker wrote it; None when another client wrote something else there."""
+        """A record as its worker wrote it; None when another client wrote something else there.
+
+        Each number must be a natural number below 2**53 (a float holds it: the readers show a
+        time as seconds), and the JSON nested no deeper than Python's recursion limit.
+        """
         try:
             fields = json.loads(text)
             return cls(
-                id=str(fields["id"]), queue=queue, host=str(fields["host"]), pid=int(fields["pid"]),
+                id=str(fields["id"]), queue=queue, host=str(fields["host"]), pid=_natural(fields["pid"]),
                 queues=tuple(str(name) for name in fields["queues"]), pool=str(fields["pool"]),
-                concurrency=int(fields["concurrency"]), version=str(fields["version"]),
-                started_at_ms=int(fields["started_at_ms"]), heartbeat_at_ms=int(fields["heartbeat_at_ms"]),
-                done=int(fields["done"]), failed=int(fields["failed"]),
-                running=tuple((str(job_id), int(started)) for job_id, started in fields["running"]))
-        except (ValueError, TypeError, KeyError, OverflowError):
+                concurrency=_natural(fields["concurrency"]), version=str(fields["version"]),
+                started_at_ms=_natural(fields["started_at_ms"]), heartbeat_at_ms=_natural(fields["heartbeat_at_ms"]),
+                done=_natural(fields["done"]), failed=_natural(fields["failed"]),
+                running=tuple((str(job_id), _natural(started)) for job_id, started in fields["running"]))
+        except (ValueError, TypeError, KeyError, OverflowError, RecursionError):
             return None
+
+
+def _natural(value: Any) -> int:
+    """A record's number (a time in ms, a count, a pid); ValueError when out of 0 .. 2**53 - 1."""
+    number = int(value)
+    if not 0 <= number < 2**53:
+        raise ValueError(f"{number} is out of a record's range")
+    return number
 
 
 class Heartbeat:
