@@ -193,7 +193,10 @@ def describe_sweep(sweep: Any) -> str:
 
 def seconds_since(sweep: dict[str, Any]) -> float:
     """Seconds since a sweep report's sweep ended; ValueError, KeyError or TypeError when it says no time."""
-    finished_s = float(sweep["finished_at_ms"]) / 1000
+    try:
+        finished_s = float(sweep["finished_at_ms"]) / 1000
+    except OverflowError:  # an int no float holds: no time either (its callers catch ValueError)
+        raise ValueError("finished_at_ms is out of a float's range") from None
     if not math.isfinite(finished_s):
         raise ValueError(finished_s)
     return max(0.0, time.time() - finished_s)
