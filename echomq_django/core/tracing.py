@@ -19,13 +19,19 @@ With it on:
 - The handler runs with the process span as its current span: on the processes
   pool its context goes to the child with the job, so spans the job makes there
   are its children (exported by the child's own set-up of the SDK).
+
+Tracing never changes what happens to a job: an error that the provider, a
+span processor or an exporter raises is logged (the first one with its
+traceback) and the add or the attempt goes on, untraced, and runs once.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from .job import Job
@@ -41,6 +47,7 @@ else:
     INSTALLED = True
 
 T = TypeVar("T")
+logger = logging.getLogger("echomq.tracing")
 
 # The attributes, after OpenTelemetry's messaging conventions; the attempt has no standard name.
 SYSTEM, DESTINATION, MESSAGE_ID = "messaging.system", "messaging.destination.name", "messaging.message.id"
@@ -56,6 +63,7 @@ UNSET_RECHECK_S = 1.0
 _unset_until = 0.0
 _provider: Any = None  # use_tracer_provider's; None: the global one
 _tracer: tuple[Any, Any] = (None, None)  # (a provider, its tracer): one get_tracer per provider
+_failed_once = False  # an error of OpenTelemetry's was logged with its traceback
 
 
 def use_tracer_provider(provider: trace.TracerProvider | None) -> None:
@@ -82,7 +90,11 @@ def tracer() -> trace.Tracer | None:
         return None  # use_tracer_provider was given the API's stand-in
     cached = _tracer
     if cached[0] is not provider:
-        cached = _tracer = (provider, provider.get_tracer("echomq_django"))
+        try:
+            cached = _tracer = (provider, provider.get_tracer("echomq_django"))
+        except Exception:
+            _failed("the tracer provider's get_tracer")
+            return None
     tracer_: trace.Tracer = cached[1]
     return tracer_
 
@@ -100,10 +112,11 @@ def send_traced(queue: str, add: Callable[[str], list[str]], count: int = 1) -> 
                                   OPERATION_NAME: "send"}
     if count != 1:
         attributes[BATCH_COUNT] = count
-    with tracer_.start_as_current_span(f"send {queue}", kind=trace.SpanKind.PRODUCER, attributes=attributes) as span:
-        ids = add(current_trace())
-        if len(ids) == 1:
-            span.set_attribute(MESSAGE_ID, ids[0])
+    with _span(tracer_, f"send {queue}", kind=trace.SpanKind.PRODUCER, attributes=attributes) as span:
+        context = (_quietly("the send span's context", current_trace) or "") if span is not None else ""
+        ids = add(context)
+        if span is not None and len(ids) == 1:
+            _quietly("a send span's attribute", lambda: span.set_attribute(MESSAGE_ID, ids[0]))
         return ids
 
 
@@ -135,17 +148,66 @@ def process_traced(job: Job, run: Callable[[], Finish], *, child_of_send: bool =
     attributes: dict[str, Any] = {SYSTEM: "echomq", DESTINATION: job.queue, OPERATION_TYPE: "process",
                                   OPERATION_NAME: "process", MESSAGE_ID: job.id, ATTEMPT: job.attempts_made + 1,
                                   JOB_NAME: job.name}
-    with tracer_.start_as_current_span(f"process {job.queue}", context=parent, kind=trace.SpanKind.CONSUMER,
-                                       links=links, attributes=attributes) as span:
-        job.running_trace = _carrier()
+    with _span(tracer_, f"process {job.queue}", context=parent, kind=trace.SpanKind.CONSUMER, links=links,
+               attributes=attributes) as span:
+        if span is not None:
+            job.running_trace = _quietly("the process span's context", _carrier)
         finish = run()
-        if not finish.completed and not finish.rate_limited:
-            kind = finish.error_class or "echomq.ended"
-            span.set_attribute(ERROR_TYPE, kind)
-            span.add_event("exception", {"exception.type": kind, "exception.message": finish.value,
-                                         "exception.stacktrace": finish.stacktrace})
-            span.set_status(trace.Status(trace.StatusCode.ERROR, finish.value))
+        if span is not None and not finish.completed and not finish.rate_limited:
+            _quietly("a process span's error", lambda: _record_failure(span, finish))
         return finish
+
+
+def _record_failure(span: Any, finish: Finish) -> None:
+    kind = finish.error_class or "echomq.ended"
+    span.set_attribute(ERROR_TYPE, kind)
+    span.add_event("exception", {"exception.type": kind, "exception.message": finish.value,
+                                 "exception.stacktrace": finish.stacktrace})
+    span.set_status(trace.Status(trace.StatusCode.ERROR, finish.value))
+
+
+@contextmanager
+def _span(tracer_: Any, name: str, **options: Any) -> Iterator[Any]:
+    """A current span around the body, or None when OpenTelemetry raised starting it; its end's error is logged.
+
+    The body runs once, and its own error goes on as it is, whatever the span does.
+    """
+    try:
+        manager = tracer_.start_as_current_span(name, **options)
+        span = manager.__enter__()
+    except Exception:
+        _failed(f"starting a span {name!r}")
+        yield None
+        return
+    try:
+        yield span
+    except BaseException as error:
+        try:
+            manager.__exit__(type(error), error, error.__traceback__)
+        except Exception as other:
+            if other is not error:
+                _failed(f"ending a span {name!r}")
+        raise
+    try:
+        manager.__exit__(None, None, None)
+    except Exception:
+        _failed(f"ending a span {name!r}")
+
+
+def _quietly(what: str, call: Callable[[], T]) -> T | None:
+    """`call()`, or None when OpenTelemetry raised in it (logged)."""
+    try:
+        return call()
+    except Exception:
+        _failed(what)
+        return None
+
+
+def _failed(what: str) -> None:
+    """Log an error OpenTelemetry raised: the first with its traceback, the others in a line each."""
+    global _failed_once
+    logger.warning("tracing: %s raised; going on untraced", what, exc_info=not _failed_once)
+    _failed_once = True
 
 
 def run_traced(job: Job, handler: Callable[[Job], T]) -> T:
