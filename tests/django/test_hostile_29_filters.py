@@ -19,3 +19,9 @@ def test_the_failed_list_answers_any_filter_text(root, queue, query):  # noqa: F
     sync_queue(queue)
     response = root.get(FAILED_LIST + query)
     assert response.status_code in (200, 302), response.status_code
+
+
+def test_a_reason_that_held_a_nul_is_found_by_the_same_text(root, queue):  # noqa: F811
+    [job_id] = fail_jobs(queue, 1, reason="card a\x00b declined")
+    sync_queue(queue)
+    assert f">{job_id}</a>" in root.get(FAILED_LIST + "?error=a%00b").content.decode()
