@@ -27,8 +27,11 @@ def write(queue: Queue, worker_id: str, text: str) -> None:
     record(running=[["j", 10**400]]),
     record(concurrency=10**400),
     record(pid=-5),
+    record(host="\x1b[2Jhost"),  # terminal control: echomq_status prints a record's text as it is
+    record(running=[["j\nfake line", 1]]),
+    record(queues=["q\x07"]),
 ], ids=["deep-array", "deep-object", "huge-start", "huge-negative-beat", "huge-job-start", "huge-concurrency",
-        "negative-pid"])
+        "negative-pid", "escape-in-host", "newline-in-job", "bell-in-queue"])
 def test_a_stranger_record_is_skipped_and_the_good_one_listed(queue, text):
     write(queue, "stranger", text)
     write(queue, "good", record(id="good"))
