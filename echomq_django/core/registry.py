@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -27,6 +28,8 @@ logger = logging.getLogger("echomq.worker")
 
 # The most workers one read of a queue's registry lists (the index's newest records).
 MAX_LISTED = 1000
+# What no record's text holds: control characters would reach an operator's terminal (echomq_status).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 @dataclass(frozen=True)
@@ -59,17 +62,18 @@ class WorkerInfo:
         """A record as its worker wrote it; None when another client wrote something else there.
 
         Each number must be a natural number below 2**53 (a float holds it: the readers show a
-        time as seconds), and the JSON nested no deeper than Python's recursion limit.
+        time as seconds), each text free of control characters, and the JSON nested no deeper
+        than Python's recursion limit.
         """
         try:
             fields = json.loads(text)
             return cls(
-                id=str(fields["id"]), queue=queue, host=str(fields["host"]), pid=_natural(fields["pid"]),
-                queues=tuple(str(name) for name in fields["queues"]), pool=str(fields["pool"]),
-                concurrency=_natural(fields["concurrency"]), version=str(fields["version"]),
+                id=_text(fields["id"]), queue=queue, host=_text(fields["host"]), pid=_natural(fields["pid"]),
+                queues=tuple(_text(name) for name in fields["queues"]), pool=_text(fields["pool"]),
+                concurrency=_natural(fields["concurrency"]), version=_text(fields["version"]),
                 started_at_ms=_natural(fields["started_at_ms"]), heartbeat_at_ms=_natural(fields["heartbeat_at_ms"]),
                 done=_natural(fields["done"]), failed=_natural(fields["failed"]),
-                running=tuple((str(job_id), _natural(started)) for job_id, started in fields["running"]))
+                running=tuple((_text(job_id), _natural(started)) for job_id, started in fields["running"]))
         except (ValueError, TypeError, KeyError, OverflowError, RecursionError):
             return None
 
@@ -80,6 +84,14 @@ def _natural(value: Any) -> int:
     if not 0 <= number < 2**53:
         raise ValueError(f"{number} is out of a record's range")
     return number
+
+
+def _text(value: Any) -> str:
+    """A record's text (an id, a host, a queue); ValueError when it holds a control character."""
+    text = str(value)
+    if _CONTROL.search(text):
+        raise ValueError("a control character in a record's text")
+    return text
 
 
 class Heartbeat:
