@@ -28,6 +28,9 @@ logger = logging.getLogger("echomq.worker")
 
 # The most workers one read of a queue's registry lists (the index's newest records).
 MAX_LISTED = 1000
+# An index member is pruned this many of its lock durations after its record lapsed (by the pruning
+# host's clock): a host whose clock is that far ahead of another's hides the other's live workers.
+PRUNE_AFTER = 10
 # What no record's text holds: control characters would reach an operator's terminal (echomq_status).
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
@@ -118,8 +121,9 @@ class Heartbeat:
             pipe = self.client.pipeline(transaction=False)
             pipe.set(self.keys.worker(info.id), json.dumps(info.to_json(), separators=(",", ":")), px=self.ttl_ms)
             pipe.zadd(self.keys.workers, {info.id: lapses_at})
-            # Those of workers that died; a lapse more of slack for the clocks of other hosts.
-            pipe.zremrangebyscore(self.keys.workers, "-inf", f"({info.heartbeat_at_ms - self.ttl_ms}")
+            # Those of workers that died, by this host's clock: ten lapses of slack for the clocks of
+            # other hosts (a member left a while costs a reader one GET; a live one pruned, its listing).
+            pipe.zremrangebyscore(self.keys.workers, "-inf", f"({info.heartbeat_at_ms - PRUNE_AFTER * self.ttl_ms}")
             self._send(pipe, info.id, "could not write its heartbeat")
 
     def leave(self) -> None:
