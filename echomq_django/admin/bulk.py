@@ -111,7 +111,10 @@ def summary(action: BulkAction, queue_name: str, state: str, asked: int, outcome
             why = f"no longer {'marked stalled' if state == 'stalled' else state} (moved on or removed meanwhile)"
         parts.append(f"{len(ids)} left alone, {why}: {shown}")
     if problem:
-        parts.append(f"then it stopped: {problem}; the others were left alone")
+        # The batch that raised may have been run by Redis before its reply was lost: its jobs are each
+        # changed whole or not at all, which cannot be told from here.
+        parts.append(f"then it stopped: {problem}; of the jobs not counted above, the last batch's "
+                     f"(at most {BULK_BATCH}) may have changed, each whole or not at all, and the rest were left alone")
     return "; ".join(parts) + "."
 
 
