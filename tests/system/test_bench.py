@@ -137,3 +137,12 @@ def test_otel_cost_runs_and_prints_every_row():
     for row in ("tracing on: False", "Queue.add, with the hook", "the same add without the hook",
                 "median of the blocks' ratios (wall time)", "the hook alone", "with tracing on"):
         assert row in proc.stdout, f"{row!r} missing from:\n{proc.stdout}"
+
+
+def test_redis_time_runs_on_a_private_server_and_prints_every_row():
+    proc = subprocess.run([sys.executable, "bench/redis_time.py", "--quick"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for row in ("concurrency 1 ", "concurrency 32 ", "add, one call per job", "add, bulk", "fetch + finish",
+                "whole life, single adds", "whole life, bulk adds"):
+        assert row in proc.stdout, f"{row!r} missing from:\n{proc.stdout}"

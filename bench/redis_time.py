@@ -1,0 +1,154 @@
+"""Redis time per job: what one job costs Redis over its whole life, and so how many jobs one Redis carries.
+
+    python bench/redis_time.py [--jobs 10000] [--runs 3] [--redis-url URL]
+
+Redis runs scripts one at a time, so the Redis time a job costs decides how
+many jobs a second one Redis (or one Cluster shard) can carry. For
+concurrency 1 and 32: `--jobs` no-op jobs added one `Queue.add` call each,
+then the same added with `Queue.add_bulk`, each batch run by a `Worker` with
+`run(burst=True)`; Redis's time read from INFO commandstats around each phase.
+Two measures are printed:
+
+- "all commands": the sum of every command's `usec` (the measure of issue 30's
+  baseline figures). Redis counts a command a script runs both in the script's
+  time and on its own, so this counts script-internal commands twice.
+- "scripts": EVALSHA's `usec` alone (each whole script, its commands
+  included, counted once): the time other clients wait. A no-op job's life
+  sends no command outside a script but the worker's heartbeat, once per
+  renewal interval.
+
+Each figure is the median of `--runs` runs (the runs of the two concurrencies
+take turns, so a slower spell of the machine falls on both), with the lowest
+beside it: on a virtual machine whose speed moves, the spread is wide and the
+lowest is the machine at its best. `1e6 / whole life` is the jobs a second
+that Redis time allows. "fetch + finish" is the run of the bulk-added jobs. A private redis-server (no persistence, a
+free loopback port) is started unless `--redis-url` names an idle one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.beat_cost import start_redis, stop_process  # noqa: E402
+from bench.measure import drop  # noqa: E402
+from echomq_django.core import NewJob, Queue, Worker, connect  # noqa: E402
+
+CONCURRENCIES = (1, 32)
+# The commands this harness itself sends between phases (their time is no job's).
+HARNESS = {"cmdstat_info", "cmdstat_config", "cmdstat_flushdb", "cmdstat_scan", "cmdstat_unlink",
+           "cmdstat_script|load", "cmdstat_script", "cmdstat_ping", "cmdstat_client|setinfo", "cmdstat_hello"}
+
+
+def redis_times(client: Any) -> tuple[float, float, dict[str, int]]:
+    """(all commands' usec, EVALSHA usec, calls per command) so far, the harness's own left out."""
+    stats = {name: value for name, value in client.info("commandstats").items() if name not in HARNESS}
+    everything = sum(value["usec"] for value in stats.values())
+    scripts = stats.get("cmdstat_evalsha", {}).get("usec", 0)
+    return everything, scripts, {name: value["calls"] for name, value in stats.items()}
+
+
+class Phase:
+    """Redis's time over one phase of a run, per job."""
+
+    def __init__(self, client: Any, jobs: int) -> None:
+        self.client, self.jobs = client, jobs
+
+    def __enter__(self) -> Phase:
+        self.client.config_resetstat()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        everything, scripts, calls = redis_times(self.client)
+        evalsha_calls = calls.get("cmdstat_evalsha", 0)
+        self.all_us = everything / self.jobs
+        self.scripts_us = scripts / self.jobs
+        self.calls_per_job = evalsha_calls / self.jobs
+
+
+def one_run(url: str, jobs: int, concurrency: int) -> dict[str, float]:
+    client = connect(url)
+    prefix = f"rt{uuid.uuid4().hex[:8]}"
+    queue = Queue("bench", client, prefix=prefix)
+    figures: dict[str, float] = {}
+    try:
+        for kind in ("single", "bulk"):
+            drop(client, f"{prefix}:*")
+            with Phase(client, jobs) as add:
+                if kind == "single":
+                    for _ in range(jobs):
+                        queue.add("noop")
+                else:
+                    queue.add_bulk(NewJob("noop") for _ in range(jobs))
+            worker = Worker("bench", lambda job: None, client, prefix=prefix, concurrency=concurrency,
+                            block_timeout_s=0.2)
+            with Phase(client, jobs) as life:
+                done = worker.run(burst=True)
+            if done != jobs:
+                sys.exit(f"the worker ran {done} of {jobs} jobs")
+            figures[f"add_{kind}_all"], figures[f"add_{kind}_scripts"] = add.all_us, add.scripts_us
+            figures["run_all"], figures["run_scripts"] = life.all_us, life.scripts_us
+            figures[f"whole_{kind}_all"] = add.all_us + life.all_us
+            figures[f"whole_{kind}_scripts"] = add.scripts_us + life.scripts_us
+            figures["run_calls"] = life.calls_per_job
+    finally:
+        drop(client, f"{prefix}:*")
+        client.close()
+    return figures
+
+
+ROWS = [
+    ("add, one call per job", "add_single"),
+    ("add, bulk", "add_bulk"),
+    ("fetch + finish", "run"),
+    ("whole life, single adds", "whole_single"),
+    ("whole life, bulk adds", "whole_bulk"),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="500 jobs, one run: that it runs, not a figure")
+    parser.add_argument("--redis-url", help="an idle Redis to use instead of a private redis-server")
+    args = parser.parse_args()
+    if args.quick:
+        args.jobs, args.runs = 500, 1
+    server, workdir = None, Path(tempfile.mkdtemp(prefix="echomq-redis-time-"))
+    url = args.redis_url
+    if url is None:
+        server, url = start_redis(workdir)
+    try:
+        version = connect(url).info("server")["redis_version"]
+        print(f"Redis {version}; {args.jobs:,} no-op jobs a run, median of {args.runs} runs; µs of Redis time per job")
+        runs: dict[int, list[dict[str, float]]] = {concurrency: [] for concurrency in CONCURRENCIES}
+        for _ in range(args.runs):
+            for concurrency in CONCURRENCIES:
+                runs[concurrency].append(one_run(url, args.jobs, concurrency))
+        for concurrency, found in runs.items():
+            median = {key: statistics.median(run[key] for run in found) for key in found[0]}
+            lowest = {key: min(run[key] for run in found) for key in found[0]}
+            print(f"\nconcurrency {concurrency} (script calls per job while running: {median['run_calls']:.2f}); "
+                  "median (lowest)")
+            print(f"{'':<26}{'all commands':>16}{'scripts':>16}   jobs/s one Redis carries, median (all; scripts)")
+            for label, key in ROWS:
+                everything, scripts = median[f"{key}_all"], median[f"{key}_scripts"]
+                allows = f"{1e6 / everything:,.0f}; {1e6 / scripts:,.0f}" if key.startswith("whole") else ""
+                cells = "".join(f"{f'{median[name]:.1f} ({lowest[name]:.1f})':>16}"
+                                for name in (f"{key}_all", f"{key}_scripts"))
+                print(f"{label:<26}{cells}   {allows}")
+    finally:
+        if server is not None:
+            stop_process(server)
+
+
+if __name__ == "__main__":
+    main()
