@@ -25,3 +25,11 @@ def test_a_reason_that_held_a_nul_is_found_by_the_same_text(root, queue):  # noq
     [job_id] = fail_jobs(queue, 1, reason="card a\x00b declined")
     sync_queue(queue)
     assert f">{job_id}</a>" in root.get(FAILED_LIST + "?error=a%00b").content.decode()
+
+
+@pytest.mark.parametrize("page", ["/admin/echomq/outboxjob/", "/admin/echomq/schedule/"])
+@pytest.mark.parametrize("query", ["?q=a%00b", "?queue=%00"])
+def test_the_outbox_and_schedule_lists_answer_a_nul_in_their_search_and_filters(root, echomq_settings,  # noqa: F811
+                                                                                 page, query):
+    response = root.get(page + query)
+    assert response.status_code in (200, 302), response.status_code
