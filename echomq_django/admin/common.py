@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import ImproperlyConfigured
 from django.http import Http404, HttpRequest
 from django.template.response import TemplateResponse
@@ -27,6 +28,7 @@ from ..core import (
     datetime_from_ms,
     validate_name,
 )
+from ..mirror import storable
 from ..models import JobRecord
 from ..queues import get_queue
 
@@ -120,3 +122,20 @@ def configured_queue(queue_name: str) -> Queue:
     if queue_name not in configured:
         raise Http404(f"no queue {queue_name!r} is configured")
     return get_queue(queue_name)
+
+
+class StorableQuery:
+    """A changelist whose filters and search take their text as the mirror stores text (NUL as U+FFFD).
+
+    PostgreSQL refuses a NUL in a query (a 500 as the page is read); the mirror never stores one, so a
+    reason that held one is found by the same text. For every list of the app (a ModelAdmin's mixin).
+    """
+
+    def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
+        if any("\x00" in value for _, values in request.GET.lists() for value in values):
+            query = request.GET.copy()
+            for name, values in query.lists():
+                query.setlist(name, [storable(value) for value in values])
+            query._mutable = False
+            request.GET = query
+        return super().get_changelist_instance(request)  # type: ignore[misc]

@@ -25,13 +25,14 @@ from django.views.decorators.http import require_POST
 
 from ..conf import get_settings
 from ..core import UNREACHABLE, InvalidNameError, Job, LiveJob, Queue, inspect_jobs, validate_id, validate_name
-from ..mirror import storable, sync_queue
+from ..mirror import sync_queue
 from ..models import FailedJob, JobRecord, MirrorCursor, StalledJob
 from ..queues import get_queue
 from .bulk import CANCEL, DELETE, RETRY, bulk_selected
 from .common import (
     JOB_ERRORS,
     REDIS_ERRORS,
+    StorableQuery,
     confirmation,
     confirmed,
     exact_time,
@@ -52,7 +53,7 @@ class JobChangeList(ChangeList):
         return self.model_admin.job_url(result.queue, result.job_id)
 
 
-class MirrorAdmin(admin.ModelAdmin):
+class MirrorAdmin(StorableQuery, admin.ModelAdmin):
     """The list of one mirrored set, and each job's page: read-only; changes go through the scripts."""
 
     # Exact id, and a substring of the name or the reason (see README, "The admin", for the cost).
@@ -78,20 +79,6 @@ class MirrorAdmin(admin.ModelAdmin):
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return self.changelist_class
-
-    def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
-        """The list, its filters and search given their text as the mirror stores text (storable: NUL as U+FFFD).
-
-        PostgreSQL refuses a NUL in a query (a 500 as the page is read); the mirror never stores one, so a
-        reason that held one is found by the same text.
-        """
-        if any("\x00" in value for _, values in request.GET.lists() for value in values):
-            query = request.GET.copy()
-            for name, values in query.lists():
-                query.setlist(name, [storable(value) for value in values])
-            query._mutable = False
-            request.GET = query
-        return super().get_changelist_instance(request)
 
     def url_name(self, view: str) -> str:
         return f"{self.opts.app_label}_{self.opts.model_name}_{view}"

@@ -14,10 +14,11 @@ from django.utils.html import format_html
 from ..conf import get_settings
 from ..core import datetime_from_ms, now_ms
 from ..outbox_model import OutboxJob
+from .common import StorableQuery
 
 
 @admin.register(OutboxJob)
-class OutboxJobAdmin(admin.ModelAdmin):
+class OutboxJobAdmin(StorableQuery, admin.ModelAdmin):
     list_display = ("job_id", "queue", "name", "enqueued", "age", "unsent")
     list_filter = ("queue",)
     search_fields = ("job_id", "name")

@@ -46,7 +46,7 @@ from ..models import Schedule as ScheduleRow
 from ..queues import get_queue
 from ..schedules import Entry
 from .browser_pages import job_link
-from .common import REDIS_ERRORS, redis_problem
+from .common import REDIS_ERRORS, StorableQuery, redis_problem
 
 # How many coming ticks a schedule's page lists.
 NEXT_FIRES = 5
@@ -331,7 +331,7 @@ def settings_row(shown: Shown, can_run: bool) -> dict[str, Any]:
 
 
 @admin.register(ScheduleRow)
-class ScheduleAdmin(admin.ModelAdmin):
+class ScheduleAdmin(StorableQuery, admin.ModelAdmin):
     list_display = ("name", "when", "task_path", "queue_shown", "enabled", "last_fired", "next_fire", "last_job")
     list_filter = ("enabled", "queue")
     search_fields = ("name", "task")
