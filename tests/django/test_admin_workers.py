@@ -124,3 +124,16 @@ def test_echomq_status_and_prometheus_show_the_workers(echomq_settings, queue, s
     call_command("echomq_status", stdout=out)
     assert "  q: none" in out.getvalue()
     assert value(scrape(token="t" * 32), "echomq_workers", queue="q") == 0.0
+
+
+def test_no_sweeper_is_judged_by_the_interval_the_sweeper_ran_with(echomq_settings, queue, settings):
+    """`echomq_sweep --interval` overrides SWEEP_INTERVAL: a sweep every 60 s is not late after 1 s."""
+    from echomq_django.core import Sweeper
+    from echomq_django.status import queue_status
+
+    settings.ECHOMQ = {**settings.ECHOMQ, "QUEUES": {"q": {"SWEEP_INTERVAL": 0.2}}}
+    sweeper = Sweeper(queue.client, [queue.name], prefix=queue.keys.prefix, interval_ms=60_000)
+    sweeper.sweep(sweeper.targets[0], force=True)
+    started = now_ms()
+    assert wait_until(lambda: now_ms() - started > 1000, 5)
+    assert queue_status("q")["warnings"] == []
