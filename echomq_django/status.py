@@ -97,7 +97,8 @@ def queue_warnings(status: dict[str, Any], config: QueueConfig) -> list[str]:
     ready = sum(status["counts"][state] for state in READY_STATES)
     if ready and not status["workers"]:
         warnings.append(f"no workers: {ready} job(s) waiting and no live worker serves this queue")
-    sweep, interval_s = status["last_sweep"], config.sweep_interval_ms / 1000
+    sweep = status["last_sweep"]
+    interval_s = sweep_interval_ms(sweep, config) / 1000
     try:
         age_s = seconds_since(sweep) if sweep else None
     except (KeyError, TypeError, ValueError):  # a report another client wrote
@@ -109,6 +110,14 @@ def queue_warnings(status: dict[str, Any], config: QueueConfig) -> list[str]:
         warnings.append("no sweeper: this queue has running jobs and was never swept (is `manage.py echomq_sweep` "
                         "running?): a job whose worker dies would not be recovered")
     return warnings
+
+
+def sweep_interval_ms(sweep: Any, config: QueueConfig) -> int:
+    """The interval the last sweep ran with (`echomq_sweep --interval` may differ), else the queue's setting."""
+    interval = sweep.get("interval_ms") if isinstance(sweep, dict) else None
+    if isinstance(interval, int) and not isinstance(interval, bool) and 0 < interval < 2**53:
+        return interval
+    return config.sweep_interval_ms
 
 
 def describe_worker(worker: dict[str, Any], now_s: float | None = None) -> str:

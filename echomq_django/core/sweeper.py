@@ -154,7 +154,8 @@ class Sweeper:
             unmarked=unmarked, duration_ms=(time.perf_counter() - started) * 1000,
             calls=calls, longest_call_ms=longest, finished_at_ms=now_ms(),
         )
-        record = {**asdict(report), "host": socket.gethostname(), "forced": force}
+        # Its interval too: `echomq_sweep --interval` may differ from the settings, and "no sweeper" is late by it.
+        record = {**asdict(report), "host": socket.gethostname(), "forced": force, "interval_ms": target.interval_ms}
         self.client.hset(keys.meta, LAST_SWEEP_FIELD, json.dumps(record))
         return report
 
