@@ -297,3 +297,19 @@ def test_stalled_list_cancels_the_selected_jobs(root, queue):
     [line] = audit_lines(StalledJob)
     assert ("0 job(s) cancelled (failed, Retry brings them back), of 3 asked for in queue q; "
             "3 running: its worker stops it") in line.change_message
+
+
+def test_the_dashboards_bulk_buttons_leave_an_audit_line_too(echomq_settings, queue):
+    """Retry all failed and Clean are bulk actions as well: each confirmed one is a line of the admin's history."""
+    fail_jobs(queue, 3)
+    operator = client_with("operator", "view_queue", "retry_failedjob", "delete_failedjob")
+    operator.post(reverse("admin:echomq_queue_clean_failed", args=["q"]), {"days": "0"})  # asks first: no change
+    assert audit_lines(FailedJob) == []
+    operator.post(reverse("admin:echomq_queue_clean_failed", args=["q"]), {"days": "0", "post": "yes"})
+    [cleaned] = audit_lines(FailedJob)
+    assert cleaned.action_flag == DELETION and "3 failed job(s) of q older than 0 day(s) deleted" in cleaned.change_message
+    assert cleaned.user.username == "operator"
+    fail_jobs(queue, 2)
+    operator.post(reverse("admin:echomq_queue_retry_failed", args=["q"]), {"post": "yes"})
+    retried = audit_lines(FailedJob)[-1]
+    assert retried.action_flag == CHANGE and "2 failed job(s) of q sent back to wait" in retried.change_message
