@@ -32,10 +32,12 @@ from ..core import (
     recent_minutes,
 )
 from ..mirror import sync_queue
+from ..models import FailedJob
 from ..models import Queue as QueueModel
 from ..outbox import QueueOutbox
 from ..queues import get_queue, make_sweeper
 from ..status import describe_abandoned, describe_outbox, describe_sweep, queue_status, read_outbox
+from .bulk import DELETE, RETRY, BulkAction, audit
 from .charts_context import HOUR, SPANS, Span, queue_charts, slot_metrics
 from .common import REDIS_ERRORS, configured_queue, confirmation, confirmed, redis_problem
 
@@ -172,14 +174,20 @@ class QueueAdmin(admin.ModelAdmin):
     def _back(self) -> HttpResponseRedirect:
         return HttpResponseRedirect(reverse("admin:echomq_queue_changelist"))
 
-    def _operate(self, request: HttpRequest, queue: Queue, operation: Callable[[], str]) -> HttpResponse:
-        """Run one button's operation and bring the mirror up to date; its outcome becomes a message."""
+    def _operate(self, request: HttpRequest, queue: Queue, operation: Callable[[], str],
+                 audited: BulkAction | None = None) -> HttpResponse:
+        """Run one button's operation and bring the mirror up to date; its outcome becomes a message.
+
+        A bulk one (`audited`) leaves its outcome in the admin's history, as the lists' bulk actions do.
+        """
         try:
             summary = operation()
             sync_queue(queue)
         except REDIS_ERRORS as error:
             self.message_user(request, f"Queue {queue.name}: {redis_problem(error)}", messages.ERROR)
         else:
+            if audited is not None:
+                audit(request, FailedJob, audited, f"queue {queue.name}: failed jobs", summary)
             self.message_user(request, summary, messages.SUCCESS)
         return self._back()
 
@@ -229,7 +237,7 @@ class QueueAdmin(admin.ModelAdmin):
                               "Each runs again, with the attempts it has made so far counted.",
                 title=f"Retry every failed job of {queue.name}?", button="Yes, retry them all")
         return self._operate(request, queue, lambda: (
-            f"{queue.retry_all_failed()} failed job(s) of {queue.name} sent back to wait."))
+            f"{queue.retry_all_failed()} failed job(s) of {queue.name} sent back to wait."), audited=RETRY)
 
     def clean_failed(self, request: HttpRequest, queue_name: str) -> HttpResponse:
         queue = self._queue_for(request, queue_name, "echomq.delete_failedjob")
@@ -253,7 +261,7 @@ class QueueAdmin(admin.ModelAdmin):
                 fields={"days": request.POST["days"]})
         return self._operate(request, queue, lambda: (
             f"{queue.clean('failed', older_than_ms)} failed job(s) of {queue.name} "
-            f"older than {days:g} day(s) deleted."))
+            f"older than {days:g} day(s) deleted."), audited=DELETE)
 
 
 def page_controls(span: Span, refresh: bool) -> dict[str, Any]:
