@@ -92,3 +92,25 @@ def test_the_dashboard_warnings_appear_and_clear_with_real_workers_and_sweepers(
     finally:
         for process in processes:
             process.end()
+
+
+def test_a_frozen_worker_drops_out_and_comes_back_when_it_resumes(queue, redis_url):
+    """SIGSTOP: nothing renews its record, which lapses as its locks would; SIGCONT: its next round writes it again."""
+    lock_ms = 1000
+    worker = spawn_worker(redis_url, queue, lock_ms)
+    try:
+        assert wait_until(lambda: [w.pid for w in queue.workers()] == [worker.pid], 20)
+        worker.send_signal(signal.SIGSTOP)
+        assert wait_until(lambda: queue.workers() == [], 10 * lock_ms / 1000)
+        worker.send_signal(signal.SIGCONT)
+        assert wait_until(lambda: [w.pid for w in queue.workers()] == [worker.pid], 20), "listed again"
+        queue.add("noop")  # and it still works
+        assert wait_until(lambda: queue.counts()["completed"] == 1, 20)
+    finally:
+        worker.send_signal(signal.SIGCONT)
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(20)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait(10)
