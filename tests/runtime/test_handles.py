@@ -11,11 +11,25 @@ from echomq_django.core import JobFailedError, JobNotFinishedError, JobNotFoundE
 from tests.helpers import wait_until
 
 
-def later(seconds: float, action) -> threading.Thread:
-    """Run `action` on a thread once `seconds` passed (the thing a waiter waits for, from elsewhere)."""
-    thread = threading.Thread(target=lambda: (time.sleep(seconds), action()), daemon=True)
-    thread.start()
-    return thread
+@pytest.fixture
+def later(queue):
+    """Run an action on a thread once some seconds passed (the thing a waiter waits for, from elsewhere).
+
+    The waiter may return while the action is still at work (a cancel delivers its handoffs after the
+    waiter saw the job fail), so every thread is joined here, before the queue's client is closed.
+    """
+    threads = []
+
+    def start(seconds: float, action) -> threading.Thread:
+        thread = threading.Thread(target=lambda: (time.sleep(seconds), action()), daemon=True)
+        thread.start()
+        threads.append(thread)
+        return thread
+
+    yield start
+    for thread in threads:
+        thread.join(60)
+    assert not any(thread.is_alive() for thread in threads), "an action outlived its test by 60 s"
 
 
 def work(queue, handler) -> None:
@@ -32,13 +46,13 @@ def test_a_handle_is_the_id(queue):
         handle.result
 
 
-def test_wait_returns_the_result_when_a_worker_completes_it(queue):
+def test_wait_returns_the_result_when_a_worker_completes_it(queue, later):
     handle = queue.handle(queue.add("x", {"n": 21}))
     later(0.2, lambda: work(queue, lambda job: job.data["n"] * 2))
     assert handle.wait(timeout=30) == 42 and handle.status == "completed" and handle.result == 42
 
 
-def test_wait_raises_on_failure_and_on_cancel(queue):
+def test_wait_raises_on_failure_and_on_cancel(queue, later):
     failing = queue.handle(queue.add("x", opts=JobOptions(attempts=1)))
     worker = later(0.2, lambda: work(queue, lambda job: 1 / 0))
     with pytest.raises(JobFailedError, match="ZeroDivisionError"):
@@ -52,7 +66,7 @@ def test_wait_raises_on_failure_and_on_cancel(queue):
     assert raised.value.job_id == cancelled and cancelled.status == "failed"
 
 
-def test_wait_does_not_hang_on_a_removed_job(queue):
+def test_wait_does_not_hang_on_a_removed_job(queue, later):
     handle = queue.handle(queue.add("x"))
     later(0.2, lambda: queue.remove(handle))
     started = time.monotonic()
@@ -62,7 +76,7 @@ def test_wait_does_not_hang_on_a_removed_job(queue):
     assert handle.status == "missing"
 
 
-def test_wait_times_out_and_wakes_for_its_own_job_only(queue):
+def test_wait_times_out_and_wakes_for_its_own_job_only(queue, later):
     handle = queue.handle(queue.add("x", opts=JobOptions(delay_ms=3_600_000)))
     others = [queue.add("x") for _ in range(50)]
     later(0.1, lambda: work(queue, lambda job: None))  # 50 other jobs' events meanwhile
