@@ -93,10 +93,14 @@ local now, limit, workerId = tonumber(ARGV[4]) or redisNowMs(), tonumber(ARGV[5]
 local rateMax, rateMs, maxActive = tonumber(ARGV[8]) or 0, tonumber(ARGV[9]) or 0, tonumber(ARGV[10]) or 0
 local groupMax = tonumber(ARGV[11]) or 0
 
-promoteDue(prefix, KEYS[4], KEYS[1], KEYS[6], KEYS[3], KEYS[5], KEYS[8], now, 1000)
-
 local result = {false, 0, {}}
+-- The earliest delayed job: only when it is due is there anything to promote
+-- (one read on most calls), and then the earliest is read again.
 local first = redis.call("ZRANGE", KEYS[4], 0, 0, "WITHSCORES")
+if first[2] and tonumber(first[2]) <= now then
+  promoteDue(prefix, KEYS[4], KEYS[1], KEYS[6], KEYS[3], KEYS[5], KEYS[8], now, 1000)
+  first = redis.call("ZRANGE", KEYS[4], 0, 0, "WITHSCORES")
+end
 if first[2] then result[1] = first[2] end
 
 local record = redis.call("GET", KEYS[9])
@@ -115,7 +119,8 @@ if record then
   return result
 end
 
-if redis.call("HEXISTS", KEYS[3], "paused") == 1 then
+local paused, limitedUntil = unpack(redis.call("HMGET", KEYS[3], "paused", "limitedUntil"))
+if paused then
   return result
 end
 
@@ -135,7 +140,7 @@ end
 
 -- Flow control: how many jobs may start now.
 local startedAt = redisNowMs()
-local limitedUntil = tonumber(redis.call("HGET", KEYS[3], "limitedUntil") or "")
+limitedUntil = tonumber(limitedUntil or "")
 -- (a pause is MAX_PAUSE_MS at most: a longer one, or inf, is another client's value, not ours)
 if limitedUntil and limitedUntil > startedAt and limitedUntil <= startedAt + MAX_PAUSE_MS then
   result[2] = limitedUntil - startedAt

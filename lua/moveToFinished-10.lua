@@ -75,6 +75,7 @@ local prefix, now = ARGV[1], tonumber(ARGV[2])
 local defaultAttempts, keepTraces = tonumber(ARGV[3]), tonumber(ARGV[4])
 local completedTo, failedTo = false, false  -- whether retention has work to do
 local locksKey = prefix .. "locks"  -- the lock index (see includes/lockIndex.lua)
+local recordGone = {}  -- the tokens whose fetch record this call deleted
 workflowKeys(prefix, KEYS[5], KEYS[6], KEYS[7], KEYS[10], KEYS[3], now)
 
 local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final, errorClass)
@@ -96,7 +97,10 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
   local attemptsMade, badAtm = parseCounter(fields[3], "atm")
   local maxAttempts, badOpts, resultTtl = parseMaxAttempts(fields[4], defaultAttempts)
 
-  redis.call("DEL", prefix .. "fetch:" .. token)  -- keys.py's fetch_record(token)
+  if not recordGone[token] then  -- a fetch's jobs end in one call: its record is deleted once
+    redis.call("DEL", prefix .. "fetch:" .. token)  -- keys.py's fetch_record(token)
+    recordGone[token] = true
+  end
   redis.call("LREM", KEYS[1], -1, id)
   redis.call("ZREM", locksKey, id)
   redis.call("SREM", KEYS[9], id)
