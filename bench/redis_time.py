@@ -28,14 +28,18 @@ free loopback port) is started unless `--redis-url` names an idle one.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# The tree whose echomq_django is measured: this checkout, or (for `--baseline`) a worktree of another commit.
+sys.path.insert(0, os.environ.get("REDIS_TIME_TREE") or str(Path(__file__).resolve().parents[1]))
 
 from bench.beat_cost import start_redis, stop_process  # noqa: E402
 from bench.measure import drop  # noqa: E402
@@ -47,12 +51,12 @@ HARNESS = {"cmdstat_info", "cmdstat_config", "cmdstat_flushdb", "cmdstat_scan", 
            "cmdstat_script|load", "cmdstat_script", "cmdstat_ping", "cmdstat_client|setinfo", "cmdstat_hello"}
 
 
-def redis_times(client: Any) -> tuple[float, float, dict[str, int]]:
-    """(all commands' usec, EVALSHA usec, calls per command) so far, the harness's own left out."""
+def redis_times(client: Any) -> tuple[float, float, dict[str, dict[str, int]]]:
+    """(all commands' usec, EVALSHA usec, each command's stats) so far, the harness's own left out."""
     stats = {name: value for name, value in client.info("commandstats").items() if name not in HARNESS}
     everything = sum(value["usec"] for value in stats.values())
     scripts = stats.get("cmdstat_evalsha", {}).get("usec", 0)
-    return everything, scripts, {name: value["calls"] for name, value in stats.items()}
+    return everything, scripts, stats
 
 
 class Phase:
@@ -66,11 +70,13 @@ class Phase:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        everything, scripts, calls = redis_times(self.client)
-        evalsha_calls = calls.get("cmdstat_evalsha", 0)
+        everything, scripts, stats = redis_times(self.client)
         self.all_us = everything / self.jobs
         self.scripts_us = scripts / self.jobs
-        self.calls_per_job = evalsha_calls / self.jobs
+        self.calls_per_job = stats.get("cmdstat_evalsha", {}).get("calls", 0) / self.jobs
+        # Per command: (calls, µs) per job; a script's own commands are among them.
+        self.commands = {name.removeprefix("cmdstat_"): (value["calls"] / self.jobs, value["usec"] / self.jobs)
+                         for name, value in stats.items()}
 
 
 def one_run(url: str, jobs: int, concurrency: int) -> dict[str, float]:
@@ -98,6 +104,9 @@ def one_run(url: str, jobs: int, concurrency: int) -> dict[str, float]:
             figures[f"whole_{kind}_all"] = add.all_us + life.all_us
             figures[f"whole_{kind}_scripts"] = add.scripts_us + life.scripts_us
             figures["run_calls"] = life.calls_per_job
+            if kind == "bulk":
+                figures.update({f"cmd:{name}": cost for name, (_calls, cost) in life.commands.items()})
+                figures.update({f"calls:{name}": calls for name, (calls, _cost) in life.commands.items()})
     finally:
         drop(client, f"{prefix}:*")
         client.close()
@@ -113,15 +122,48 @@ ROWS = [
 ]
 
 
+def baseline_tree(rev: str, workdir: Path) -> Path:
+    """A worktree of `rev` (its scripts and its echomq_django), to measure beside this checkout."""
+    tree = workdir / "baseline"
+    subprocess.run(["git", "worktree", "add", "--detach", "--quiet", str(tree), rev], check=True,
+                   cwd=Path(__file__).resolve().parents[1])
+    return tree
+
+
+def baseline_run(tree: Path, url: str, jobs: int, concurrency: int) -> dict[str, float]:
+    """one_run of the baseline's code, in a process of its own (its package first on the path)."""
+    out = subprocess.run([sys.executable, __file__, "--one-run", str(concurrency), "--jobs", str(jobs),
+                          "--redis-url", url], check=True, capture_output=True, text=True,
+                         env={**os.environ, "REDIS_TIME_TREE": str(tree)})
+    return json.loads(out.stdout)
+
+
+def summary(found: list[dict[str, float]]) -> tuple[dict[str, float], dict[str, float]]:
+    """The median and the lowest of each figure over the runs."""
+    names = set().union(*found)
+    median = {key: statistics.median(run.get(key, 0.0) for run in found) for key in names}
+    lowest = {key: min(run.get(key, 0.0) for run in found) for key in names}
+    return median, lowest
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="500 jobs, one run: that it runs, not a figure")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also print each command's calls and µs per job while running the bulk-added jobs")
+    parser.add_argument("--baseline", metavar="REV",
+                        help="also measure the commit REV (a git worktree of it), taking turns with this checkout "
+                             "run by run, and print each figure's ratio to it")
+    parser.add_argument("--one-run", type=int, metavar="CONCURRENCY", help=argparse.SUPPRESS)  # baseline_run's
     parser.add_argument("--redis-url", help="an idle Redis to use instead of a private redis-server")
     args = parser.parse_args()
     if args.quick:
         args.jobs, args.runs = 500, 1
+    if args.one_run:
+        print(json.dumps(one_run(args.redis_url, args.jobs, args.one_run)))
+        return
     server, workdir = None, Path(tempfile.mkdtemp(prefix="echomq-redis-time-"))
     url = args.redis_url
     if url is None:
@@ -129,13 +171,16 @@ def main() -> None:
     try:
         version = connect(url).info("server")["redis_version"]
         print(f"Redis {version}; {args.jobs:,} no-op jobs a run, median of {args.runs} runs; µs of Redis time per job")
+        tree = baseline_tree(args.baseline, workdir) if args.baseline else None
         runs: dict[int, list[dict[str, float]]] = {concurrency: [] for concurrency in CONCURRENCIES}
+        base: dict[int, list[dict[str, float]]] = {concurrency: [] for concurrency in CONCURRENCIES}
         for _ in range(args.runs):
             for concurrency in CONCURRENCIES:
                 runs[concurrency].append(one_run(url, args.jobs, concurrency))
+                if tree:
+                    base[concurrency].append(baseline_run(tree, url, args.jobs, concurrency))
         for concurrency, found in runs.items():
-            median = {key: statistics.median(run[key] for run in found) for key in found[0]}
-            lowest = {key: min(run[key] for run in found) for key in found[0]}
+            median, lowest = summary(found)
             print(f"\nconcurrency {concurrency} (script calls per job while running: {median['run_calls']:.2f}); "
                   "median (lowest)")
             print(f"{'':<26}{'all commands':>16}{'scripts':>16}   jobs/s one Redis carries, median (all; scripts)")
@@ -145,9 +190,25 @@ def main() -> None:
                 cells = "".join(f"{f'{median[name]:.1f} ({lowest[name]:.1f})':>16}"
                                 for name in (f"{key}_all", f"{key}_scripts"))
                 print(f"{label:<26}{cells}   {allows}")
+            if tree:
+                # Each run's figure over the baseline's run beside it (the same spell of the machine), median.
+                print(f"  this checkout / {args.baseline}, median of the runs' ratios (all; scripts):")
+                for label, key in ROWS:
+                    ratios = [statistics.median(ours[f"{key}_{kind}"] / theirs[f"{key}_{kind}"]
+                                                for ours, theirs in zip(found, base[concurrency]))
+                              for kind in ("all", "scripts")]
+                    print(f"    {label:<24}{ratios[0]:>8.2f}{ratios[1]:>8.2f}")
+            if args.breakdown:
+                print("  fetch + finish by command (script-internal ones included), median: calls, µs per job")
+                for key in sorted((k for k in median if k.startswith("cmd:")), key=median.get, reverse=True):
+                    name = key.removeprefix("cmd:")
+                    print(f"    {name:<22}{median[f'calls:{name}']:>8.2f}{median[key]:>10.2f}")
     finally:
         if server is not None:
             stop_process(server)
+        if args.baseline and (workdir / "baseline").exists():
+            subprocess.run(["git", "worktree", "remove", "--force", str(workdir / "baseline")],
+                           cwd=Path(__file__).resolve().parents[1])
 
 
 if __name__ == "__main__":
