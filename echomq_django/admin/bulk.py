@@ -206,9 +206,11 @@ def bulk_selected(model_admin: admin.ModelAdmin, request: HttpRequest, queryset:
     if not confirmed(request) and (action.asks or across):
         fields = [("action", action_name), ("select_across", "1" if across else "0"), ("index", "0"),
                   *(("_selected_action", pk) for pk in request.POST.getlist("_selected_action"))]
+        ticked = [] if across else [f"{job_id} ({name or 'no name'}) of queue {queue_name}" for queue_name, job_id, name
+                                    in queryset.order_by("queue", "job_id").values_list("queue", "job_id", "name")]
         return ask(model_admin, request, action, queryset.count(),
                    f"{state} job(s)" + (", all that the list's filters and search match," if across else ""),
-                   request.get_full_path(), fields, [])
+                   request.get_full_path(), fields, ticked)
     by_queue: dict[str, list[str]] = {}
     for queue_name, job_id in queryset.order_by().values_list("queue", "job_id"):
         by_queue.setdefault(queue_name, []).append(job_id)

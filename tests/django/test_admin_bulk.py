@@ -270,6 +270,17 @@ def test_delete_selected_asks_with_the_count_and_logs_one_line(root, queue):
     assert line.action_flag == DELETION and "120 job(s) deleted" in line.change_message
 
 
+def test_deleting_ticked_failed_rows_lists_them_on_the_confirmation_page(root, queue):
+    ids = fail_jobs(queue, 3, name=SCRIPT)
+    sync_queue(queue)
+    ticked = FailedJob.objects.filter(job_id__in=ids[:2])
+    page = root.post(FAILED_LIST, {"action": "delete_selected", "index": "0",
+                                   "_selected_action": [row.pk for row in ticked]}).content.decode()
+    assert "Delete 2 failed job(s)" in page and SCRIPT not in page
+    assert all(f"{job_id} ({SCRIPT_ESCAPED}) of queue {queue.name}" in page for job_id in ids[:2])
+    assert ids[2] not in page and queue.client.zcard(queue.keys.failed) == 3
+
+
 def test_list_actions_need_their_permission(echomq_settings, queue):
     fail_jobs(queue, 2)
     sync_queue(queue)
