@@ -1,6 +1,6 @@
 """Redis time per job: what one job costs Redis over its whole life, and so how many jobs one Redis carries.
 
-    python bench/redis_time.py [--jobs 10000] [--runs 3] [--redis-url URL]
+    python bench/redis_time.py [--jobs 10000] [--runs 3] [--redis-url URL] [--breakdown] [--baseline REV]
 
 Redis runs scripts one at a time, so the Redis time a job costs decides how
 many jobs a second one Redis (or one Cluster shard) can carry. For
@@ -20,7 +20,12 @@ Two measures are printed:
 Each figure is the median of `--runs` runs (the runs of the two concurrencies
 take turns, so a slower spell of the machine falls on both), with the lowest
 beside it: on a virtual machine whose speed moves, the spread is wide and the
-lowest is the machine at its best. `1e6 / whole life` is the jobs a second
+lowest is the machine at its best. So a change is measured against a named
+baseline in the same run: `--baseline REV` (say `HEAD`, to measure the working
+tree's changes) runs the code of a git worktree of REV in a process of its own
+after each run of this checkout, and prints the median of the runs' ratios.
+`--breakdown` prints the calls and µs per job of each command while the
+bulk-added jobs run. `1e6 / whole life` is the jobs a second
 that Redis time allows. "fetch + finish" is the run of the bulk-added jobs. A private redis-server (no persistence, a
 free loopback port) is started unless `--redis-url` names an idle one.
 """
