@@ -205,7 +205,7 @@ def main() -> None:
                     print(f"    {label:<24}{ratios[0]:>8.2f}{ratios[1]:>8.2f}")
             if args.breakdown:
                 print("  fetch + finish by command (script-internal ones included), median: calls, µs per job")
-                for key in sorted((k for k in median if k.startswith("cmd:")), key=median.get, reverse=True):
+                for key in sorted((k for k in median if k.startswith("cmd:")), key=lambda k: median[k], reverse=True):
                     name = key.removeprefix("cmd:")
                     print(f"    {name:<22}{median[f'calls:{name}']:>8.2f}{median[key]:>10.2f}")
     finally:
