@@ -146,3 +146,17 @@ def test_redis_time_runs_on_a_private_server_and_prints_every_row():
     for row in ("concurrency 1 ", "concurrency 32 ", "add, one call per job", "add, bulk", "fetch + finish",
                 "whole life, single adds", "whole life, bulk adds"):
         assert row in proc.stdout, f"{row!r} missing from:\n{proc.stdout}"
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.slow
+def test_light_load_runs_every_figure_in_interleaved_blocks():
+    """On a private redis-server; Huey's ratios are n/a when it is not installed (the bench extra)."""
+    proc = subprocess.run([sys.executable, "bench/light_load.py", "--quick"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [line.split("  ")[0] for line in proc.stdout.splitlines()
+            if line.startswith(("single enqueue", "pickup latency", "no-op jobs/s"))]
+    assert rows == ["single enqueue, jobs/s"] * 2 + ["pickup latency p50 c1, ms", "pickup latency p50 c8, ms",
+                                                     "no-op jobs/s, concurrency 1"], proc.stdout
+    assert "ping() " in proc.stdout and ">= 0.85" in proc.stdout, proc.stdout
