@@ -92,6 +92,9 @@ local prefix, token, lockMs = ARGV[1], ARGV[2], ARGV[3]
 local now, limit, workerId = tonumber(ARGV[4]) or redisNowMs(), tonumber(ARGV[5]), ARGV[6]
 local rateMax, rateMs, maxActive = tonumber(ARGV[8]) or 0, tonumber(ARGV[9]) or 0, tonumber(ARGV[10]) or 0
 local groupMax = tonumber(ARGV[11]) or 0
+if now ~= now or now == math.huge or now == -math.huge then  -- (tonumber takes "nan" and "inf")
+  return redis.error_reply("ERR echomq moveToActive: now is " .. ARGV[4] .. ", not a time in ms")
+end
 
 local result = {false, 0, {}}
 -- The earliest delayed job: only when it is due is there anything to promote
