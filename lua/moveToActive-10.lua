@@ -69,12 +69,15 @@
   A start in `limiter` scored after Redis's clock counts until it is removed,
   but no wait the reply gives is longer than the window.
 
-  Returns {nextDue, waitMs, broken, id1, fields1, id2, fields2, ...}: nextDue
+  Returns {nextDue, waitMs, broken, more, id1, fields1, id2, fields2, ...}: nextDue
   is the due time (ms) of the earliest delayed job, or false when none is
   delayed; waitMs is 0, or when flow control held jobs back, how long until it
   lets one start (ms, > 0, at most ARGV[9] for the rate limit) or -1 when the
   cap did (it frees when an active job ends); broken is a list of lines, one
-  for each broken key this fetch met (the worker reports each once); each
+  for each broken key this fetch met (the worker reports each once); more is
+  0 when the fetch left no job ready (a worker then waits for the marker
+  before its next fetch, rather than fetching with its next results), else 1;
+  each
   fieldsN is the job hash as a flat field/value list, after the update. A
   paused queue yields no jobs.
 ]]
@@ -96,7 +99,7 @@ if now ~= now or now == math.huge or now == -math.huge then  -- (tonumber takes 
   return redis.error_reply("ERR echomq moveToActive: now is " .. ARGV[4] .. ", not a time in ms")
 end
 
-local result = {false, 0, {}}
+local result = {false, 0, {}, 1}
 -- The earliest delayed job: only when it is due is there anything to promote
 -- (one read on most calls), and then the earliest is read again.
 local first = redis.call("ZRANGE", KEYS[4], 0, 0, "WITHSCORES")
@@ -351,9 +354,12 @@ if taken > 0 then
 end
 
 -- The marker was consumed by whoever woke us; leave one behind while work
--- remains so another blocked worker wakes too.
-if taken > 0 and (redis.call("LLEN", KEYS[1]) > 0 or redis.call("ZCARD", KEYS[8]) > 0
+-- remains so another blocked worker wakes too. (A call that took fewer than
+-- it could found nothing more ready.)
+if taken == limit and (redis.call("LLEN", KEYS[1]) > 0 or redis.call("ZCARD", KEYS[8]) > 0
     or ringed and redis.call("EXISTS", ringKey) == 1) then
   redis.call("ZADD", KEYS[5], 0, "0")
+else
+  result[4] = 0
 end
 return result

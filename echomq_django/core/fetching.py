@@ -82,7 +82,10 @@ class FetchLoop:
         self._fetched = 0
         self._results: list[Outcome] = []  # jobs whose results are still to be written
         self._next_due: int | None = None
-        self._waited = False  # the last round trip was a wait that took nothing: the next one waits at once
+        # The last fetch took fewer jobs than it asked for (none were left ready), and no signal came since:
+        # the next fetch waits for one first (every script that makes a job ready sets the marker, so one
+        # made ready meanwhile ends the wait at once). A wake-up from the marker waiter clears it.
+        self._drained = False
         self._mine: Job | None = None  # the job the last round trip took for the leading slot
         self._ended = False
 
@@ -131,9 +134,14 @@ class FetchLoop:
         want = max(min(want, free - self.slots.abandoned.count), 0)
         wrote = bool(results)
         got = 0
-        if (want and not self._waited) or results or trips.unanswered_token:
-            got = self._exchange(want)
-        self._waited = False
+        drained = self._drained
+        if (want and not drained) or results or trips.unanswered_token:
+            # Results written when nothing was left ready and nothing else runs: no fetch with them (it would
+            # find nothing); the loop waits for a signal next, and fetches in the same round trip. Not in a
+            # burst, which ends when a fetch finds nothing (a retry these results make ready must be taken).
+            alone = drained and not burst and trips.running <= len(results)
+            got = self._exchange(0 if alone else want)
+            self._drained = alone or (want > 0 and (got < want or not trips.left_ready) and not trips.held_back_ms)
         if got or wrote or self._collect(wait_s=None):
             return True  # slots may have freed, more may be ready: go round again
         if want and trips.held_back_ms:
@@ -152,7 +160,8 @@ class FetchLoop:
             # marker thread's wait if one is left from while jobs ran (a signal it took meanwhile
             # it puts back, as the loop is not idle on it).
             self.marker.idle.clear()
-            self._waited = not self._exchange(want, wait_s=self._wait_s())
+            got = self._exchange(want, wait_s=self._wait_s())
+            self._drained = (got < want or not trips.left_ready) and not trips.held_back_ms
             return True
         if want and not burst:
             self.marker.arm(self._wait_s())
@@ -181,7 +190,9 @@ class FetchLoop:
         except threadqueue.Empty:
             return False
         while True:
-            if event is not None:
+            if event is None:
+                self._drained = False  # a signal (or a stop, or a freed slot): fetch again
+            else:
                 self._results.append(event)
             try:
                 event = self.events.get_nowait()
@@ -224,6 +235,7 @@ class RoundTrips:
         self.unanswered_token: str | None = None
         self.unreachable = False  # the last round trip failed to reach Redis
         self.held_back_ms = 0
+        self.left_ready = True  # the last fetch may have left jobs ready (False: it took all there were)
         # What fetches found broken in the queue's flow-control keys, reported once each (a fetch says it again).
         self._reported_broken: set[str] = set()
 
@@ -282,7 +294,7 @@ class RoundTrips:
         if any(code in (1, 2) and hands_off(outcome.job.next_steps, self.keys, failed=code == 2)
                for outcome, code in zip(writing, codes)):
             self._hand_off()
-        self.held_back_ms = 0
+        self.held_back_ms, self.left_ready = 0, True
         if not token:
             return [], None
         [reply] = replies
@@ -330,6 +342,7 @@ class RoundTrips:
             self.stages.aborted.wait(1.0)
             return [], None
         next_due, self.held_back_ms, jobs = self.scripts.fetched(reply)
+        self.left_ready = self.scripts.left_ready(reply)
         for broken in self.scripts.broken_keys(reply):
             if broken not in self._reported_broken:
                 self._reported_broken.add(broken)

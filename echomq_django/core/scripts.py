@@ -107,7 +107,12 @@ class Scripts(ScriptClient):
             next_due = int(float(reply[0])) if reply[0] else None
         except (ValueError, OverflowError):  # a delayed score another client wrote (inf, nan)
             next_due = None
-        return next_due, int(reply[1]), list(zip(reply[3::2], reply[4::2]))
+        return next_due, int(reply[1]), list(zip(reply[4::2], reply[5::2]))
+
+    @staticmethod
+    def left_ready(reply: list[Any]) -> bool:
+        """Whether a fetch may have left jobs ready (False: it took every one there was)."""
+        return bool(int(reply[3]))
 
     @staticmethod
     def broken_keys(reply: list[Any]) -> list[str]:

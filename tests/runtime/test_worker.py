@@ -474,3 +474,46 @@ def test_a_failure_whose_message_holds_a_lone_surrogate_is_written_with_the_othe
     assert queue.get_state(good) == "completed"
     failed = queue.get_job(bad)
     assert queue.get_state(bad) == "failed" and failed.failed_reason == "ValueError: cannot parse report-\\udcff.csv"
+
+
+@pytest.mark.parametrize("concurrency", [1, 8])
+def test_an_idle_worker_fetches_once_per_job_at_light_load(queue, concurrency):
+    """A fetch that leaves nothing ready says so, and the worker then writes its results without a fetch and
+    waits for the marker: one moveToActive per job, not the empty fetches of every slot that frees."""
+    from redis.cluster import RedisCluster
+
+    from tests.helpers import running
+
+    if isinstance(queue.client, RedisCluster):
+        pytest.skip("MONITOR reaches one node")
+    fetches: list[str] = []
+    fetch_key = queue.keys.fetch_record("")  # KEYS[9] of every moveToActive call of this queue, and of no other
+    monitor = queue.client.monitor()
+    monitor.__enter__()
+
+    def watch() -> None:
+        try:
+            for command in monitor.listen():
+                if command["command"].startswith("EVALSHA") and fetch_key in command["command"]:
+                    fetches.append(command["command"])
+        except Exception:  # the connection closed at the end of the test
+            pass
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    done: list[str] = []
+    worker = Worker(queue.name, lambda job: done.append(job.id), queue.client, prefix=queue.keys.prefix,
+                    concurrency=concurrency, block_timeout_s=30)
+    try:
+        with running(worker):
+            assert wait_until(lambda: fetches, 10), "the worker's first fetch"
+            before = len(fetches)
+            for n in range(10):
+                job_id = queue.add("x", {"n": n})
+                assert wait_until(lambda added=job_id: added in done, 30)
+            assert wait_until(lambda: queue.get_state(job_id) == "completed", 30)
+            during = len(fetches) - before
+    finally:
+        monitor.connection.disconnect()
+        watcher.join(10)
+    assert during <= 10 + 2, f"{during} fetches for 10 jobs added one at a time"
