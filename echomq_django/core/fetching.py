@@ -170,7 +170,10 @@ class FetchLoop:
 
     def _exchange(self, want: int, wait_s: float | None = None) -> int:
         """A round trip; the jobs it took go to the slots, the first kept for this one. How many it took."""
-        jobs, self._next_due = self.trips.exchange(self._results, want, wait_s, unblock=self.marker.blocking)
+        fetches = bool(want or self.trips.unanswered_token)  # else only results go: the next due time stands
+        jobs, next_due = self.trips.exchange(self._results, want, wait_s, unblock=self.marker.blocking)
+        if fetches:
+            self._next_due = next_due
         self._fetched += len(jobs)
         if jobs:
             self.marker.idle.clear()
