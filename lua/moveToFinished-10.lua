@@ -106,7 +106,7 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
   redis.call("SREM", KEYS[9], id)
   redis.call("DEL", jobKey .. ":lock")
   redis.call("HDEL", jobKey, "tok")
-  groupRelease(prefix, KEYS[7], id, KEYS[8])
+  groupRelease(prefix, KEYS[7], id)
   local startedAt = tonumber(fields[5])
   if startedAt then timeMetric("run", now - startedAt) end
 

@@ -95,9 +95,11 @@ end
 
 -- Job `id` left `active` (any job: one without a group is not in `group-running`):
 -- one running job fewer in its group, and the group back in the ring if it has
--- jobs waiting (it may have left the ring at its cap), with the marker set
--- (when given) so that a waiting worker takes the turn.
-local function groupRelease(prefix, metaKey, id, markerKey)
+-- jobs waiting (it may have left the ring at its cap), with the marker set so
+-- that a waiting worker takes the turn, whichever script freed the slot (a
+-- finish, a sweep's recovery or failure, a removal). The marker's name is
+-- built from the prefix, as keys.py's marker is.
+local function groupRelease(prefix, metaKey, id)
   local group = redis.pcall("HGET", prefix .. "group-running", id)
   if type(group) ~= "string" then return end
   redis.call("HDEL", prefix .. "group-running", id)
@@ -107,7 +109,7 @@ local function groupRelease(prefix, metaKey, id, markerKey)
   end
   if redis.call("EXISTS", prefix .. "group:" .. group) == 1 then
     groupEnterRing(prefix, metaKey, group)
-    if markerKey then redis.call("ZADD", markerKey, 0, "0") end
+    redis.pcall("ZADD", prefix .. "marker", 0, "0")
   end
 end
 
