@@ -140,8 +140,7 @@ class FetchLoop:
             # find nothing); the loop waits for a signal next, and fetches in the same round trip. Not in a
             # burst, which ends when a fetch finds nothing (a retry these results make ready must be taken).
             alone = drained and not burst and trips.running <= len(results)
-            got = self._exchange(0 if alone else want)
-            self._drained = alone or (want > 0 and (got < want or not trips.left_ready) and not trips.held_back_ms)
+            got = self._exchange(0 if alone else want)  # (alone, it fetches nothing: `_drained` stands)
         if got or wrote or self._collect(wait_s=None):
             return True  # slots may have freed, more may be ready: go round again
         if want and trips.held_back_ms:
@@ -160,8 +159,7 @@ class FetchLoop:
             # marker thread's wait if one is left from while jobs ran (a signal it took meanwhile
             # it puts back, as the loop is not idle on it).
             self.marker.idle.clear()
-            got = self._exchange(want, wait_s=self._wait_s())
-            self._drained = (got < want or not trips.left_ready) and not trips.held_back_ms
+            self._exchange(want, wait_s=self._wait_s())
             return True
         if want and not burst:
             self.marker.arm(self._wait_s())
@@ -170,10 +168,12 @@ class FetchLoop:
 
     def _exchange(self, want: int, wait_s: float | None = None) -> int:
         """A round trip; the jobs it took go to the slots, the first kept for this one. How many it took."""
-        fetches = bool(want or self.trips.unanswered_token)  # else only results go: the next due time stands
-        jobs, next_due = self.trips.exchange(self._results, want, wait_s, unblock=self.marker.blocking)
+        trips = self.trips
+        fetches = bool(want or trips.unanswered_token)  # else only results go: the due time and `_drained` stand
+        jobs, next_due = trips.exchange(self._results, want, wait_s, unblock=self.marker.blocking)
         if fetches:
             self._next_due = next_due
+            self._drained = want > 0 and (len(jobs) < want or not trips.left_ready) and not trips.held_back_ms
         self._fetched += len(jobs)
         if jobs:
             self.marker.idle.clear()
