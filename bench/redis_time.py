@@ -43,8 +43,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+CHECKOUT = Path(__file__).resolve().parents[1]
 # The tree whose echomq_django is measured: this checkout, or (for `--baseline`) a worktree of another commit.
-sys.path.insert(0, os.environ.get("REDIS_TIME_TREE") or str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, os.environ.get("REDIS_TIME_TREE") or str(CHECKOUT))
 
 from bench.beat_cost import start_redis, stop_process  # noqa: E402
 from bench.measure import drop  # noqa: E402
@@ -131,7 +132,7 @@ def baseline_tree(rev: str, workdir: Path) -> Path:
     """A worktree of `rev` (its scripts and its echomq_django), to measure beside this checkout."""
     tree = workdir / "baseline"
     subprocess.run(["git", "worktree", "add", "--detach", "--quiet", str(tree), rev], check=True,
-                   cwd=Path(__file__).resolve().parents[1])
+                   cwd=CHECKOUT)
     return tree
 
 
@@ -213,7 +214,7 @@ def main() -> None:
             stop_process(server)
         if args.baseline and (workdir / "baseline").exists():
             subprocess.run(["git", "worktree", "remove", "--force", str(workdir / "baseline")],
-                           cwd=Path(__file__).resolve().parents[1])
+                           cwd=CHECKOUT)
 
 
 if __name__ == "__main__":
