@@ -1,6 +1,6 @@
 """Redis time per job: what one job costs Redis over its whole life, and so how many jobs one Redis carries.
 
-    python bench/redis_time.py [--jobs 10000] [--runs 3] [--redis-url URL] [--breakdown] [--baseline REV]
+    python bench/redis_time.py [--jobs 10000] [--runs 3] [--redis-url URL] [--breakdown] [--baseline REV | --floor]
 
 Redis runs scripts one at a time, so the Redis time a job costs decides how
 many jobs a second one Redis (or one Cluster shard) can carry. For
@@ -24,6 +24,10 @@ lowest is the machine at its best. So a change is measured against a named
 baseline in the same run: `--baseline REV` (say `HEAD`, to measure the working
 tree's changes) runs the code of a git worktree of REV in a process of its own
 after each run of this checkout, and prints the median of the runs' ratios.
+`--floor` measures the same way a tree whose add, fetch and finish scripts are
+bench/floor's: a job's life with no promise kept beyond a hash, a ready list,
+the lock index and `completed`, so the least Redis time any script protocol
+of this shape can cost; it prints the floor's share of this checkout's time.
 `--breakdown` prints the calls and µs per job of each command while the
 bulk-added jobs run. `1e6 / whole life` is the jobs a second
 that Redis time allows. "fetch + finish" is the run of the bulk-added jobs. A private redis-server (no persistence, a
@@ -35,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -136,6 +141,18 @@ def baseline_tree(rev: str, workdir: Path) -> Path:
     return tree
 
 
+def floor_tree(workdir: Path) -> Path:
+    """A worktree of HEAD whose hot scripts are replaced by bench/floor's."""
+    tree = baseline_tree("HEAD", workdir)
+    for script in (CHECKOUT / "bench" / "floor").glob("*.lua"):
+        target = tree / "lua" / script.name
+        if not target.exists():
+            raise SystemExit(f"bench/floor/{script.name} replaces no script of lua/: rename it after the script "
+                             "it stands for")
+        shutil.copyfile(script, target)
+    return tree
+
+
 def baseline_run(tree: Path, url: str, jobs: int, concurrency: int) -> dict[str, float]:
     """one_run of the baseline's code, in a process of its own (its package first on the path)."""
     out = subprocess.run([sys.executable, __file__, "--one-run", str(concurrency), "--jobs", str(jobs),
@@ -162,9 +179,14 @@ def main() -> None:
     parser.add_argument("--baseline", metavar="REV",
                         help="also measure the commit REV (a git worktree of it), taking turns with this checkout "
                              "run by run, and print each figure's ratio to it")
+    parser.add_argument("--floor", action="store_true",
+                        help="also measure bench/floor's bare add, fetch and finish scripts the same way, and print "
+                             "their share of this checkout's time")
     parser.add_argument("--one-run", type=int, metavar="CONCURRENCY", help=argparse.SUPPRESS)  # baseline_run's
     parser.add_argument("--redis-url", help="an idle Redis to use instead of a private redis-server")
     args = parser.parse_args()
+    if args.baseline and args.floor:
+        parser.error("--baseline and --floor each name the tree measured beside this checkout: give one")
     if args.quick:
         args.jobs, args.runs = 500, 1
     if args.one_run:
@@ -177,7 +199,7 @@ def main() -> None:
     try:
         version = connect(url).info("server")["redis_version"]
         print(f"Redis {version}; {args.jobs:,} no-op jobs a run, median of {args.runs} runs; µs of Redis time per job")
-        tree = baseline_tree(args.baseline, workdir) if args.baseline else None
+        tree = baseline_tree(args.baseline, workdir) if args.baseline else floor_tree(workdir) if args.floor else None
         runs: dict[int, list[dict[str, float]]] = {concurrency: [] for concurrency in CONCURRENCIES}
         base: dict[int, list[dict[str, float]]] = {concurrency: [] for concurrency in CONCURRENCIES}
         for _ in range(args.runs):
@@ -198,10 +220,12 @@ def main() -> None:
                 print(f"{label:<26}{cells}   {allows}")
             if tree:
                 # Each run's figure over the baseline's run beside it (the same spell of the machine), median.
-                print(f"  this checkout / {args.baseline}, median of the runs' ratios (all; scripts):")
+                print(f"  {'the floor / this checkout' if args.floor else f'this checkout / {args.baseline}'}, "
+                      "median of the runs' ratios (all; scripts):")
                 for label, key in ROWS:
-                    ratios = [statistics.median(ours[f"{key}_{kind}"] / theirs[f"{key}_{kind}"]
-                                                for ours, theirs in zip(found, base[concurrency]))
+                    pairs = [(ours, theirs) if not args.floor else (theirs, ours)
+                             for ours, theirs in zip(found, base[concurrency])]
+                    ratios = [statistics.median(top[f"{key}_{kind}"] / bottom[f"{key}_{kind}"] for top, bottom in pairs)
                               for kind in ("all", "scripts")]
                     print(f"    {label:<24}{ratios[0]:>8.2f}{ratios[1]:>8.2f}")
             if args.breakdown:
@@ -212,7 +236,7 @@ def main() -> None:
     finally:
         if server is not None:
             stop_process(server)
-        if args.baseline and (workdir / "baseline").exists():
+        if (workdir / "baseline").exists():
             subprocess.run(["git", "worktree", "remove", "--force", str(workdir / "baseline")],
                            cwd=CHECKOUT)
 

@@ -140,12 +140,17 @@ def test_otel_cost_runs_and_prints_every_row():
 
 
 def test_redis_time_runs_on_a_private_server_and_prints_every_row():
-    proc = subprocess.run([sys.executable, "bench/redis_time.py", "--quick"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    # --floor also runs a worktree of HEAD with bench/floor's scripts in place of the real ones.
+    proc = subprocess.run([sys.executable, "bench/redis_time.py", "--quick", "--floor"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for row in ("concurrency 1 ", "concurrency 32 ", "add, one call per job", "add, bulk", "fetch + finish",
-                "whole life, single adds", "whole life, bulk adds"):
+    rows = ("add, one call per job", "add, bulk", "fetch + finish", "whole life, single adds", "whole life, bulk adds")
+    for row in ("concurrency 1 ", "concurrency 32 ", *rows):
         assert row in proc.stdout, f"{row!r} missing from:\n{proc.stdout}"
+    assert proc.stdout.count("the floor / this checkout") == 2, proc.stdout
+    for row in rows:
+        ratios = [line.split()[-2:] for line in proc.stdout.splitlines() if line.startswith(f"    {row}")]
+        assert len(ratios) == 2 and all(float(r) > 0 for pair in ratios for r in pair), proc.stdout
 
 
 @pytest.mark.timeout(240)
