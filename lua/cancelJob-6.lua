@@ -72,5 +72,5 @@ redis.call("HSET", jobHash, "failedReason", reason, "finishedOn", now, "cxl", re
 redis.call("ZADD", KEYS[5], now, id)
 emitEvent(prefix, "cancelled", id, "reason", reason)
 workflowFailed(id, reason)
-dedupeRelease(prefix, id, false)
+dedupeRelease(prefix, id)
 return 1

@@ -154,7 +154,7 @@ local function recover(id)
   if outcome == "failed" then
     failed = failed + 1
     workflowFailed(id)
-    dedupeRelease(prefix, id, false)
+    dedupeRelease(prefix, id)
     return false
   end
   recovered = recovered + 1

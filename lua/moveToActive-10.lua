@@ -90,6 +90,7 @@
 -- @include "groups"
 -- @include "constants"
 -- @include "dedupe"
+-- @include "callInChunks"
 
 local prefix, token, lockMs = ARGV[1], ARGV[2], ARGV[3]
 local now, limit, workerId = tonumber(ARGV[4]) or redisNowMs(), tonumber(ARGV[5]), ARGV[6]
@@ -308,13 +309,13 @@ while taken < limit do
       -- Not started by its expiry (addJob's `exp`): it never starts. (Taken by its group's turn, it held no slot.)
       redis.call("LREM", KEYS[2], 1, id)
       moveToFailed(prefix, KEYS[7], id, "expired", now)
-      dedupeRelease(prefix, id, false)
+      dedupeRelease(prefix, id)
       countMetric("failed", 1)
       expiredJobs = expiredJobs + 1
     else
-      -- PXAT: the lock lapses at exactly the time the index records.
+      -- PXAT: the lock lapses at exactly the time the index records (every id
+      -- taken enters the index in one ZADD at the end of the call).
       redis.call("SET", jobKey .. ":lock", token, "PXAT", lapsesAt)
-      redis.call("ZADD", locksKey, lapsesAt, id)
       -- Read-and-write rather than HINCRBY: a corrupt `ats` must not abort the
       -- script halfway through its writes.
       local update = {"ats", (parseCounter(ats, "ats") or 0) + 1, "processedOn", now, "tok", token,
@@ -341,13 +342,22 @@ while taken < limit do
 end
 if expiredJobs > 0 and taken == 0 then flushMetrics(prefix, now, tonumber(ARGV[7])) end
 if taken > 0 then
+  local indexed = {}
+  for _, id in ipairs(takenIds) do
+    indexed[#indexed + 1] = lapsesAt
+    indexed[#indexed + 1] = id
+  end
+  callInChunks("ZADD", locksKey, indexed)
   redis.call("SET", KEYS[9], cjson.encode(takenIds), "PX", 86400000)
   if rateMax > 0 then
     -- One member per attempt started: the token is new for every fetch (an id
     -- is not: a caller may add the same id again once the job is gone).
+    local starts = {}
     for _, id in ipairs(takenIds) do
-      redis.call("ZADD", KEYS[10], startedAt, token .. "#" .. id)
+      starts[#starts + 1] = startedAt
+      starts[#starts + 1] = token .. "#" .. id
     end
+    callInChunks("ZADD", KEYS[10], starts)
     redis.call("PEXPIRE", KEYS[10], rateMs)
   end
   flushMetrics(prefix, now, tonumber(ARGV[7]))

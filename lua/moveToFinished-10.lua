@@ -70,12 +70,17 @@
 -- @include "constants"
 -- @include "workflow"
 -- @include "dedupe"
+-- @include "callInChunks"
 
 local prefix, now = ARGV[1], tonumber(ARGV[2])
 local defaultAttempts, keepTraces = tonumber(ARGV[3]), tonumber(ARGV[4])
 local completedTo, failedTo = false, false  -- whether retention has work to do
 local locksKey = prefix .. "locks"  -- the lock index (see includes/lockIndex.lua)
-local recordGone = {}  -- the tokens whose fetch record this call deleted
+local recordGone = {}  -- the tokens whose fetch record this call deletes
+-- What the jobs taken out of `active` leave behind, removed at the call's end in
+-- one command each (callInChunks), not one per job: their ids in the lock index
+-- and `stalled`, and their lock keys with the fetch records.
+local released, keysGone = {}, {}
 workflowKeys(prefix, KEYS[5], KEYS[6], KEYS[7], KEYS[10], KEYS[3], now)
 
 local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final, errorClass)
@@ -98,13 +103,12 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
   local maxAttempts, badOpts, resultTtl = parseMaxAttempts(fields[4], defaultAttempts)
 
   if not recordGone[token] then  -- a fetch's jobs end in one call: its record is deleted once
-    redis.call("DEL", prefix .. "fetch:" .. token)  -- keys.py's fetch_record(token)
+    keysGone[#keysGone + 1] = prefix .. "fetch:" .. token  -- keys.py's fetch_record(token)
     recordGone[token] = true
   end
   redis.call("LREM", KEYS[1], -1, id)
-  redis.call("ZREM", locksKey, id)
-  redis.call("SREM", KEYS[9], id)
-  redis.call("DEL", jobKey .. ":lock")
+  released[#released + 1] = id
+  keysGone[#keysGone + 1] = jobKey .. ":lock"
   redis.call("HDEL", jobKey, "tok")
   groupRelease(prefix, KEYS[7], id)
   local startedAt = tonumber(fields[5])
@@ -192,6 +196,9 @@ for i = 10, #ARGV, 8 do
   codes[#codes + 1] = finishOne(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4],
     tonumber(ARGV[i + 5]), ARGV[i + 6], ARGV[i + 7])
 end
+callInChunks("ZREM", locksKey, released)
+callInChunks("SREM", KEYS[9], released)
+callInChunks("DEL", nil, keysGone)
 if completedTo then
   applyRetention(prefix, KEYS[2], tonumber(ARGV[5]), tonumber(ARGV[6]), now)
   trimResults(prefix, KEYS[2], now)

@@ -1,26 +1,35 @@
 -- @include "jobKey"
+-- @include "callInChunks"
 
 -- Trim a finished set (completed or failed) to keepCount newest jobs and drop
 -- jobs older than keepAgeMs, deleting their hashes and logs. keepCount < 0 keeps any
 -- number; keepAgeMs <= 0 keeps any age. Each call removes at most 1000 jobs so
 -- one finish can never block Redis for long; later finishes remove the rest.
+-- The jobs leave the set in one ZREM (by age) and one ZPOPMIN (the oldest
+-- over the count), and their keys go in one DEL, however many there are.
 local function applyRetention(prefix, setKey, keepCount, keepAgeMs, now)
   local doomed = {}
   if keepAgeMs > 0 then
     doomed = redis.call("ZRANGEBYSCORE", setKey, "-inf", now - keepAgeMs, "LIMIT", 0, 1000)
+    if #doomed > 0 then redis.call("ZREM", setKey, unpack(doomed)) end
   end
   if keepCount >= 0 and #doomed < 1000 then
-    local excess = redis.call("ZCARD", setKey) - #doomed - keepCount
+    local excess = redis.call("ZCARD", setKey) - keepCount
     if excess > 0 then
-      local oldest = redis.call("ZRANGE", setKey, #doomed, #doomed + math.min(excess, 1000 - #doomed) - 1)
-      for _, id in ipairs(oldest) do doomed[#doomed + 1] = id end
+      local popped = redis.call("ZPOPMIN", setKey, math.min(excess, 1000 - #doomed))
+      for i = 1, #popped, 2 do doomed[#doomed + 1] = popped[i] end
     end
   end
+  local keys = {}
   for _, id in ipairs(doomed) do
     local key = jobKey(prefix, id)
-    if key then redis.call("DEL", key, key .. ":logs", key .. ":in") end
-    redis.call("ZREM", setKey, id)
+    if key then
+      keys[#keys + 1] = key
+      keys[#keys + 1] = key .. ":logs"
+      keys[#keys + 1] = key .. ":in"
+    end
   end
+  callInChunks("DEL", nil, keys)
   return #doomed
 end
 

@@ -23,9 +23,10 @@ local function dedupeHolder(prefix, key, completedKey, failedKey)
 end
 
 -- Release the key the job `id` holds, if it holds one (a "ttl" key stays until it expires).
--- `key`, `mode`: its `ddk` and `ddm` when the caller read them; false to read them here.
+-- `key`, `mode`: its `ddk` and `ddm` as the caller read them (false: the job has none); nil
+-- (left out) to read them here.
 local function dedupeRelease(prefix, id, key, mode)
-  if key == false then
+  if key == nil then
     local fields = redis.pcall("HMGET", prefix .. id, "ddk", "ddm")
     if fields["err"] then return end
     key, mode = fields[1], fields[2]

@@ -85,10 +85,15 @@ local function groupRemove(prefix, metaKey, id, group)
   return true
 end
 
+-- Whether `group-running` may hold a job, once this call has looked (nil: not
+-- yet): on a queue without groups, a call that ends many jobs looks once.
+local groupsRunning = nil
+
 -- Job `id` of `group` starts: it counts against the group's cap until it
 -- leaves `active`. Whether `group-running` took it (false: the key is another
 -- client's of another type; groupRepair recounts the slot once it is gone).
 local function groupStarted(prefix, id, group)
+  groupsRunning = true
   groupCount(prefix .. "group-active", group, 1)
   return type(redis.pcall("HSET", prefix .. "group-running", id, group)) == "number"
 end
@@ -100,6 +105,8 @@ end
 -- finish, a sweep's recovery or failure, a removal). The marker's name is
 -- built from the prefix, as keys.py's marker is.
 local function groupRelease(prefix, metaKey, id)
+  if groupsRunning == nil then groupsRunning = redis.call("EXISTS", prefix .. "group-running") == 1 end
+  if not groupsRunning then return end
   local group = redis.pcall("HGET", prefix .. "group-running", id)
   if type(group) ~= "string" then return end
   redis.call("HDEL", prefix .. "group-running", id)
