@@ -91,6 +91,7 @@
 -- @include "constants"
 -- @include "dedupe"
 -- @include "callInChunks"
+-- @include "checkKeyTypes"
 
 local prefix, token, lockMs = ARGV[1], ARGV[2], ARGV[3]
 local now, limit, workerId = tonumber(ARGV[4]) or redisNowMs(), tonumber(ARGV[5]), ARGV[6]
@@ -185,6 +186,10 @@ end
 -- empty it is not looked at again.
 local PRIORITY_ZERO = MAX_PRIORITY * 4294967296  -- the score of priority 0 (pushReady's priorityScore)
 local locksKey, lapsesAt = prefix .. "locks", startedAt + tonumber(lockMs)
+-- The taken ids enter the lock index in one ZADD at the end: it must not fail
+-- after they were moved and locked, with no fetch record to give them back.
+local wrongIndex = checkKeyTypes({{locksKey, "zset"}}, "no job is taken until it is deleted")
+if wrongIndex then return wrongIndex end
 local anyPrioritized = redis.call("EXISTS", KEYS[8]) == 1
 local function takeNext()
   local best = anyPrioritized and redis.call("ZRANGE", KEYS[8], 0, 0, "WITHSCORES") or {}

@@ -81,6 +81,22 @@ local recordGone = {}  -- the tokens whose fetch record this call deletes
 -- one command each (callInChunks), not one per job: their ids in the lock index
 -- and `stalled`, and their lock keys with the fetch records.
 local released, keysGone = {}, {}
+local function removeReleased()
+  callInChunks("ZREM", locksKey, released)
+  callInChunks("SREM", KEYS[9], released)
+  callInChunks("DEL", nil, keysGone)
+  released, keysGone = {}, {}
+end
+
+-- A workflow member's end, counted in its workflow (includes/workflow.lua).
+-- Its targets' keys may be another client's, of another type, and the
+-- delivery is the one step here that writes them: what the jobs ended so far
+-- left behind is removed first, so an error there cannot leave it for good.
+local function memberEnded(id, passed, value, nxt, af)
+  if not nxt then return end
+  removeReleased()
+  workflowEnded(id, passed, value, nxt, af)
+end
 workflowKeys(prefix, KEYS[5], KEYS[6], KEYS[7], KEYS[10], KEYS[3], now)
 
 local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final, errorClass)
@@ -119,7 +135,7 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
     moveToFailed(prefix, KEYS[3], id, badAtm or badOpts, now)
     countMetric("failed", 1)
     failedTo = true
-    workflowEnded(id, false, badAtm or badOpts, fields[7], fields[8])
+    memberEnded(id, false, badAtm or badOpts, fields[7], fields[8])
     dedupeRelease(prefix, id, fields[9], fields[10])
     return 2
   end
@@ -155,7 +171,7 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
     emitEvent(prefix, "completed", id)
     countMetric("completed", 1)
     completedTo = true
-    workflowEnded(id, true, value, fields[7], fields[8])
+    memberEnded(id, true, value, fields[7], fields[8])
     dedupeRelease(prefix, id, fields[9], fields[10])
     return 1
   end
@@ -186,7 +202,7 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
   moveToFailed(prefix, KEYS[3], id, value, now)
   countMetric("failed", 1)
   failedTo = true
-  workflowEnded(id, false, value, fields[7], fields[8])
+  memberEnded(id, false, value, fields[7], fields[8])
   dedupeRelease(prefix, id, fields[9], fields[10])
   return 2
 end
@@ -196,9 +212,7 @@ for i = 10, #ARGV, 8 do
   codes[#codes + 1] = finishOne(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4],
     tonumber(ARGV[i + 5]), ARGV[i + 6], ARGV[i + 7])
 end
-callInChunks("ZREM", locksKey, released)
-callInChunks("SREM", KEYS[9], released)
-callInChunks("DEL", nil, keysGone)
+removeReleased()
 if completedTo then
   applyRetention(prefix, KEYS[2], tonumber(ARGV[5]), tonumber(ARGV[6]), now)
   trimResults(prefix, KEYS[2], now)

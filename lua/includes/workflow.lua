@@ -36,8 +36,9 @@ end
 local function releaseDeferred(id)
   local jobHash = wfPrefix .. id
   redis.call("ZREM", wfKeys.deferred, id)
-  local delay = tonumber(redis.call("HGET", jobHash, "dly") or "") or 0
-  redis.call("HDEL", jobHash, "deps")
+  -- pcall: a job key of another type (another client's) is failed by pushReady, not raised on here
+  local delay = tonumber(redis.pcall("HGET", jobHash, "dly") or "") or 0
+  redis.pcall("HDEL", jobHash, "deps")
   if delay > 0 then
     redis.call("HSET", jobHash, "due", wfNow + delay)
     redis.call("ZADD", wfKeys.delayed, wfNow + delay, id)
@@ -48,16 +49,37 @@ local function releaseDeferred(id)
   end
 end
 
+-- Count one input of a step (`jobHash`, or the workflow's record: inputs in
+-- `jobHash:in`, the count in its `deps`):
+-- true when it was new and the last one, false when not; nil and a reason
+-- when another client broke the keys (`:in` of another type, a `deps` that is
+-- no whole number). Never raises: its caller ends jobs in the same call, and
+-- Redis keeps a script's writes before an error.
+local function countInput(jobHash, slot, value)
+  local fresh = redis.pcall("HSETNX", jobHash .. ":in", slot, value)
+  if type(fresh) ~= "number" then return nil, jobHash .. ":in is not a hash (another client's write)" end
+  if fresh == 0 then return false end
+  local left = redis.pcall("HINCRBY", jobHash, "deps", -1)
+  if type(left) ~= "number" then
+    return nil, "deps of " .. jobHash .. " is not a whole number (another client's write)"
+  end
+  return left <= 0
+end
+
 -- The workflow's record takes a terminal member's result, or its failure.
 local function deliverToRecord(target, slot, passed, value)
   local recordKey = wfPrefix .. target
   local fields = redis.pcall("HMGET", recordKey, "status", "ttl")
   if fields["err"] or fields[1] ~= "waiting" then return end
   if passed then
-    if redis.call("HSETNX", recordKey .. ":in", slot, value) == 0
-        or redis.call("HINCRBY", recordKey, "deps", -1) > 0 then
+    local last, broken = countInput(recordKey, slot, value)
+    if broken then
+      passed, value = false, broken
+    elseif not last then
       return
     end
+  end
+  if passed then
     redis.call("HSET", recordKey, "status", "succeeded", "finishedOn", wfNow)
   else
     redis.call("HSET", recordKey, "status", "failed", "reason", value, "finishedOn", wfNow)
@@ -76,22 +98,27 @@ local function deliverEdge(target, slot, kind, passed, value, origin, ended)
   if string.sub(target, 1, 3) == "wf:" then return deliverToRecord(target, slot, passed, value) end
   if not redis.call("ZSCORE", wfKeys.deferred, target) then return end  -- started, failed or gone
   local jobHash = wfPrefix .. target
+  local last, broken
+  if passed and (kind == "r" or kind == "d") then
+    last, broken = countInput(jobHash, kind == "d" and "d" .. slot or slot, kind == "d" and "1" or value)
+    if broken then kind, passed, value = "r", false, broken end  -- it can never count its inputs: it fails
+  end
   if kind == "r" and passed then
-    if redis.call("HSETNX", jobHash .. ":in", slot, value) == 1
-        and redis.call("HINCRBY", jobHash, "deps", -1) <= 0 then
-      releaseDeferred(target)
-    end
+    if last then releaseDeferred(target) end
   elseif kind == "r" then  -- an input failed: this step never runs (`deps` stays: retryJob refuses it)
     redis.call("ZREM", wfKeys.deferred, target)
-    moveToFailed(wfPrefix, wfKeys.failed, target, value, wfNow)
+    if redis.call("TYPE", jobHash)["ok"] == "hash" then
+      moveToFailed(wfPrefix, wfKeys.failed, target, value, wfNow)
+    else
+      failKeyOfWrongType(wfPrefix, wfKeys.failed, target, wfNow)
+    end
     ended[#ended + 1] = {target, false, value, origin}
   elseif not passed then  -- an error handler's first failure: it runs, with the member's id and error
     redis.call("DEL", jobHash .. ":in")
     redis.call("HSET", jobHash .. ":in", "0", cjson.encode(origin), "1", cjson.encode(value))
     releaseDeferred(target)
   elseif kind == "d" then  -- an end of the handler's scope succeeded
-    if redis.call("HSETNX", jobHash .. ":in", "d" .. slot, "1") == 1
-        and redis.call("HINCRBY", jobHash, "deps", -1) <= 0 then
+    if last then
       redis.call("ZREM", wfKeys.deferred, target)
       redis.call("DEL", jobHash, jobHash .. ":in")
       emitEvent(wfPrefix, "removed", target, "by", "workflow")

@@ -92,12 +92,12 @@ def test_a_job_fetched_and_finished_32_to_a_call_costs_at_most_13_commands(queue
         assert counts[name] <= most, f"{counts[name]} {name} for 128 jobs: {per_job(counts, 128)}"
 
 
-def test_a_job_fetched_and_finished_alone_costs_at_most_33_commands(queue):
+def test_a_job_fetched_and_finished_alone_costs_at_most_34_commands(queue):
     # Alone, a job also pays each call's reads and writes: the fetch record, the earliest delayed job, meta,
-    # the groups' ring, the marker, results past their TTL, retention's count, and the metrics (an HMGET and
-    # an HSET at each end, and the all-time total).
+    # the lock index's type, the groups' ring, the marker, results past their TTL, retention's count, and the
+    # metrics (an HMGET and an HSET at each end, and the all-time total).
     queue.add_bulk([NewJob("n", {}) for _ in range(40)])
     fetch_and_finish(queue, 8, 1, keep_count=8)
     counts = fetch_and_finish(queue, 32, 1, keep_count=8)
     total = sum(counts.values())
-    assert total / 32 <= 33, f"{total / 32:.2f} commands per job: {per_job(counts, 32)}"
+    assert total / 32 <= 34, f"{total / 32:.2f} commands per job: {per_job(counts, 32)}"
