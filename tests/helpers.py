@@ -39,6 +39,12 @@ def abandoned_await_ends(awaitable: Callable[[], object]) -> None:
     assert wait_until(lambda: not runner.is_alive(), 10), "asyncio.run hangs on the abandoned wait's thread"
 
 
+def redis_now_ms(queue: Queue) -> int:
+    """Redis's clock, ms: the clock lock keys, pauses and dedupe windows run on."""
+    seconds, micros = queue.client.time()
+    return seconds * 1000 + micros // 1000
+
+
 def fetch(queue: Queue, token: str = "token-1", lock_ms: int = 30_000, count: int = 1):
     """Take jobs as a worker would, returning [(id, Job-hash dict)]."""
     _due, jobs = take_jobs(queue, token, lock_ms, now_ms(), count, "test-worker")

@@ -4,7 +4,7 @@ import pytest
 
 from echomq_django.core import Dedupe, JobOptions, NewJob, PayloadError
 from echomq_django.core.queue import now_ms
-from tests.helpers import fetch, finish, kill_lock, sweep, take_jobs, wait_until
+from tests.helpers import fetch, finish, kill_lock, redis_now_ms, sweep, take_jobs, wait_until
 
 
 def holder(queue, key):
@@ -63,11 +63,6 @@ def test_a_throttle_holds_its_ttl_whatever_the_job_does(queue):
     queue.client.pexpire(queue.keys.base + "dedupe:t", 1)  # as if the minute had passed
     assert wait_until(lambda: not queue.client.exists(queue.keys.base + "dedupe:t"), 5)
     assert queue.add("x", dedupe=Dedupe("t", ttl_ms=60_000)) != first
-
-
-def redis_now_ms(queue) -> int:
-    seconds, micros = queue.client.time()
-    return seconds * 1000 + micros // 1000
 
 
 def test_a_debounce_pushes_the_start_back_and_takes_the_new_data(queue):

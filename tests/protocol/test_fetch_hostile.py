@@ -16,14 +16,9 @@ from redis.exceptions import ResponseError
 from echomq_django.core import JobOptions, NewJob
 from echomq_django.core.queue import now_ms
 from echomq_django.core.scripts import Finish
-from tests.helpers import fetch, finish
+from tests.helpers import fetch, finish, redis_now_ms
 
 PROMOTE_LIMIT = 1000  # promoteDue's limit per moveToActive call
-
-
-def redis_ms(queue) -> int:
-    seconds, micros = queue.client.time()
-    return seconds * 1000 + micros // 1000
 
 
 def raw_fetch(queue, token, now, count=10, *, lock_ms=30_000):
@@ -102,7 +97,7 @@ def test_a_delayed_job_due_exactly_now_is_promoted_and_half_a_ms_later_is_not(qu
 
 
 def test_a_fetch_on_redis_clock_promotes_by_redis_time_not_by_the_callers(queue):
-    at = redis_ms(queue)
+    at = redis_now_ms(queue)
     due, later = delayed_jobs(queue, [at - 50, at + 60_000])
     # A caller's clock an hour behind Redis's: nothing is due by it.
     assert next_due(queue, "t1", at - 3_600_000) == (at - 50, [])
@@ -169,7 +164,7 @@ def test_limited_until_holds_the_queue_only_when_it_is_a_pause_the_scripts_could
     from echomq_django.core.lua import CONSTANTS
 
     ids = queue.add_bulk([NewJob("work") for _ in range(2)])
-    at = redis_ms(queue)
+    at = redis_now_ms(queue)
     value = {"ahead": at + 30_000, "past": at - 1,
              "beyond the longest pause": at + CONSTANTS["MAX_PAUSE_MS"] + 60_000}.get(until, until)
     queue.client.hset(queue.keys.meta, "limitedUntil", value)
@@ -184,7 +179,7 @@ def test_limited_until_holds_the_queue_only_when_it_is_a_pause_the_scripts_could
 
 
 def test_a_rate_limited_queue_still_promotes_due_jobs_and_says_when_the_next_is_due(queue):
-    at = redis_ms(queue)
+    at = redis_now_ms(queue)
     due, later = delayed_jobs(queue, [at - 5, at + 60_000])
     queue.client.hset(queue.keys.meta, "limitedUntil", at + 30_000)
     raw, wait, taken = raw_fetch(queue, "t1", None)
@@ -228,7 +223,7 @@ def test_a_meta_of_another_type_loses_no_due_delayed_job(queue):
 @pytest.mark.parametrize("clock", ["caller", "redis"])
 def test_a_resent_fetch_while_jobs_are_due_answers_only_its_jobs_and_promotes_the_due_ones(queue, clock):
     first, second = queue.add_bulk([NewJob("ready") for _ in range(2)])
-    at = redis_ms(queue)
+    at = redis_now_ms(queue)
     call = queue.scripts.fetch_call(queue.keys, "tok-1", 30_000, at if clock == "caller" else None, 1, "w1")
     [reply] = queue.scripts.run_batch([call], raise_on_error=True)
     assert [job_id for job_id, _ in queue.scripts.fetched(reply)[2]] == [first]

@@ -19,7 +19,7 @@ import pytest
 from echomq_django.core import Dedupe, JobOptions, NewJob, RateLimit
 from echomq_django.core.queue import now_ms
 from echomq_django.core.scripts import Finish
-from tests.helpers import kill_lock, sweep
+from tests.helpers import kill_lock, redis_now_ms, sweep, wait_until
 from tests.protocol.test_groups import consistent
 
 CHUNK = 1000  # callInChunks' items per command
@@ -415,7 +415,8 @@ def test_a_finish_mixing_grouped_and_plain_jobs_frees_each_capped_group_and_wake
     assert c.zscore(k.marker, "0") is not None, "a worker is woken for the freed groups"
     assert {"ga", "gb"} <= set(c.zrange(k.groups, 0, -1))
     check_invariants(queue, plain + a + b + d)
-    time.sleep(0.01)  # the limited pause (1 ms)
+    until = int(c.hget(k.meta, "limitedUntil"))  # the limited job's pause (1 ms), on Redis's clock
+    assert wait_until(lambda: redis_now_ms(queue) > until, 10), "Redis's clock passes the pause"
     again = take(queue, "t3", 10, group_cap=1)
     assert sorted(again) == sorted([a[1], b[0]]), "each freed group gives its next job (b's limited one first)"
     assert finish_many(queue, [done(d[0], "t1")]) == [1]
