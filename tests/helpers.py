@@ -45,6 +45,15 @@ def redis_now_ms(queue: Queue) -> int:
     return seconds * 1000 + micros // 1000
 
 
+def script_calls(client) -> int:
+    """Script calls the server has run to a reply so far (EVAL, EVALSHA and FCALL in INFO commandstats, less the
+    failed ones, such as a NOSCRIPT before redis-py loads a script): on a server of the test's own, the exact
+    count of calls a piece of work took, which no slow machine changes."""
+    stats = client.info("commandstats")
+    ran = [stats.get(f"cmdstat_{name}", {}) for name in ("eval", "evalsha", "fcall")]
+    return sum(command.get("calls", 0) - command.get("failed_calls", 0) for command in ran)
+
+
 def fetch(queue: Queue, token: str = "token-1", lock_ms: int = 30_000, count: int = 1):
     """Take jobs as a worker would, returning [(id, Job-hash dict)]."""
     _due, jobs = take_jobs(queue, token, lock_ms, now_ms(), count, "test-worker")

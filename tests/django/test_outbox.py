@@ -4,6 +4,7 @@ import io
 import json
 
 import pytest
+import redis
 from django.contrib.auth.models import Permission, User
 from django.core import checks
 from django.core.management import call_command
@@ -13,6 +14,8 @@ from django.test import Client
 from echomq_django import jobs, outbox
 from echomq_django.core import Queue, now_ms
 from echomq_django.outbox_model import OutboxJob
+from tests.helpers import script_calls
+from tests.redis_servers import redis_server
 
 pytestmark = pytest.mark.django_db(transaction=True)  # on_commit callbacks run only on a real commit
 
@@ -197,6 +200,20 @@ def test_echomq_relay_once_and_the_sweepers_pass_send_what_their_processes_did_n
     stranded(q, ["td"])
     call_command("echomq_sweep", "--once", "--queue", "q", "--no-relay", stdout=io.StringIO())
     assert q.get_job("td") is None and OutboxJob.objects.count() == 1
+
+
+def test_the_relay_sends_at_most_send_jobs_per_call_jobs_in_a_script_call_and_one_timestamp_to_a_call(
+        with_outbox, settings, prefix):
+    with redis_server() as url:  # of the test's own: its command counts are this relay's alone
+        settings.ECHOMQ = {**settings.ECHOMQ, "REDIS_URL": url}
+        client = redis.Redis.from_url(url, decode_responses=True)
+        queue = Queue("q", client, prefix=prefix)
+        rows = stranded(queue, [f"r{n}" for n in range(2 * outbox.SEND_JOBS_PER_CALL + 50)])
+        rows += stranded(queue, ["s0", "s1", "s2"], age_s=5)
+        before = script_calls(client)
+        call_command("echomq_relay", "--once", stdout=io.StringIO())
+        assert script_calls(client) - before == 3 + 1, "250 rows of one timestamp in 100, 100 and 50; 3 of another"
+        assert queue.counts()["wait"] == len(rows) and not OutboxJob.objects.exists()
 
 
 def test_status_prometheus_and_the_deploy_check_show_the_rows_not_yet_sent(with_outbox, settings, q):

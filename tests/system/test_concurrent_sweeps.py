@@ -9,19 +9,29 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # the race's run, about 5 s, is the first test's set-up
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # the race's runs, about 5 s each, are the set-up
+
+
+RUNS = 5  # a run whose sweepers did not overlap (one took every job before the others started) is run again
 
 
 @pytest.fixture(scope="module")
 def race(redis_url) -> dict[str, dict]:
-    result = subprocess.run(
-        # A budget of 1 id a call: each sweep is 800 short calls, so four sweepers interleave all along
-        # (the overlap is the point, not the count; the round-trip loop's LREMs grow with the square of it).
-        [sys.executable, "bench/race.py", "--sweepers", "4", "--jobs", "800", "--budget", "1", "--json",
-         "--redis-url", redis_url],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    return {row["strategy"]: row for row in json.loads(result.stdout)}
+    for _ in range(RUNS):
+        result = subprocess.run(
+            # A budget of 1 id a call: each sweep is 800 short calls, so four sweepers interleave all along
+            # (the overlap is the point, not the count; the round-trip loop's LREMs grow with the square of it).
+            [sys.executable, "bench/race.py", "--sweepers", "4", "--jobs", "800", "--budget", "1", "--json",
+             "--redis-url", redis_url],
+            cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        rows = {row["strategy"]: row for row in json.loads(result.stdout)}
+        # On a busy machine the loop's sweepers can start a few round trips apart: walking the same list in the
+        # same order, the late ones then find each job recovered and never meet the first. Overlap is the test's
+        # condition, not its outcome; what the strategies do once they overlap is.
+        if all(row["sweepers_that_recovered"] > 1 for row in rows.values()):
+            break
+    return rows
 
 
 def test_overlapping_atomic_sweeps_recover_each_job_exactly_once(race):
@@ -32,5 +42,6 @@ def test_overlapping_atomic_sweeps_recover_each_job_exactly_once(race):
 
 def test_the_non_atomic_loop_double_recovers_or_loses_attempts(race):
     loop = race["non-atomic"]
+    assert loop["sweepers_that_recovered"] > 1, f"the loop's sweepers did not overlap in {RUNS} runs"
     assert loop["recovered_twice"] > 0 or loop["lost_updates"] > 0, (
         "the round-trip loop showed no race this time; the contrast needs overlapping sweepers")
