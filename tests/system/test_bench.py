@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import current_redis_url
+from tests.redis_servers import redis_server
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -14,9 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(240)
 @pytest.mark.slow
 def test_compare_runs_and_prints_every_row():
-    command = [sys.executable, "bench/compare.py", "--quick", "--echomq-only", "--no-everyday", "--redis-url",
-               current_redis_url()]
-    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    with redis_server() as url:  # of its own: bench/measure.py sets the slow log's threshold to log every call
+        command = [sys.executable, "bench/compare.py", "--quick", "--echomq-only", "--no-everyday", "--redis-url", url]
+        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for row in ("steady sweep", "recover", "worker, no-op jobs/s", "bulk enqueue", "memory per waiting job"):
         assert row in proc.stdout, f"{row!r} missing from:\n{proc.stdout}"
@@ -121,8 +122,9 @@ def test_outbox_cost_runs_and_prints_every_row():
 @pytest.mark.timeout(300)
 @pytest.mark.slow
 def test_workflow_cost_runs_and_prints_every_row():
-    proc = subprocess.run([sys.executable, "bench/workflow_cost.py", "--quick", "--redis-url", current_redis_url()],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    with redis_server() as url:  # of its own, as compare.py's
+        proc = subprocess.run([sys.executable, "bench/workflow_cost.py", "--quick", "--redis-url", url],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Redis time per member end" in proc.stdout and "chord member" in proc.stdout
     assert "  chord  501 jobs:" in proc.stdout and "longest call" in proc.stdout
@@ -130,6 +132,7 @@ def test_workflow_cost_runs_and_prints_every_row():
 
 
 
+@pytest.mark.timeout(240)
 def test_otel_cost_runs_and_prints_every_row():
     proc = subprocess.run([sys.executable, "bench/otel_cost.py", "--quick", "--redis-url", current_redis_url()],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -139,6 +142,7 @@ def test_otel_cost_runs_and_prints_every_row():
         assert row in proc.stdout, f"{row!r} missing from:\n{proc.stdout}"
 
 
+@pytest.mark.timeout(360)
 def test_redis_time_runs_on_a_private_server_and_prints_every_row():
     # --floor also runs a worktree of HEAD with bench/floor's scripts in place of the real ones.
     proc = subprocess.run([sys.executable, "bench/redis_time.py", "--quick", "--floor"], cwd=ROOT,
