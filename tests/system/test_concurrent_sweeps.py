@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # the race's runs, about 5 s each, are the set-up
 
 
-RUNS = 5  # a run whose sweepers did not overlap (one took every job before the others started) is run again
+RUNS = 5  # a run whose sweepers did not meet (one took every job before the others started) is run again
 
 
 @pytest.fixture(scope="module")
@@ -26,10 +26,13 @@ def race(redis_url) -> dict[str, dict]:
             cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr
         rows = {row["strategy"]: row for row in json.loads(result.stdout)}
-        # On a busy machine the loop's sweepers can start a few round trips apart: walking the same list in the
-        # same order, the late ones then find each job recovered and never meet the first. Overlap is the test's
-        # condition, not its outcome; what the strategies do once they overlap is.
-        if all(row["sweepers_that_recovered"] > 1 for row in rows.values()):
+        # On a busy machine the sweepers can start a few round trips apart: walking the same list in the same
+        # order, the late ones then find each job recovered and never meet the first. A run is taken once both
+        # strategies' sweepers overlapped and the loop's met on a job: the race is a matter of chance, so the
+        # contrast is shown by the run where it happened (the atomic sweep's every run must hold).
+        atomic, loop = rows["atomic"], rows["non-atomic"]
+        assert (atomic["recovered_twice"], atomic["lost_updates"], atomic["never_recovered"]) == (0, 0, 0), atomic
+        if atomic["sweepers_that_recovered"] > 1 and (loop["recovered_twice"] or loop["lost_updates"]):
             break
     return rows
 
@@ -42,6 +45,5 @@ def test_overlapping_atomic_sweeps_recover_each_job_exactly_once(race):
 
 def test_the_non_atomic_loop_double_recovers_or_loses_attempts(race):
     loop = race["non-atomic"]
-    assert loop["sweepers_that_recovered"] > 1, f"the loop's sweepers did not overlap in {RUNS} runs"
     assert loop["recovered_twice"] > 0 or loop["lost_updates"] > 0, (
-        "the round-trip loop showed no race this time; the contrast needs overlapping sweepers")
+        f"the round-trip loop showed no race in {RUNS} runs")
