@@ -545,6 +545,7 @@ def test_a_removed_job_whose_key_is_another_type_releases_nothing_and_does_not_r
 
 # --- concurrency ----------------------------------------------------------------------------------------------
 
+@pytest.mark.timeout(180)  # its own deadline is 60 s
 def test_workers_and_a_sweeper_racing_on_one_queue_lose_no_job_and_keep_the_index_exact(queue):
     c, k = queue.client, queue.keys
     total = 1200

@@ -454,6 +454,7 @@ def test_totals_of_a_key_of_another_type_raise_rather_than_read_as_a_reset(queue
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(180)  # four processes started, then a wait of up to 60 s
 def test_four_worker_processes_count_every_job_exactly_once(queue, redis_url):
     jobs_n, processes_n = 400, 4
     started = now_ms()

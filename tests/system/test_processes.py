@@ -13,7 +13,7 @@ from echomq_django.core import JobOptions, Sweeper
 from tests.helpers import sweep, wait_until
 
 WORKER = Path(__file__).resolve().parents[1] / "worker_process.py"
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]  # waits of up to 50 s in all, and processes to start
 
 
 def spawn_worker(redis_url, queue, lock_ms):
