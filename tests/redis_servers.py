@@ -16,25 +16,28 @@ import redis
 from echomq_django.core import QueueKeys
 from tests.helpers import wait_until
 
-_handed_out: set[int] = set()  # cluster ports given to this process's servers (and their bus ports)
+_handed_out: set[int] = set()  # ports given out in this process (and cluster servers' bus ports)
 
 
 def free_port(*, with_bus: bool = False) -> int:
-    """A free loopback port; `with_bus`: one whose cluster bus port (+10000) is free too."""
+    """A free loopback port; `with_bus`: one whose cluster bus port (+10000) is free too.
+
+    Taken below Linux's ephemeral range (32768 on): the kernel gives those to the local ends of the suite's
+    own client connections, one of which could take a port between this probe and a server's bind, or
+    while a test's server is down for a restart.
+    """
     while True:
-        port = random.randrange(20000, 55000) if with_bus else 0
+        port = random.randrange(10000, 22768) if with_bus else random.randrange(10000, 32768)
         if port in _handed_out or port + 10000 in _handed_out:
             continue
         try:
             with socket.socket() as probe, socket.socket() as bus:
                 probe.bind(("127.0.0.1", port))
-                port = probe.getsockname()[1]
                 if with_bus:
                     bus.bind(("127.0.0.1", port + 10000))
         except OSError:
             continue
-        if with_bus:
-            _handed_out.update((port, port + 10000))
+        _handed_out.update((port, port + 10000) if with_bus else (port,))
         return port
 
 
