@@ -65,7 +65,7 @@ def test_get_result_while_running_and_after(default_queue):
     from echomq_django.jobs import run_job
     from echomq_django.queues import make_worker
 
-    result = tasks.slow_first_attempt.enqueue(1.0)
+    result = tasks.slow_first_attempt.enqueue(3.0)  # running long enough to be read twice on a slow machine
     worker = make_worker("default", run_job, block_timeout_s=0.2)
     thread = threading.Thread(target=worker.run, kwargs={"burst": True}, daemon=True)
     thread.start()
@@ -74,7 +74,7 @@ def test_get_result_while_running_and_after(default_queue):
     assert running.started_at is not None and running.finished_at is None
     with pytest.raises(ValueError, match="not finished"):
         running.return_value
-    thread.join(10)
+    thread.join(30)
     running.refresh()
     assert running.status == TaskResultStatus.SUCCESSFUL and running.return_value == 1
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from echomq_django.core import Cancel, InvalidNameError, JobOptions, NewJob, Queue, Retention, Worker, now_ms
+from echomq_django.core import Cancel, InvalidNameError, JobOptions, NewJob, Queue, Retention, Worker, now_ms, pool
 from echomq_django.core.keys import MAX_ID_LENGTH
 from tests import hostile_pool_jobs as jobs
 from tests.helpers import Running, fetch, kill_lock, sweep, wait_until
@@ -211,9 +211,9 @@ def test_a_cancel_reaches_a_job_whose_child_is_still_starting(queue, redis_url, 
         assert wait_until(lambda: queue.client.llen(init_key) == 2, 15), "no child was started for the second job"
         assert queue.get_state(second) == "active"
         assert queue.cancel(second, "stop it") is Cancel.STOPPING
-        stopped = wait_until(lambda: queue.get_state(second) == "failed", 3)  # a renewal every 0.5 s
+        stopped = wait_until(lambda: queue.get_state(second) == "failed", 15)  # a renewal every 0.5 s
         queue.client.rpush(init_key + ":go", "go")
-    assert stopped, "the cancel did not reach the job within six lock renewals"
+    assert stopped, "the cancel did not reach the job within 30 lock renewals"
     assert queue.get_job(second).failed_reason == "cancelled: stop it"
 
 
@@ -278,12 +278,13 @@ def test_every_check_of_a_thread_past_its_hard_limit_raises(queue, redis_url):
 # Found: pool.py ProcessSlot._done: a child due for retirement (max_jobs_per_child, max_memory_per_child) is closed
 # before the job's Finish is returned, and close() waits up to _CHILD_STOP_S (5 s) for it to exit: a child that a
 # non-daemon thread keeps alive holds the finished job's result back for 5 s, and its slot with it
-def test_retiring_a_child_does_not_hold_back_the_result_of_its_last_job(queue, redis_url):
+def test_retiring_a_child_does_not_hold_back_the_result_of_its_last_job(queue, redis_url, monkeypatch):
+    monkeypatch.setattr(pool, "_CHILD_STOP_S", 60.0)  # held back, the result would wait a minute, not 5 s
     go = f"{queue.keys.prefix}:go"
     job_id = queue.add("leaves", data(queue, redis_url, go=go, seconds=30))
     with running(make(queue, jobs.leaves_a_thread, max_jobs_per_child=1)):
         assert wait_until(lambda: records(queue, "start"), 15)
-        written = wait_until(lambda: queue.get_state(job_id) == "completed", 2)
+        written = wait_until(lambda: queue.get_state(job_id) == "completed", 20)
         queue.client.rpush(go, "go")  # the leftover thread ends: the child can leave
     assert written, "the job returned at once, but its result was written only once its child had been retired"
 

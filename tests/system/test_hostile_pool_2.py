@@ -49,7 +49,7 @@ def test_a_lock_lost_while_the_jobs_child_starts_does_not_stop_the_worker(queue,
     try:
         # As if the worker had paused past the lock and the sweeper had handed the job on.
         queue.client.hset(queue.keys.job(second), "tok", "another-worker")
-        assert wait_until(lambda: gone(starting), 5), "the renewal killed the child starting for the lost attempt"
+        assert wait_until(lambda: gone(starting), 15), "the renewal killed the child starting for the lost attempt"
         third = queue.add("noop", data(queue, redis_url), opts=JobOptions(attempts=1))
         queue.client.rpush(f"{queue.keys.prefix}:init:go", "go")  # for the next child's set-up
         assert wait_until(lambda: queue.get_state(third) == "completed" or not run.thread.is_alive(), 15)
@@ -157,8 +157,8 @@ def test_a_cancel_while_the_jobs_child_starts_ends_the_attempt_and_the_worker_go
     run, second, starting = replacement_starting(queue, redis_url, {"lock_duration_ms": 1000}, monkeypatch)
     try:
         queue.cancel(second, "stop it")
-        assert wait_until(lambda: gone(starting), 5)
-        assert wait_until(lambda: queue.get_state(second) == "failed", 5)
+        assert wait_until(lambda: gone(starting), 15)
+        assert wait_until(lambda: queue.get_state(second) == "failed", 15)
         third = queue.add("noop", data(queue, redis_url), opts=JobOptions(attempts=1))
         queue.client.rpush(f"{queue.keys.prefix}:init:go", "go")
         assert wait_until(lambda: queue.get_state(third) == "completed", 15)
@@ -175,4 +175,4 @@ def test_a_second_stop_while_a_child_starts_leaves_no_child(queue, redis_url, mo
     run.worker.stop()
     run.thread.join(10)
     assert not run.thread.is_alive() and run.error is None
-    assert wait_until(lambda: gone(starting), 5)
+    assert wait_until(lambda: gone(starting), 15)
