@@ -51,15 +51,17 @@ def test_a_rate_limit_of_10_a_second_holds_across_3_workers_of_8_threads(queue, 
             fleet.spawn(8, "--rate", f"{rate}/1000")
         added = time.monotonic()
         queue.add_bulk([NewJob("noop") for _ in range(jobs)])
-        assert wait_until(lambda: queue.counts()["completed"] == jobs, 30), queue.counts()
+        assert wait_until(lambda: queue.counts()["completed"] == jobs, 60), queue.counts()
         drained_s = time.monotonic() - added
     starts = starts_ms(queue)
     closest = min(later - first for first, later in zip(starts, starts[rate:]))
     ideal_s = jobs / rate - 1  # the first 10 start at once, the last 10 five windows later
-    print(f"\n{jobs} jobs, {rate}/s over 3 workers x 8 threads: drained in {drained_s:.2f} s (ideal {ideal_s:g} s); "
-          f"the closest 11 starts spanned {closest} ms")
+    span_s = (starts[-1] - starts[0]) / 1000  # from the first start: the workers' own start-up is not the limit's
+    print(f"\n{jobs} jobs, {rate}/s over 3 workers x 8 threads: drained in {drained_s:.2f} s, the starts spanned "
+          f"{span_s:.2f} s (ideal {ideal_s:g} s); the closest 11 starts spanned {closest} ms")
     assert closest >= 1000 - CLOCKS_MS, "some 1-second window started more than 10 jobs"
-    assert drained_s <= ideal_s * 1.5, "the queue drained half again as slow as the limit allows"
+    # Half again the ideal, and a second for a slow machine's wake-ups: a window lost each time would be 10 s.
+    assert span_s <= ideal_s * 1.5 + 1, "the starts spread over half again as long as the limit allows"
 
 
 def test_max_active_3_holds_across_3_workers_of_8_threads(queue, redis_url):
@@ -129,9 +131,9 @@ def test_a_rate_limited_worker_waits_without_polling_redis():
         queue = Queue("q", connect(server.url), prefix="idle")
         fleet = Fleet(queue, server.url, 30_000, 600_000)
         with fleet:
-            fleet.spawn(4, "--rate", "1/4000")
+            fleet.spawn(4, "--rate", "1/60000")  # the window stays shut through the measurement, however late
             queue.add_bulk([NewJob("noop") for _ in range(10)])
-            assert wait_until(lambda: queue.counts()["completed"] == 1, 10)
+            assert wait_until(lambda: queue.counts()["completed"] == 1, 30)
             time.sleep(0.5)  # the worker's own round trips after its first job settle
             before = int(queue.client.info("stats")["total_commands_processed"])
             time.sleep(3)  # the measurement: how many calls this worker makes in 3 s held back
@@ -139,7 +141,7 @@ def test_a_rate_limited_worker_waits_without_polling_redis():
     finally:
         server.stop()
         server.workdir.cleanup()
-    print(f"\nan idle rate-limited worker (4 threads, 1 job per 4 s): {calls / 3:.1f} Redis calls a second")
+    print(f"\nan idle rate-limited worker (4 threads, 1 job a minute): {calls / 3:.1f} Redis calls a second")
     assert calls / 3 <= 3, f"{calls} Redis calls in 3 s while held back"
 
 
