@@ -89,7 +89,7 @@ def demo_env(subprocess_env, tmp_path) -> dict[str, str]:
 
 def test_the_demo_tells_the_whole_story(demo_env, tmp_path):
     demo = Demo(demo_env, "--no-serve")
-    out, err = demo.finish(120)
+    out, err = demo.finish(280)  # under the module's 300 s: a slow machine tells the 25 s story slowly
     assert demo.process.returncode == 0, err
     assert "started a private redis-server" in out
     [password] = re.findall(r"admin user: admin / (\S+)", out)
@@ -142,10 +142,10 @@ def test_the_served_demo_stops_everything_it_started(demo_env, tmp_path):
             return False
 
     try:
-        assert wait_until(admin_answers, 90, interval_s=0.5), "the admin was never served"
+        assert wait_until(admin_answers, 200, interval_s=0.5), "the admin was never served"  # about 35 s here
         assert len([p for p in demo.started if still_running(p)]) >= 4, "redis-server, worker, sweeper, runserver"
         demo.process.send_signal(signal.SIGTERM)  # what Ctrl-C does, without needing a terminal
-        out, err = demo.finish(45)
+        out, err = demo.finish(60)
     finally:
         if demo.process.poll() is None:
             demo.process.kill()
