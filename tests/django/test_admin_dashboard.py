@@ -93,7 +93,7 @@ def last_drawn(svg: ET.Element, kind: str, slots: int) -> tuple[int, float]:
     return max(drawn), drawn[max(drawn)]
 
 
-def settle_in_a_minute(seconds_needed: float = 10) -> None:
+def settle_in_a_minute(seconds_needed: float = 25) -> None:
     """Wait, if need be, so the next `seconds_needed` s fall in one minute: metrics count by the minute."""
     into = (now_ms() % MINUTE_MS) / 1000
     if into > 60 - seconds_needed:
