@@ -455,14 +455,16 @@ def ticks_by_schedule(client, queue: Queue) -> dict[str, list[int]]:
 @pytest.mark.timeout(180)
 @pytest.mark.slow
 def test_ten_beat_threads_and_three_beat_processes_fire_every_tick_once(subprocess_env, redis_client, prefix):
-    periods = {f"s{n}": [0.1, 0.2, 0.25, 1 / 3, 0.5][n % 5] for n in range(20)}
+    # Periods of a second or more: a tick is lost only if all thirteen schedulers miss it for that long, which
+    # a busy machine's stalls (a tenth of that) never make them do, while each tick is still raced by thirteen.
+    periods = {f"s{n}": [1, 1.25, 4 / 3, 2, 2.5][n % 5] for n in range(40)}
     schedules = {name: {"TASK": TICK_TASK, "EVERY": period} for name, period in periods.items()}
     queue = Queue("q", redis_client, prefix=prefix)
     in_process = [every(period, name=name) for name, period in periods.items()]
     processes = [start_beat(subprocess_env, schedules) for _ in range(3)]
     threads = []
     try:
-        assert wait_until(lambda: len(ticks_by_schedule(redis_client, queue)) == 20, 30), \
+        assert wait_until(lambda: len(ticks_by_schedule(redis_client, queue)) == len(periods), 30), \
             [p.poll() for p in processes]
         client = connect(subprocess_env["ECHOMQ_REDIS_URL"], retry=None, retry_on_error=[], socket_timeout=2)
         for _ in range(10):
@@ -507,11 +509,16 @@ def test_a_beat_stopped_for_many_periods_wakes_to_one_tick_not_a_burst(subproces
     finally:
         [(code, output)] = stop_beats([beat])
     assert code == 0, output
-    ticks = ticks_by_schedule(redis_client, queue)["tick"]
+    jobs = added(redis_client, queue)
+    ticks = sorted(tick_of(job_id) for job_id, _sent, _ran in jobs)
     inside = [t for t in ticks if stopped < t <= woke]
-    after = [t for t in ticks if t > woke]
     assert len(inside) <= 1, f"a beat stopped {woke - stopped} ms woke to {len(inside)} jobs"
-    assert [b - a for a, b in zip(after, after[1:])] == [250] * (len(after) - 1)
+    # No burst, before, on or after waking: each job is the newest tick due when its call was made (its
+    # `timestamp` is the `now` the beat fired it at), once, on the 250 ms grid. (A gap after waking is a
+    # stall of this one process on a busy machine, not a burst: the ticks' order and grid are what hold.)
+    assert len(set(ticks)) == len(ticks) and all(t % 250 == 0 for t in ticks), ticks
+    stale = [(job_id, sent - tick_of(job_id)) for job_id, sent, _ran in jobs if not 0 <= sent - tick_of(job_id) < 250]
+    assert stale == [], f"jobs fired for a tick older than the newest due (id, ms after its tick): {stale}"
 
 
 @pytest.mark.timeout(180)
