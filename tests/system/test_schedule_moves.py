@@ -146,8 +146,10 @@ def test_a_running_beat_reads_the_schedules_at_least_once_an_interval(queue):
         beat.stop()
         thread.join(5)
     gaps = [round(b - a, 2) for a, b in zip(readings, readings[1:])]
-    # Two intervals apart was the defect: a reading's own work may take a slow machine over 1 s.
-    assert max(gaps) <= 1.6, f"readings {gaps} s apart with an interval of 1 s"
+    # The defect put each reading off to the round after it: once the readings fell in with the ticks, every
+    # gap was 1.9 s, a tick apart. A stall of a busy machine stretches only the gap it falls in (the next
+    # reading is asked an interval after the late one), so two gaps over 1.5 s may be stalls, not more.
+    assert sum(gap > 1.5 for gap in gaps) <= 2, f"readings {gaps} s apart with an interval of 1 s"
 
 
 @pytest.mark.timeout(120)
