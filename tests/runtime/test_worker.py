@@ -3,11 +3,12 @@
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
 from echomq_django.core import Backoff, Confirm, JobOptions, NewJob, Worker, connect
-from tests.helpers import blocked_connections, kill_lock, sweep, wait_until
+from tests.helpers import blocked_connections, kill_lock, redis_now_ms, sweep, wait_until
 
 
 def start(worker: Worker, **run_options) -> threading.Thread:
@@ -120,19 +121,42 @@ def test_a_non_json_return_value_fails_the_job(queue):
     assert "must be JSON-serializable" in job.failed_reason
 
 
+def lock_lapses_at(queue, job_id: str) -> int:
+    """When the job's lock lapses as it stands, ms on Redis's clock (each renewal sets it a lock duration on)."""
+    return queue.client.execute_command("PEXPIRETIME", queue.keys.lock(job_id))
+
+
+def renewed_after(queue, job_id: str, lock_ms: int) -> Callable[[], bool]:
+    """A predicate: the job's lock was renewed after this call (a lapse time a whole lock on from Redis's now)."""
+    since = redis_now_ms(queue)
+    return lambda: lock_lapses_at(queue, job_id) >= since + lock_ms
+
+
 def test_locks_are_renewed_so_a_long_job_is_never_marked(queue):
+    # Renewed thirty times a lock: a renewal would have to stall for nearly 3 s for the lock to lapse.
     job_id = queue.add("long")
-    worker = make_worker(queue, lambda job: time.sleep(1.5), lock_duration_ms=400)
+    release = threading.Event()
+    worker = make_worker(queue, lambda job: release.wait(60), lock_duration_ms=3000, renew_interval_ms=100)
     thread = start(worker)
-    assert wait_until(lambda: queue.get_state(job_id) == "active", 2)
+    assert wait_until(lambda: queue.get_state(job_id) == "active", 30)
+    lapse = lock_lapses_at(queue, job_id)
+    assert lapse > 0, "the running job holds a lock with an expiry"
     marked = 0
-    while queue.get_state(job_id) == "active":
+
+    def swept_past_the_lapse() -> bool:
+        nonlocal marked
         marked += sweep(queue).marked
-        time.sleep(0.1)
+        return redis_now_ms(queue) > lapse
+
+    # Sweeps until Redis's clock is past the time the lock (as it stood) lapses: only renewals keep it.
+    assert wait_until(swept_past_the_lapse, 30, 0.1)
+    assert queue.client.exists(queue.keys.lock(job_id)), "the lock lapsed: it was not renewed"
+    assert lock_lapses_at(queue, job_id) > lapse, "renewed past that time"
+    release.set()
+    assert wait_until(lambda: queue.get_state(job_id) == "completed", 30)
     worker.stop()
     thread.join(5)
     assert marked == 0
-    assert queue.get_state(job_id) == "completed"
     assert queue.get_job(job_id).attempts_made == 1
 
 
@@ -269,7 +293,7 @@ def test_bad_configuration_is_refused():
         Worker("q", print, None, concurrency=0)
 
 
-def test_a_job_refetched_while_its_lost_attempt_still_runs_keeps_its_new_lock(queue):
+def test_a_job_refetched_while_its_lost_attempt_still_runs_keeps_its_new_lock(queue, caplog):
     """The same worker runs a recovered job again while its first, lost attempt is still running:
     when the lost attempt ends, the new attempt's lock must still be renewed."""
     job_id = queue.add("work", opts=JobOptions(attempts=5))
@@ -278,26 +302,25 @@ def test_a_job_refetched_while_its_lost_attempt_still_runs_keeps_its_new_lock(qu
 
     def handler(job):
         attempts_seen.append(job.attempts_started)
-        (first_may_end if job.attempts_started == 1 else second_may_end).wait(10)
+        (first_may_end if job.attempts_started == 1 else second_may_end).wait(60)
         return job.attempts_started
 
-    worker = make_worker(queue, handler, concurrency=2, lock_duration_ms=600, renew_interval_ms=150)
+    worker = make_worker(queue, handler, concurrency=2, lock_duration_ms=3000, renew_interval_ms=100)
     thread = start(worker)
-    assert wait_until(lambda: attempts_seen == [1], 3)
+    assert wait_until(lambda: attempts_seen == [1], 30)
     kill_lock(queue, job_id)  # the first attempt's lock is gone; two sweeps recover the job at once
     sweep(queue)
     assert sweep(queue).recovered == 1
-    assert wait_until(lambda: attempts_seen == [1, 2], 3), "fetched again by the same worker"
-    first_may_end.set()  # the lost attempt ends: its result is refused
-    marked = 0
-    for _ in range(10):  # well past the 600 ms lock: only renewals keep the second attempt alive
-        time.sleep(0.15)
-        marked += sweep(queue).marked
+    assert wait_until(lambda: attempts_seen == [1, 2], 30), "fetched again by the same worker"
+    with caplog.at_level(logging.WARNING, logger="echomq.worker"):
+        first_may_end.set()  # the lost attempt ends: its result is refused, after its hold was released
+        assert wait_until(lambda: "no longer owned" in caplog.text, 30), "the lost attempt ended"
+    # Its end let go of the first attempt only: the second's lock is renewed after it.
+    assert wait_until(renewed_after(queue, job_id, 3000), 30), "the second attempt's lock is no longer renewed"
     second_may_end.set()
-    assert wait_until(lambda: queue.get_state(job_id) == "completed", 3)
+    assert wait_until(lambda: queue.get_state(job_id) == "completed", 30)
     worker.stop()
     thread.join(5)
-    assert marked == 0
     assert queue.get_job(job_id).returnvalue == 2
 
 
@@ -364,16 +387,16 @@ def test_a_worker_that_stops_hands_the_marker_on_to_an_idle_one(queue, named_cli
 def test_renewal_goes_on_when_another_clients_write_breaks_one_job(queue):
     broken, healthy = queue.add("work"), queue.add("work")
     release = threading.Event()
-    worker = make_worker(queue, lambda job: release.wait(10), concurrency=2, lock_duration_ms=600,
-                         renew_interval_ms=150)
+    worker = make_worker(queue, lambda job: release.wait(60), concurrency=2, lock_duration_ms=3000,
+                         renew_interval_ms=100)
     thread = start(worker)
-    assert wait_until(lambda: queue.counts()["active"] == 2, 3)
+    assert wait_until(lambda: queue.counts()["active"] == 2, 30)
     queue.client.delete(queue.keys.job(broken))
     queue.client.set(queue.keys.job(broken), "overwritten")
-    time.sleep(1.2)  # two lock durations: only renewals keep the healthy job's lock
-    assert queue.client.exists(queue.keys.lock(healthy)), "the renewal thread lived on"
+    # Renewals that meet the broken job go on: the healthy job's lock is renewed after the write.
+    assert wait_until(renewed_after(queue, healthy, 3000), 30), "the renewals stopped at the broken job"
     release.set()
-    assert wait_until(lambda: queue.get_state(healthy) == "completed", 3)
+    assert wait_until(lambda: queue.get_state(healthy) == "completed", 30)
     worker.stop()
     thread.join(5)
 
