@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from tests.helpers import fetch, kill_lock, wait_until
+from tests.helpers import fetch, kill_lock, redis_now_ms, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,6 +44,12 @@ def test_once_marks_then_the_gate_holds_then_force_recovers(echomq_settings, que
     assert queue.get_state(job_id) == "wait"
 
 
+def hold_over(queue) -> bool:
+    """Whether the hold a sweep opened has ended, on Redis's clock, and the gate it closed has opened."""
+    hold_until = int(queue.client.hget(queue.keys.meta, "sweepHoldUntil") or 0)
+    return redis_now_ms(queue) >= hold_until and not queue.client.exists(queue.keys.stalled_check)
+
+
 def test_once_on_a_schedule_is_held_unless_its_interval_covers_the_period(echomq_settings, queue):
     echomq_settings.ECHOMQ = {**echomq_settings.ECHOMQ, "QUEUES": {"q": {"LOCK_DURATION": 0.4}}}
     job_id = stalled(queue)
@@ -51,8 +57,9 @@ def test_once_on_a_schedule_is_held_unless_its_interval_covers_the_period(echomq
     time.sleep(0.7)  # the schedule's period: longer than the interval and half a lock
     held = sweep_command("--interval", "0.2")
     assert "held for" in held and "--interval set to the schedule's period" in held
-    time.sleep(0.7)  # the hold (one lock duration) is over
-    assert "recovered 1" in sweep_command("--interval", "1"), "an interval that covers the period is no outage"
+    assert wait_until(lambda: hold_over(queue), 30), "the hold (one lock duration) ends"
+    # 30 s: however long this machine took since the held sweep, it is within the interval and half a lock.
+    assert "recovered 1" in sweep_command("--interval", "30"), "an interval that covers the period is no outage"
     assert queue.get_state(job_id) == "wait"
 
 
@@ -62,8 +69,9 @@ def test_a_skip_without_a_report_to_date_it_still_says_why(echomq_settings, queu
 
 
 def test_fractional_interval_is_the_gates_px(echomq_settings, queue):
-    sweep_command("--interval", "0.25")
-    assert 0 < queue.client.pttl(queue.keys.stalled_check) <= 250
+    # 30.25 s, not 0.25: a gate of a quarter second could lapse while this machine stalls.
+    sweep_command("--interval", "30.25")
+    assert 30_000 < queue.client.pttl(queue.keys.stalled_check) <= 30_250, "the fraction of a second is kept"
 
 
 def test_queue_option_sweeps_any_named_queue(echomq_settings, redis_client, prefix):
