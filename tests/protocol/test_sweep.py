@@ -6,7 +6,7 @@ import pytest
 
 from echomq_django.core import JobOptions, NewJob, QueueStateError, Sweeper, connect
 from tests.conftest import current_redis_url
-from tests.helpers import fetch, finish, kill_lock, renew_lock, sweep, wait_until
+from tests.helpers import fetch, finish, kill_lock, redis_now_ms, renew_lock, sweep, wait_until
 
 
 def stalled_job(queue, attempts=3, **add):
@@ -38,19 +38,22 @@ def test_first_sweep_marks_and_second_recovers_with_one_attempt(queue):
 
 
 def test_gate_lets_one_sweep_per_interval(queue):
+    # A 30 s interval: however slow this machine, the gate is still closed for the second sweep.
     stalled_job(queue)
-    first = sweep(queue, force=False, interval_ms=400)
+    first = sweep(queue, force=False, interval_ms=30_000)
     assert not first.skipped and first.marked == 1
-    again = sweep(queue, force=False, interval_ms=400)
+    again = sweep(queue, force=False, interval_ms=30_000)
     assert again.skipped, "the gate must hold a second sweep within the interval"
     assert queue.get_state(queue.get_jobs("active")[0].id) == "active"
-    assert 0 < queue.client.pttl(queue.keys.stalled_check) <= 400
+    assert 20_000 < queue.client.pttl(queue.keys.stalled_check) <= 30_000, "the gate lasts the interval"
 
-    forced = sweep(queue, force=True, interval_ms=400)
+    forced = sweep(queue, force=True, interval_ms=30_000)
     assert not forced.skipped and forced.recovered == 1, "a forced sweep skips the gate"
 
-    time.sleep(0.45)
-    assert not sweep(queue, force=False, interval_ms=400).skipped
+    # The interval passes (brought forward: the gate is made to lapse now), and the next sweep runs.
+    queue.client.pexpire(queue.keys.stalled_check, 1)
+    assert wait_until(lambda: not queue.client.exists(queue.keys.stalled_check), 30)
+    assert not sweep(queue, force=False, interval_ms=30_000).skipped
 
 
 def test_job_whose_worker_renews_before_the_next_sweep_is_left_alone(queue):
@@ -327,25 +330,48 @@ def test_after_a_gap_in_sweeping_nothing_is_marked_or_recovered_for_one_lock_dur
     held = sweeper.sweep(target, force=True)
     assert 0 < held.held_ms <= 800 and held.marked == 0
     assert "held for" in held.summary()
-    # Another sweeper is held as well: the hold lives in Redis, not in one process.
-    other = Sweeper(connect(current_redis_url()), [queue.name], prefix=queue.keys.prefix, interval_ms=100,
-                    lock_duration_ms=800)
-    assert other.sweep(other.targets[0], force=True).held_ms > 0
     assert queue.stalled_ids() == set()
     # A live worker renews within the hold: its job is never marked.
     assert renew_lock(queue, job_id, "token-1", 800)
     kill_lock(queue, job_id)  # now its worker dies for real
-    assert wait_until(lambda: sweeper.sweep(target, force=True).marked == 1, 3, 0.05), "marked once the hold ends"
-    assert sweeper.sweep(target, force=True).recovered == 1
+    assert wait_until(lambda: sweeper.sweep(target, force=True).marked == 1, 30, 0.05), "marked once the hold ends"
+    # Swept again until recovered: a stall of this machine past half a lock between two sweeps is a gap too.
+    assert wait_until(lambda: sweeper.sweep(target, force=True).recovered == 1, 30, 0.05), "recovered after"
+
+
+def test_the_hold_lives_in_redis_so_another_sweeper_is_held_as_well(queue):
+    # A 10 s hold, so that it is still on however slowly the other sweeper's client is made.
+    sweeper = Sweeper(queue.client, [queue.name], prefix=queue.keys.prefix, interval_ms=100,
+                      lock_duration_ms=10_000)
+    job_id = queue.add("work")
+    fetch(queue)
+    assert not sweeper.sweep(sweeper.targets[0], force=True).held_ms
+    kill_lock(queue, job_id)
+    # The fault without waiting it out: the last sweep is dated a minute back, as if none had run since.
+    queue.client.hset(queue.keys.meta, "sweptAt", redis_now_ms(queue) - 60_000)
+    held = sweeper.sweep(sweeper.targets[0], force=True)
+    assert 0 < held.held_ms <= 10_000 and held.marked == 0
+    other_client = connect(current_redis_url())
+    try:
+        other = Sweeper(other_client, [queue.name], prefix=queue.keys.prefix, interval_ms=100,
+                        lock_duration_ms=10_000)
+        report = other.sweep(other.targets[0], force=True)
+    finally:
+        other_client.close()
+    assert report.held_ms > 0 and report.marked == 0, "the other sweeper, just one interval on, is held too"
+    assert queue.stalled_ids() == set()
 
 
 def test_sweeps_at_their_interval_never_hold(queue):
-    sweeper = Sweeper(queue.client, [queue.name], prefix=queue.keys.prefix, interval_ms=200, lock_duration_ms=1000)
+    # A 10 s lock: only a gap of more than 5.2 s opens a hold, so no stall of this machine fails this.
+    sweeper = Sweeper(queue.client, [queue.name], prefix=queue.keys.prefix, interval_ms=200,
+                      lock_duration_ms=10_000)
     job_id = queue.add("work")
     fetch(queue)
     kill_lock(queue, job_id)
     reports = []
     for _ in range(3):
         reports.append(sweeper.sweep(sweeper.targets[0]))
-        time.sleep(0.21)  # the next sweep is due: one interval, as Sweeper.run schedules it
+        # The next sweep is due once its gate lapses, one interval on, as Sweeper.run schedules it.
+        assert wait_until(lambda: not queue.client.exists(queue.keys.stalled_check), 30, 0.01)
     assert [(r.held_ms, r.marked, r.recovered) for r in reports] == [(0, 1, 0), (0, 0, 1), (0, 0, 0)]
