@@ -106,11 +106,15 @@ def test_non_json_and_oversized_payloads_are_refused(redis_client, prefix):
 
 
 def test_delayed_job_waits_for_its_due_time(queue):
-    job_id = queue.add("later", opts=JobOptions(delay_ms=300))
+    # The fetches' clock is given, not read: a stall of this machine cannot make the job due early.
+    added_at = now_ms()
+    job_id = queue.add("later", opts=JobOptions(delay_ms=30_000), timestamp_ms=added_at)
     assert queue.get_state(job_id) == "delayed"
-    assert fetch(queue) == []
-    time.sleep(0.35)
-    assert [j for j, _ in fetch(queue)] == [job_id]
+    due = added_at + 30_000
+    next_due, jobs = take_jobs(queue, "token-1", 30_000, due - 1, 1, "test-worker")
+    assert (next_due, jobs) == (due, []), "not fetched a millisecond before its due time, which is said"
+    _next_due, jobs = take_jobs(queue, "token-2", 30_000, due, 1, "test-worker")
+    assert [taken for taken, _ in jobs] == [job_id], "fetched at its due time"
 
 
 def test_move_to_active_locks_the_job_in_the_same_step(queue):
