@@ -9,6 +9,7 @@ With --tag-starts the entry is "<job id>:<pid>:<tag>", the tag new for every
 handler call: an RPUSH that redis-py sent again after losing its reply then
 shows as two equal entries, while two starts of one job never are. Job names:
   sleep     sleep data["seconds"] (only on the first attempt when data["first_only"])
+  until     return once the key data["key"] exists (the test says when the job may end)
   jitter    sleep a random 0..data["ms"] milliseconds
   noop      return at once
   limited   raise RateLimited(retry_after=data["seconds"]) on its first start, then return
@@ -56,6 +57,9 @@ def main() -> None:
                 time.sleep(0.1)
         if job.name == "sleep" and not (job.data.get("first_only") and job.attempts_made > 0):
             time.sleep(job.data["seconds"])
+        if job.name == "until":
+            while not client.exists(job.data["key"]):
+                time.sleep(0.02)
         if job.name == "limited" and job.attempts_started == 1:
             raise RateLimited(retry_after=job.data["seconds"])
         if job.name == "jitter":

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from echomq_django.core import JobOptions, NewJob, Queue, Sweeper, connect
-from tests.helpers import wait_until
+from tests.helpers import sweep, wait_until
 from tests.redis_servers import RedisServer
 
 WORKER = Path(__file__).resolve().parents[1] / "worker_process.py"
@@ -137,7 +137,10 @@ def test_random_kill_9s_lose_nothing_and_count_attempts_exactly(queue, redis_url
         if pid in killed_at:  # else a live worker lost its lock (a starved CPU): no kill to time
             latencies.append(at_ms - killed_at[pid])
     bound_ms = lock_ms + 2 * interval_ms
-    assert latencies and max(latencies) <= bound_ms + 500
+    # 5 s over the bound: on a busy machine a replacement worker starts after each kill and the sweeper threads
+    # share this process's CPU. Recovery that waits for more than a lock and two sweeps (the default 30 s
+    # interval, a worker's restart) is still past it.
+    assert latencies and max(latencies) <= bound_ms + 5000, f"recovered {max(latencies, default=0)} ms after a kill"
     print(f"\nkill -9 soak: {jobs} jobs, {len(killed_at)} workers killed, {len(latencies)} jobs recovered, "
           f"0 lost, 0 completed twice, 0 attempt-count errors; recovery latency p50 "
           f"{statistics.median(latencies):.0f} ms, p99 {sorted(latencies)[int(len(latencies) * 0.99)]:.0f} ms, "
@@ -145,15 +148,25 @@ def test_random_kill_9s_lose_nothing_and_count_attempts_exactly(queue, redis_url
 
 
 def test_a_worker_paused_for_less_than_an_interval_is_not_redelivered(queue, redis_url):
-    lock_ms, interval_ms = 500, 2000
-    job_id = queue.add("sleep", {"seconds": 3})
-    with Fleet(queue, redis_url, lock_ms, interval_ms) as fleet:
+    # The sweeps are run by hand, so that the pause spans one sweep, the most a pause shorter than an interval
+    # can, however this machine stalls: it marks the lockless job; the worker, continued, takes its lock back,
+    # which clears the mark; the next sweep then recovers nothing.
+    lock_ms = 500
+    release = f"{queue.keys.prefix}:release"
+    job_id = queue.add("until", {"key": release})
+    with Fleet(queue, redis_url, lock_ms, interval_ms=60_000, sweepers=0) as fleet:
         worker = fleet.spawn()
-        assert wait_until(lambda: starts(queue), 5)
+        assert wait_until(lambda: starts(queue), 30)
         worker.send_signal(signal.SIGSTOP)
-        time.sleep(1.5)  # the lock lapses; at most one sweep runs, and it can only mark
+        assert wait_until(lambda: not queue.client.exists(queue.keys.lock(job_id)), 30), "the lock lapses"
+        in_the_pause = sweep(queue)
+        assert (in_the_pause.marked, in_the_pause.recovered) == (1, 0), "the sweep in the pause only marks"
         worker.send_signal(signal.SIGCONT)
-        assert wait_until(lambda: queue.get_state(job_id) == "completed", 15)
+        assert wait_until(lambda: queue.client.exists(queue.keys.lock(job_id)), 30), "the worker took its lock back"
+        assert queue.stalled_ids() == set(), "taking the lock back cleared the mark"
+        assert sweep(queue).recovered == 0, "the next sweep leaves the job to its worker"
+        queue.client.set(release, "1")
+        assert wait_until(lambda: queue.get_state(job_id) == "completed", 30)
     job = queue.get_job(job_id)
     assert (job.attempts_made, job.attempts_started, job.stall_count) == (1, 1, 0)
     assert len(starts(queue)) == 1, "never redelivered"
