@@ -103,7 +103,7 @@ def test_failures_are_retried_then_failed_with_reason_and_trace(queue):
 
     worker = make_worker(queue, handler)
     thread = start(worker)
-    assert wait_until(lambda: queue.get_state(job_id) == "failed", 5)
+    assert wait_until(lambda: queue.get_state(job_id) == "failed", 30)
     worker.stop()
     thread.join(5)
     job = queue.get_job(job_id)
@@ -170,7 +170,7 @@ def test_a_worker_that_lost_its_lock_overwrites_nothing(queue, caplog):
 
     worker_a = make_worker(queue, slow, lock_duration_ms=10_000)
     thread = start(worker_a)
-    assert wait_until(lambda: queue.get_state(job_id) == "active", 2)
+    assert wait_until(lambda: queue.get_state(job_id) == "active", 30)
 
     # Worker A's lock lapses and two sweeps recover the job before it renews.
     kill_lock(queue, job_id)
@@ -195,7 +195,7 @@ def test_first_stop_lets_the_running_job_finish(queue):
     release = threading.Event()
     worker = make_worker(queue, lambda job: release.wait(10) and "done")
     thread = start(worker)
-    assert wait_until(lambda: queue.get_state(job_id) == "active", 2)
+    assert wait_until(lambda: queue.get_state(job_id) == "active", 30)
     worker.stop()
     thread.join(0.3)
     assert thread.is_alive(), "the first stop waits for the running job"
@@ -209,10 +209,10 @@ def test_first_stop_lets_the_running_job_finish(queue):
 def stop_twice_while_it_runs(worker: Worker, queue, job_id: str) -> None:
     """Start `worker`, stop it twice once `job_id` runs, and check that run() returned at once."""
     thread = start(worker)
-    assert wait_until(lambda: queue.get_state(job_id) == "active", 2)
+    assert wait_until(lambda: queue.get_state(job_id) == "active", 30)
     worker.stop()
     worker.stop()
-    thread.join(2)
+    thread.join(8)  # the job waits 10 s
     assert not thread.is_alive(), "the second stop does not wait for the running job"
 
 
@@ -224,7 +224,8 @@ def test_second_stop_returns_at_once_and_the_sweeper_recovers_the_job(queue, con
     stop_twice_while_it_runs(make_worker(queue, lambda job: release.wait(10), lock_duration_ms=300,
                                          concurrency=concurrency), queue, job_id)
     assert queue.get_state(job_id) == "active"
-    assert wait_until(lambda: not queue.client.exists(queue.keys.lock(job_id)), 2), "nobody renews the lock"
+    # Within 8 s of the job's 10: renewed, the 300 ms lock would stay as long as the job runs.
+    assert wait_until(lambda: not queue.client.exists(queue.keys.lock(job_id)), 8), "nobody renews the lock"
     sweep(queue)
     assert sweep(queue).recovered == 1
     release.set()

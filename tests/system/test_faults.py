@@ -177,11 +177,12 @@ def test_a_worker_paused_past_lock_and_two_intervals_loses_the_job_and_its_late_
     job_id = queue.add("sleep", {"seconds": 2, "first_only": True}, opts=JobOptions(attempts=3))
     with Fleet(queue, redis_url, lock_ms, interval_ms) as fleet:
         paused = fleet.spawn()
-        assert wait_until(lambda: starts(queue), 5)
+        assert wait_until(lambda: starts(queue), 30)
         paused.send_signal(signal.SIGSTOP)
-        assert wait_until(lambda: queue.get_state(job_id) == "wait", (lock_ms + 2 * interval_ms) / 1000 + 2)
+        # A lock and two sweeps, 1.1 s here; a stalled sweeper thread may open a hold before it: 30 s.
+        assert wait_until(lambda: queue.get_state(job_id) == "wait", 30)
         rescuer = fleet.spawn()
-        assert wait_until(lambda: queue.get_state(job_id) == "completed", 10)
+        assert wait_until(lambda: queue.get_state(job_id) == "completed", 30)
         paused.send_signal(signal.SIGCONT)
         time.sleep(2.5)  # it finishes its sleep and tries to complete the job
         paused.send_signal(signal.SIGTERM)
