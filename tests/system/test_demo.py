@@ -111,7 +111,9 @@ def test_the_demo_tells_the_whole_story(demo_env, tmp_path):
     [limits] = re.findall(r"^queue 'api': 15 calls started over ([\d.]+) s by two workers; tenant-b's calls were "
                           r"starts (\d+), (\d+), (\d+) of 16 .*completed with 1 attempt made, 2 started$", out, re.M)
     assert float(limits[0]) >= 2.0, "5 a second: 15 starts (and a retry) take more than two windows"
-    assert int(limits[3]) <= 12, "tenant-b's calls took turns with tenant-a's 12, not waited for them"
+    # The groups take turns: tenant-b's first call is among the first starts, not after tenant-a's 12. (How
+    # late its next ones start depends on how fast a worker ends the one before: one running per tenant.)
+    assert int(limits[1]) <= 3, "tenant-b's first call waited for tenant-a's calls instead of taking its turn"
     fired = re.findall(r"^\[beat [12]\] schedule heartbeat: tick \S+ fired job (heartbeat@\d+) on queue demo",
                        out, re.M)
     assert fired and len(fired) == len(set(fired)), "two beats, and each tick fired once"
