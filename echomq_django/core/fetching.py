@@ -162,7 +162,15 @@ class FetchLoop:
             self._exchange(want, wait_s=self._wait_s())
             return True
         if want and not burst:
-            self.marker.arm(self._wait_s())
+            wait_s = self._wait_s()
+            self.marker.arm(wait_s)
+            if self._next_due is not None:
+                # A delayed job is due by then: the loop wakes itself for it. The marker's wait may be a longer
+                # one, armed while jobs ran, which on a cluster the loop cannot end (CLIENT UNBLOCK reaches one
+                # node): its new timeout counts only from its next wait.
+                if not self._collect(wait_s=wait_s):
+                    self._drained = False
+                return True
         self._collect(wait_s=self.block_timeout_s + 1)
         return True
 
