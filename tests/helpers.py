@@ -45,13 +45,18 @@ def redis_now_ms(queue: Queue) -> int:
     return seconds * 1000 + micros // 1000
 
 
+def commands_run(client) -> dict[str, int]:
+    """How many times the server has run each command to a reply so far (INFO commandstats, less the failed calls,
+    such as a NOSCRIPT before redis-py loads a script; a script's own commands count): on a server of the test's
+    own, the exact count of what a piece of work asked, which no slow machine changes."""
+    return {name.removeprefix("cmdstat_"): stats["calls"] - stats.get("failed_calls", 0)
+            for name, stats in client.info("commandstats").items()}
+
+
 def script_calls(client) -> int:
-    """Script calls the server has run to a reply so far (EVAL, EVALSHA and FCALL in INFO commandstats, less the
-    failed ones, such as a NOSCRIPT before redis-py loads a script): on a server of the test's own, the exact
-    count of calls a piece of work took, which no slow machine changes."""
-    stats = client.info("commandstats")
-    ran = [stats.get(f"cmdstat_{name}", {}) for name in ("eval", "evalsha", "fcall")]
-    return sum(command.get("calls", 0) - command.get("failed_calls", 0) for command in ran)
+    """Script calls the server has run to a reply so far (EVAL, EVALSHA and FCALL: see commands_run)."""
+    ran = commands_run(client)
+    return sum(ran.get(name, 0) for name in ("eval", "evalsha", "fcall"))
 
 
 def fetch(queue: Queue, token: str = "token-1", lock_ms: int = 30_000, count: int = 1):

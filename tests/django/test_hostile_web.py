@@ -14,7 +14,7 @@ from django.urls import reverse
 
 from echomq_django.core import JobOptions, Queue, connect, now_ms
 from echomq_django.core.job import MAX_JSON_DEPTH, MAX_LOG_LINE_CHARS
-from tests.helpers import finish_attempt, take_jobs
+from tests.helpers import commands_run, finish_attempt, take_jobs
 from tests.redis_servers import redis_server
 
 pytestmark = pytest.mark.django_db
@@ -138,11 +138,6 @@ def test_foreign_log_lines_are_cut_on_the_page_as_the_api_cuts_them(root, queue)
     assert response.status_code == 200
     lines = re.findall(r"<li>((?:&lt;)+)(…?)</li>", response.content.decode())
     assert len(lines) == 10 and all(cut == "…" and len(text) // 4 == MAX_LOG_LINE_CHARS - 1 for text, cut in lines)
-
-
-def commands_run(client) -> dict[str, int]:
-    """How many times the server has run each command so far (INFO commandstats; a script's commands count)."""
-    return {name.removeprefix("cmdstat_"): stats["calls"] for name, stats in client.info("commandstats").items()}
 
 
 def commands_of(client, action) -> dict[str, int]:
