@@ -344,7 +344,7 @@ def test_a_minute_expires_metrics_minutes_after_it_ends(queue):
 
 def expires_within_a_minute_of(queue, key: str, minute_end_plus_keep_s: int) -> bool:
     """A minute's key lives keep + 1 minutes from its creation (Redis's clock): at most a minute past end + keep."""
-    expires = queue.client.execute_command("EXPIRETIME", key)
+    expires = queue.client.expiretime(key)
     return minute_end_plus_keep_s <= expires <= minute_end_plus_keep_s + 60
 
 
@@ -352,7 +352,7 @@ def test_a_later_write_in_the_minute_keeps_its_expiry(queue):
     queue.add("ok")
     make_worker(queue, handler, metrics_minutes=5).run(burst=True)
     [key] = [k for k in minute_keys(queue) if queue.client.hexists(k, "completed")]
-    expires = queue.client.execute_command("EXPIRETIME", key)
+    expires = queue.client.expiretime(key)
     minute = int(key.rsplit(":", 1)[1])
     assert expires_within_a_minute_of(queue, key, (minute + 1 + 5) * 60)
     # Another worker, configured to keep an hour, starts and finishes a job in the same minute.
@@ -363,7 +363,7 @@ def test_a_later_write_in_the_minute_keeps_its_expiry(queue):
     call = queue.scripts.finish_call(queue.keys, [Finish(job_id, "t2", True, "1")], minute * MINUTE_MS + 2,
                                      default_attempts=1, metrics_minutes=60)
     assert queue.scripts.run_batch([call], raise_on_error=True) == [[1]]
-    assert queue.client.execute_command("EXPIRETIME", key) == expires, "only the write that creates it sets it"
+    assert queue.client.expiretime(key) == expires, "only the write that creates it sets it"
     assert recent_minutes(queue, 1, now=minute * MINUTE_MS)[0].completed == 2
 
 

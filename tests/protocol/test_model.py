@@ -232,7 +232,7 @@ class QueueMachine(RuleBasedStateMachine):
         scores = dict(self.client.zrange(self.queue.keys.locks, 0, -1, withscores=True))
         assert set(scores) == set(active) and len(scores) == len(active)
         for job_id, score in scores.items():  # a live lock never lapses after its recorded time
-            expires_at = self.client.execute_command("PEXPIRETIME", self.queue.keys.lock(job_id))
+            expires_at = self.client.pexpiretime(self.queue.keys.lock(job_id))
             assert expires_at < 0 or expires_at <= score, f"job {job_id}: lock lapses at {expires_at}, index {score}"
 
     @invariant()

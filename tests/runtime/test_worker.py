@@ -123,7 +123,7 @@ def test_a_non_json_return_value_fails_the_job(queue):
 
 def lock_lapses_at(queue, job_id: str) -> int:
     """When the job's lock lapses as it stands, ms on Redis's clock (each renewal sets it a lock duration on)."""
-    return queue.client.execute_command("PEXPIRETIME", queue.keys.lock(job_id))
+    return queue.client.pexpiretime(queue.keys.lock(job_id))
 
 
 def renewed_after(queue, job_id: str, lock_ms: int) -> Callable[[], bool]:
