@@ -232,7 +232,7 @@ def _record(database: str, done: list[Any], refused: dict[Any, str]) -> None:
 
 def relay(*, batch: int = RELAY_BATCH, after_s: float = RELAY_AFTER_S, now: int | None = None,
           using: str | None = None) -> Sent:
-    """Send one batch of the rows older than `after_s` and younger than OUTBOX_MAX_AGE, oldest first.
+    """Send one batch of the rows at least `after_s` old and younger than OUTBOX_MAX_AGE, oldest first.
 
     Where the database has SELECT ... FOR UPDATE SKIP LOCKED, the rows one
     relay sends are locked until it has deleted them, so relays running at
@@ -254,7 +254,7 @@ def relay_batch(*, batch: int = RELAY_BATCH, after_s: float = RELAY_AFTER_S, now
     database = using or router.db_for_write(OutboxJob)
     now = now_ms() if now is None else now
     rows = OutboxJob.objects.using(database).filter(
-        error="", timestamp_ms__lt=now - after_s * 1000,
+        error="", timestamp_ms__lte=now - after_s * 1000,  # at least after_s old: with 0, every row there
         timestamp_ms__gte=now - get_settings().outbox_max_age_ms).order_by("timestamp_ms", "pk")
     if past is not None:
         rows = rows.filter(Q(timestamp_ms__gt=past[0]) | Q(timestamp_ms=past[0], pk__gt=past[1]))

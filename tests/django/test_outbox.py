@@ -8,6 +8,7 @@ import redis
 from django.contrib.auth.models import Permission, User
 from django.core import checks
 from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.db import transaction
 from django.test import Client
 
@@ -200,6 +201,17 @@ def test_echomq_relay_once_and_the_sweepers_pass_send_what_their_processes_did_n
     stranded(q, ["td"])
     call_command("echomq_sweep", "--once", "--queue", "q", "--no-relay", stdout=io.StringIO())
     assert q.get_job("td") is None and OutboxJob.objects.count() == 1
+
+
+def test_echomq_relay_after_0_sends_every_row_now_and_a_negative_after_is_refused(with_outbox, q):
+    stranded(q, ["tnow"], age_s=0)  # a row of this very millisecond: "relay everything now" includes it
+    out = io.StringIO()
+    call_command("echomq_relay", "--once", "--after", "0", stdout=out)
+    assert "outbox: sent 1, refused 0, left to retry 0" in out.getvalue()
+    assert q.get_job("tnow") is not None and not OutboxJob.objects.exists()
+    for after in ("-1", "nan", "inf"):
+        with pytest.raises(CommandError, match="--after"):
+            call_command("echomq_relay", "--once", "--after", after, stdout=io.StringIO())
 
 
 def test_the_relay_sends_at_most_send_jobs_per_call_jobs_in_a_script_call_and_one_timestamp_to_a_call(

@@ -21,6 +21,13 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def non_negative_seconds(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= MAX_SECONDS or not math.isfinite(value):
+        raise ValueError(text)
+    return value
+
+
 def non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:

@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from echomq_django.core import RecordedSignals, run_until_signalled
 from echomq_django.outbox import RELAY_AFTER_S, RELAY_INTERVAL_S, Relay, relayed
 
-from ._options import CommandRunner, connect_or_fail, positive_seconds
+from ._options import CommandRunner, connect_or_fail, non_negative_seconds, positive_seconds
 from ._output import echomq_logs_shown
 
 
@@ -26,9 +26,10 @@ class Command(BaseCommand):
             help=f"Seconds between passes (default {RELAY_INTERVAL_S:g}).",
         )
         parser.add_argument(
-            "--after", type=positive_seconds, default=RELAY_AFTER_S, metavar="SECONDS",
+            "--after", type=non_negative_seconds, default=RELAY_AFTER_S, metavar="SECONDS",
             help=f"Relay rows at least this old; younger ones are their process's to send "
-                 f"(default {RELAY_AFTER_S:g}).",
+                 f"(default {RELAY_AFTER_S:g}; 0: every row now, a row its process is sending too, "
+                 f"which adds its job once).",
         )
 
     def handle(self, *, once: bool, interval: float, after: float, verbosity: int, **options: Any) -> None:
