@@ -159,6 +159,10 @@ class Step:
 class Plan:
     """A workflow as the jobs and edges to add, and the record of it kept in its home queue."""
 
+    # How long each addWorkflow call's reply is kept under its token: a re-send within it adds nothing, even once
+    # the jobs ran and were trimmed (the outbox sets it to as long as its row may be sent again).
+    record_ms = ADD_RECORD_MS
+
     def __init__(self, workflow_id: str, home: Queue, ttl_ms: int) -> None:
         self.id, self.home, self.ttl_ms = workflow_id, home, ttl_ms
         self.steps: list[Step] = []
@@ -277,7 +281,7 @@ class Plan:
     def _call(self, queue: Queue, steps: Sequence[Step], record: bool, part: str, trace: str = "") -> Any:
         token = f"{self.id}.{part}"
         args = script_argv("addWorkflow-8", prefix=queue.keys.base, timestamp=now_ms(), token=token,
-                           record_ms=ADD_RECORD_MS, workflow_id=self.id, home=self.home.name,
+                           record_ms=self.record_ms, workflow_id=self.id, home=self.home.name,
                            ends=len(self.ends) if record else "", ttl_ms=self.ttl_ms, jobs=len(self.steps),
                            tree=json.dumps(self.tree, separators=(",", ":")) if record else "")
         for step in steps:
