@@ -60,7 +60,7 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "addJob-9": ("wait", "paused", "meta", "id", "delayed", "marker", "prioritized", "add:<token>", "sent"),
     "addLog-2": ("<id>", "<id>:logs"),
     "addWorkflow-8": ("wait", "paused", "meta", "delayed", "marker", "prioritized", "deferred", "add:<token>"),
-    "cancelJob-6": ("wait", "paused", "delayed", "prioritized", "failed", "meta"),
+    "cancelJob-7": ("wait", "paused", "delayed", "prioritized", "failed", "meta", "change:<token>"),
     "cleanJobs-1": ("<state>",),
     "deliverWorkflow-5": ("wait", "paused", "meta", "prioritized", "failed"),
     "extendLocks-1": ("stalled",),
@@ -74,8 +74,9 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
                           "prioritized"),
     "pauseQueue-5": ("meta", "wait", "paused", "marker", "prioritized"),
     "promoteDelayed-6": ("delayed", "wait", "paused", "meta", "marker", "prioritized"),
-    "removeJob-9": ("wait", "paused", "active", "delayed", "completed", "failed", "stalled", "prioritized", "meta"),
-    "retryJob-6": ("failed", "wait", "paused", "meta", "marker", "prioritized"),
+    "removeJob-10": ("wait", "paused", "active", "delayed", "completed", "failed", "stalled", "prioritized", "meta",
+                     "change:<token>"),
+    "retryJob-7": ("failed", "wait", "paused", "meta", "marker", "prioritized", "change:<token>"),
     "updateProgress-1": ("<id>",),
 }
 # The ARGV of each script, in order, named as its header names them (`ARGV[i]
@@ -87,7 +88,7 @@ SCRIPT_ARGV: dict[str, tuple[str, ...]] = {
     "addLog-2": ("token", "line", "keep", "call_id"),
     "addWorkflow-8": ("prefix", "timestamp", "token", "record_ms", "workflow_id", "home", "ends", "ttl_ms", "jobs",
                       "tree"),
-    "cancelJob-6": ("prefix", "job_id", "reason", "now"),
+    "cancelJob-7": ("prefix", "job_id", "reason", "now", "record_ms"),
     "cleanJobs-1": ("prefix", "cutoff_ms", "limit"),
     "deliverWorkflow-5": ("prefix", "now"),
     "extendLocks-1": ("prefix", "lock_ms"),
@@ -103,8 +104,8 @@ SCRIPT_ARGV: dict[str, tuple[str, ...]] = {
                           "keep_completed_age_ms", "keep_failed_count", "keep_failed_age_ms", "metrics_minutes"),
     "pauseQueue-5": ("paused",),
     "promoteDelayed-6": ("prefix", "now", "limit", "job_id"),
-    "removeJob-9": ("prefix", "job_id", "only_from"),
-    "retryJob-6": ("prefix", "job_id"),
+    "removeJob-10": ("prefix", "job_id", "only_from", "record_ms"),
+    "retryJob-7": ("prefix", "job_id", "record_ms"),
     "updateProgress-1": ("prefix", "job_id", "token", "progress"),
 }
 SCRIPT_ARGV_EACH: dict[str, tuple[str, ...]] = {
@@ -404,6 +405,10 @@ class QueueKeys:
     def add_record(self, token: str) -> str:
         """One add call's reply, under its add token (addJob's re-send answer)."""
         return self.base + "add:" + token
+
+    def change_record(self, token: str) -> str:
+        """One round trip's answers to retryJob, removeJob or cancelJob calls (HASH), under its token."""
+        return self.base + "change:" + token
 
     def job(self, job_id: str) -> str:
         return self.base + job_id

@@ -25,7 +25,7 @@ from .keys import (
     validate_stored_id,
 )
 from .registry import WorkerInfo, live_workers
-from .scripts import Call, Confirm, Scripts, pairs
+from .scripts import Call, Confirm, Scripts, change_token, pairs
 from .tracing import send_traced, with_trace
 
 T = TypeVar("T")
@@ -296,7 +296,8 @@ class Queue:
         """Send every failed job back to wait, `batch` per pipelined round trip; returns how many."""
         retried = stuck = 0  # stuck: ids that cannot run (no job hash; a step without its inputs), left in failed
         while ids := self.client.zrange(self.keys.failed, stuck, stuck + batch - 1):
-            codes = self.scripts.run_batch([self.scripts.retry_call(self.keys, job_id) for job_id in ids],
+            token = change_token()
+            codes = self.scripts.run_batch([self.scripts.retry_call(self.keys, job_id, token) for job_id in ids],
                                            raise_on_error=True)
             retried += codes.count(1)
             stuck += codes.count(-1) + codes.count(-2)
@@ -310,7 +311,7 @@ class Queue:
             outcome.add(job_id, {1: None, 0: GONE, -1: "it has no job hash to run (delete it)",
                                  -2: "a workflow's step whose inputs did not all come"}.get(code, _refused(code)))
 
-        return self._bulk(job_ids, batch, lambda job_id: self.scripts.retry_call(self.keys, job_id), sort)
+        return self._bulk(job_ids, batch, lambda job_id, token: self.scripts.retry_call(self.keys, job_id, token), sort)
 
     def remove_many(self, job_ids: Iterable[str], *, only_from: str | None = None,
                     batch: int = BULK_BATCH) -> BulkOutcome:
@@ -321,8 +322,8 @@ class Queue:
         def sort(outcome: BulkOutcome, job_id: str, code: Any) -> None:
             outcome.add(job_id, {1: None, 0: GONE, -4: GONE, -3: "a worker holds it"}.get(code, _refused(code)))
 
-        outcome = self._bulk(job_ids, batch, lambda job_id: self.scripts.remove_call(self.keys, job_id, only_from),
-                             sort)
+        outcome = self._bulk(job_ids, batch, lambda job_id, token: self.scripts.remove_call(
+            self.keys, job_id, token, only_from), sort)
         if outcome.done:
             deliver_handoffs(self.scripts, self.keys, now_ms())  # workflows' members: their workflows heard of it
         return outcome
@@ -335,24 +336,34 @@ class Queue:
             outcome.add(job_id, {1: None, 2: STOPPING, 3: GONE, 0: GONE,
                                  -1: "its key is no job hash (its id left its state)"}.get(code, _refused(code)))
 
-        outcome = self._bulk(job_ids, batch, lambda job_id: self.scripts.cancel_call(self.keys, job_id, text,
-                                                                                     now_ms()), sort)
+        outcome = self._bulk(job_ids, batch, lambda job_id, token: self.scripts.cancel_call(
+            self.keys, job_id, text, now_ms(), token), sort)
         if outcome.done:
             deliver_handoffs(self.scripts, self.keys, now_ms())
         return outcome
 
-    def _bulk(self, job_ids: Iterable[str], batch: int, call: Callable[[str], Call],
+    def _bulk(self, job_ids: Iterable[str], batch: int, call: Callable[[str, str], Call],
               sort: Callable[[BulkOutcome, str, Any], None]) -> BulkOutcome:
-        outcome = BulkOutcome()
+        """`call` (id, token) for each id, a round trip per `batch`, each with a token of its own (answered once)."""
+        outcome, seen = BulkOutcome(), set()
         for chunk in batched(job_ids, batch):
             valid = []
             for job_id in chunk:
                 try:
-                    valid.append(validate_stored_id(job_id))
+                    job_id = validate_stored_id(job_id)
                 except InvalidNameError:
                     outcome.add(str(job_id), f"no job can have its id (an id may hold only {ALPHABET}, and is "
                                              "no queue key's name)")
-            for job_id, code in zip(valid, self.scripts.run_batch([call(job_id) for job_id in valid])):
+                    continue
+                # A round trip's record answers one call per id: an id named again is changed once, by its first
+                # mention, and found gone by the others (as a second call would find it).
+                if job_id in seen:
+                    outcome.add(job_id, GONE)
+                else:
+                    seen.add(job_id)
+                    valid.append(job_id)
+            token = change_token()
+            for job_id, code in zip(valid, self.scripts.run_batch([call(job_id, token) for job_id in valid])):
                 sort(outcome, job_id, code)
         return outcome
 

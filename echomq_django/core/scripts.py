@@ -18,13 +18,17 @@ from .errors import JobLockedError, JobNotFoundError, LockLostError, QueueStateE
 from .keys import COUNTED, LIST_STATES, SCRIPT_KEYS, QueueKeys, script_argv, script_argv_each
 from .transport import Call, Confirm, ScriptClient, Wait
 
-__all__ = ["ADD_RECORD_MS", "Call", "Confirm", "Finish", "Scripts", "Wait", "pairs"]
+__all__ = ["ADD_RECORD_MS", "CHANGE_RECORD_MS", "Call", "Confirm", "Finish", "Scripts", "Wait", "change_token",
+           "pairs"]
 
 # How long addJob keeps the reply of a call that generated ids or deduplicated, for a re-send
 # after a lost reply: twice the client's own retries (connection.py) when
 # Redis refuses connections. A lost reply re-sent later than that (a network
 # that swallows packets for longer) can still add the jobs twice.
 ADD_RECORD_MS = 30_000
+# How long retryJob, removeJob and cancelJob keep one round trip's answers (`change:<token>`) for a re-send of
+# it, after its latest call: as long as an add's record, for the same reason.
+CHANGE_RECORD_MS = ADD_RECORD_MS
 # The longest window of a rate limit: a day (the window's ZSET holds a member per start in it).
 MAX_RATE_WINDOW_MS = 86_400_000
 
@@ -182,27 +186,29 @@ class Scripts(ScriptClient):
         )
         return (reply[0], int(reply[1]), int(reply[2]), int(reply[3]), int(reply[4]), int(reply[5]), list(reply[6]))
 
-    def retry_call(self, keys: QueueKeys, job_id: str) -> Call:
-        """The retryJob call for one job.
+    def retry_call(self, keys: QueueKeys, job_id: str, token: str) -> Call:
+        """The retryJob call for one job, answered once per `token` (see `change_token`).
 
         Its reply: 1 if it moved from `failed` to wait, 0 if it was not there, -1 if it has no job hash,
         -2 if it is a workflow's step that failed before its inputs all came (both stay failed).
         """
-        return ("retryJob-6", keys.for_script("retryJob-6"), script_argv("retryJob-6", prefix=keys.base, job_id=job_id))
+        return ("retryJob-7", keys.for_script("retryJob-7", token=token),
+                script_argv("retryJob-7", prefix=keys.base, job_id=job_id, record_ms=CHANGE_RECORD_MS))
 
     def retry_job(self, keys: QueueKeys, job_id: str) -> int:
         """Move a job that is still in `failed` back to wait (codes as for `retry_call`)."""
-        return int(self._run(*self.retry_call(keys, job_id)))
+        return int(self._run(*self.retry_call(keys, job_id, change_token())))
 
-    def remove_call(self, keys: QueueKeys, job_id: str, only_from: str | None = None) -> Call:
-        """The removeJob call for one job (see `remove_job`); its reply: 1 removed, 0 no such job, -3 held by a
-        live worker, -4 not in `only_from` (nothing changed in either)."""
+    def remove_call(self, keys: QueueKeys, job_id: str, token: str, only_from: str | None = None) -> Call:
+        """The removeJob call for one job (see `remove_job`), answered once per `token`; its reply: 1 removed,
+        0 no such job, -3 held by a live worker, -4 not in `only_from` (nothing changed in either)."""
         sets = ("delayed", "completed", "failed")
         if only_from is not None and only_from not in sets:
             raise ValueError(f"only_from must be one of {', '.join(sets)}, not {only_from!r}")
-        return ("removeJob-9", keys.for_script("removeJob-9"),
-                script_argv("removeJob-9", prefix=keys.base, job_id=job_id,
-                            only_from=SCRIPT_KEYS["removeJob-9"].index(only_from) + 1 if only_from else ""))
+        return ("removeJob-10", keys.for_script("removeJob-10", token=token),
+                script_argv("removeJob-10", prefix=keys.base, job_id=job_id,
+                            only_from=SCRIPT_KEYS["removeJob-10"].index(only_from) + 1 if only_from else "",
+                            record_ms=CHANGE_RECORD_MS))
 
     def remove_job(self, keys: QueueKeys, job_id: str, only_from: str | None = None) -> bool:
         """Delete a job from every state; False if there was no such job.
@@ -210,7 +216,7 @@ class Scripts(ScriptClient):
         With `only_from` ("delayed", "completed" or "failed"), only a job still in
         that set is removed; otherwise nothing changes and the result is False.
         """
-        code = self._run(*self.remove_call(keys, job_id, only_from))
+        code = self._run(*self.remove_call(keys, job_id, change_token(), only_from))
         if code == -3:
             raise JobLockedError(
                 f"job {job_id!r} of queue {keys.queue!r} is held by a live worker; "
@@ -244,18 +250,19 @@ class Scripts(ScriptClient):
         return int(self._run("promoteDelayed-6", keys.for_script("promoteDelayed-6"),
                              script_argv("promoteDelayed-6", prefix=keys.base, now=now, limit=1, job_id=job_id))) == 1
 
-    def cancel_call(self, keys: QueueKeys, job_id: str, reason: str, now: int) -> Call:
-        """The cancelJob call for one job (its codes as for `cancel_job`)."""
-        return ("cancelJob-6", keys.for_script("cancelJob-6"),
-                script_argv("cancelJob-6", prefix=keys.base, job_id=job_id, reason=reason, now=now))
+    def cancel_call(self, keys: QueueKeys, job_id: str, reason: str, now: int, token: str) -> Call:
+        """The cancelJob call for one job, answered once per `token` (its codes as for `cancel_job`)."""
+        return ("cancelJob-7", keys.for_script("cancelJob-7", token=token),
+                script_argv("cancelJob-7", prefix=keys.base, job_id=job_id, reason=reason, now=now,
+                            record_ms=CHANGE_RECORD_MS))
 
     def cancel_job(self, keys: QueueKeys, job_id: str, reason: str, now: int) -> int:
-        """Cancel a job with `reason` (see lua/cancelJob-6.lua).
+        """Cancel a job with `reason` (see lua/cancelJob-7.lua).
 
         1 cancelled, 2 running and flagged for its worker to stop, 3 already
         finished, 0 no such job, -1 its key is no job hash.
         """
-        return int(self._run(*self.cancel_call(keys, job_id, reason, now)))
+        return int(self._run(*self.cancel_call(keys, job_id, reason, now, change_token())))
 
     def update_progress(self, keys: QueueKeys, job_id: str, token: str, progress_json: str) -> int:
         """Record a running job's progress for the attempt holding `token`.
@@ -304,6 +311,15 @@ class Scripts(ScriptClient):
         counts = dict(zip(COUNTED, (int(v) for v in values)))
         counts["wait"] += int(grouped)  # jobs waiting in their group's list
         return counts
+
+
+def change_token() -> str:
+    """A new token for one round trip of retryJob, removeJob or cancelJob calls: each of its jobs is answered once.
+
+    Every call of the round trip carries it (one record, `change:<token>`); a
+    re-send of the round trip, after its replies were lost, carries it again.
+    """
+    return secrets.token_hex(16)
 
 
 def _sendable(text: str) -> str:

@@ -9,7 +9,8 @@ import json
 
 from echomq_django.core import JobOptions, NewJob
 from echomq_django.core.queue import now_ms
-from tests.helpers import fetch, finish, renew_lock
+from echomq_django.core.scripts import CHANGE_RECORD_MS, change_token
+from tests.helpers import fail_jobs, fetch, finish, renew_lock
 
 
 def send_twice(queue, call):
@@ -104,3 +105,55 @@ def test_a_renewal_racing_its_own_finish_is_not_a_lost_lock(queue):
     assert not queue.client.exists(queue.keys.lock(job_id))
     # Another token's renewal of the same finished job is a real loss.
     assert queue.scripts.lock_codes(queue.keys, [(job_id, "tok-2")], 30_000) == [-1], "lost"
+
+
+
+def test_a_resent_retry_answers_as_the_first_and_does_not_retry_a_job_that_failed_again(queue):
+    [job_id] = fail_jobs(queue, 1)
+    call = queue.scripts.retry_call(queue.keys, job_id, change_token())
+    assert queue.scripts.run_batch([call]) == [1]
+    # Between the send and its re-send, the job ran and failed again: the re-send must leave it failed.
+    [(taken, _)] = fetch(queue, token="again")
+    assert taken == job_id
+    finish(queue, job_id, "again", completed=False, value="boom again")
+    assert queue.get_state(job_id) == "failed"
+    assert queue.scripts.run_batch([call]) == [1], "the re-send answers as the first call did"
+    assert queue.get_state(job_id) == "failed", "the re-send sent a job back a second time"
+    # Another round trip (a new token) retries it, as a new retry must.
+    assert queue.scripts.run_batch([queue.scripts.retry_call(queue.keys, job_id, change_token())]) == [1]
+
+
+def test_a_resent_remove_answers_as_the_first_and_its_record_lapses(queue):
+    job_id = queue.add("work")
+    token = change_token()
+    first, again = send_twice(queue, queue.scripts.remove_call(queue.keys, job_id, token))
+    assert first == again == 1, "the re-send said the job it removed was never there"
+    assert queue.get_job(job_id) is None
+    assert queue.client.hgetall(queue.keys.change_record(token)) == {job_id: "1"}
+    assert 0 < queue.client.pttl(queue.keys.change_record(token)) <= CHANGE_RECORD_MS
+
+
+def test_a_resent_cancel_of_a_running_job_that_ended_meanwhile_still_says_it_stops_it(queue):
+    job_id = queue.add("work", opts=JobOptions(attempts=1))
+    fetch(queue, token="runner")
+    call = queue.scripts.cancel_call(queue.keys, job_id, "cancelled", now_ms(), change_token())
+    assert queue.scripts.run_batch([call]) == [2]
+    finish(queue, job_id, "runner")  # its worker saw the flag: the attempt fails for good with the reason
+    assert queue.get_state(job_id) == "failed"
+    assert queue.scripts.run_batch([call]) == [2], "the re-send counted the job it flagged as finished already"
+
+
+def test_a_resent_cancel_does_not_cancel_a_job_retried_meanwhile(queue):
+    job_id = queue.add("work")
+    call = queue.scripts.cancel_call(queue.keys, job_id, "cancelled", now_ms(), change_token())
+    assert queue.scripts.run_batch([call]) == [1]
+    assert queue.retry(job_id)
+    assert queue.scripts.run_batch([call]) == [1]
+    assert queue.get_state(job_id) == "wait", "the re-send cancelled the retried job again"
+
+
+def test_a_round_trip_answers_each_of_its_jobs_once_and_a_job_named_twice_is_changed_once(queue):
+    ids = fail_jobs(queue, 3)
+    outcome = queue.retry_many([ids[0], ids[1], ids[0], ids[2]])
+    assert outcome.done == ids and outcome.gone == [ids[0]]
+    assert queue.counts()["wait"] == 3

@@ -27,6 +27,33 @@ def test_the_runtime_passes_the_type_checker():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.timeout(360)
+def test_the_runtime_passes_the_type_checker_without_the_otel_extra(tmp_path):
+    """`otel` is an optional extra: core/tracing.py type-checks where opentelemetry is not installed too."""
+    python = environment_without(tmp_path / "venv", "opentelemetry")
+    result = subprocess.run([sys.executable, "-m", "mypy", "--no-error-summary", "--python-executable", str(python),
+                             "--cache-dir", str(tmp_path / "mypy-cache")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def environment_without(path: Path, hidden: str) -> Path:
+    """A virtual environment seeing this one's packages except `hidden`'s (links, no copies); its python."""
+    import sysconfig
+
+    venv.create(path, with_pip=False)
+    [site_packages] = (path / "lib").glob("python3*/site-packages")
+    for installed in {Path(sysconfig.get_path(name)) for name in ("purelib", "platlib")}:
+        for entry in installed.iterdir():
+            if not entry.name.startswith(hidden) and not (site_packages / entry.name).exists():
+                (site_packages / entry.name).symlink_to(entry)
+    python = path / "bin" / "python"
+    # Without this the test would pass where nothing is hidden, or where redis-py is missing too.
+    probe = f"import importlib.util as u; assert u.find_spec({hidden!r}) is None and u.find_spec('redis')"
+    subprocess.run([python, "-c", probe], check=True, timeout=60)
+    return python
+
+
 def test_the_runtime_imports_no_django():
     code = (
         "import sys; sys.modules['django'] = None\n"  # any import of django now fails

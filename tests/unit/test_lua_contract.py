@@ -85,21 +85,21 @@ def test_the_script_reads_the_argv_its_header_lists(name):
 
 
 def test_script_argv_orders_the_values_by_the_table_and_refuses_a_wrong_name():
-    assert script_argv("retryJob-6", job_id="j", prefix="p") == ["p", "j"]
+    assert script_argv("retryJob-7", job_id="j", record_ms=1, prefix="p") == ["p", "j", 1]
     assert script_argv_each("extendLocks-1", token="t", job_id="j") == ["j", "t"]
     with pytest.raises(TypeError, match="missing job_id, unknown none"):
-        script_argv("retryJob-6", prefix="p")
+        script_argv("retryJob-7", prefix="p", record_ms=1)
     with pytest.raises(TypeError, match="missing none, unknown jobid"):
-        script_argv("retryJob-6", prefix="p", job_id="j", jobid="j")
+        script_argv("retryJob-7", prefix="p", job_id="j", record_ms=1, jobid="j")
     with pytest.raises(TypeError, match="missing job_id, unknown jobid"):
-        script_argv("retryJob-6", prefix="p", jobid="j")
+        script_argv("retryJob-7", prefix="p", record_ms=1, jobid="j")
 
 
 def test_the_table_names_the_same_keys_as_queue_keys():
     keys = QueueKeys("q", "p")
     named = {keys.wait, keys.paused, keys.active, keys.stalled, keys.failed, keys.completed, keys.delayed,
              keys.prioritized, keys.stalled_check, keys.meta, keys.marker, keys.id_counter, keys.add_record("T"),
-             keys.fetch_record("T"), keys.failed, keys.job("J"), keys.logs("J"), keys.schedule("S"), keys.limiter,
+             keys.fetch_record("T"), keys.change_record("T"), keys.failed, keys.job("J"), keys.logs("J"), keys.schedule("S"), keys.limiter,
              keys.sent, keys.deferred}
     for name in SCRIPT_KEYS:
         assert set(keys.for_script(name, token="T", state="failed", id="J", name="S")) <= named, name
