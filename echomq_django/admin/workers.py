@@ -4,6 +4,10 @@ Read-only (`echomq.view_worker`): where each worker runs, its pool and
 slots, how long it has been up, its last heartbeat, and the jobs it runs
 now, each linked to its page (`echomq.view_job`). A queue with waiting
 jobs and no live worker, or no recent sweep, carries the dashboard's warning.
+
+A record is written by a worker process, or by any client that can write the
+queue's keys: the page cuts each text and list of one (TEXT_SHOWN, JOBS_SHOWN,
+QUEUES_SHOWN), so no record, however long, makes the page long.
 """
 
 from __future__ import annotations
@@ -22,6 +26,12 @@ from ..core import UNREACHABLE, InvalidNameError, datetime_from_ms, validate_id
 from ..models import Worker
 from ..status import duration, queue_status
 from .common import REDIS_ERRORS, redis_problem
+
+# What one record shows at most: the characters of each text (an id, a host, a queue's name), the running jobs
+# (the oldest first: the ones to look at), the queues its process serves. The counts are of everything it holds.
+TEXT_SHOWN = 200
+JOBS_SHOWN = 50
+QUEUES_SHOWN = 20
 
 
 @admin.register(Worker)
@@ -72,15 +82,31 @@ def queue_section(name: str, links: bool) -> dict[str, Any]:
 
 
 def worker_row(queue_name: str, worker: dict[str, Any], now_s: float, links: bool) -> dict[str, Any]:
+    """One worker's row, each of its texts and lists cut to what a page can show."""
+    running, queues = worker["running"], worker["queues"]
     return {
-        **worker,
-        "busy": len(worker["running"]),
+        **{field: cut(worker[field]) for field in ("id", "host", "pool", "version")},
+        "pid": worker["pid"], "concurrency": worker["concurrency"], "done": worker["done"], "failed": worker["failed"],
+        "queues": [cut(name) for name in queues[:QUEUES_SHOWN]], "more_queues": more(queues, QUEUES_SHOWN),
+        "busy": f"{len(running):,}",
         "started": datetime_from_ms(worker["started_at_ms"]),
         "uptime": duration(max(0.0, now_s - worker["started_at_ms"] / 1000)),
         "heartbeat_ago": duration(max(0.0, now_s - worker["heartbeat_at_ms"] / 1000)),
-        "jobs": [{"id": job_id, "for": duration(max(0.0, now_s - started_ms / 1000)),
-                  "url": job_url(queue_name, job_id) if links else None} for job_id, started_ms in worker["running"]],
+        "jobs": [{"id": cut(job_id), "for": duration(max(0.0, now_s - started_ms / 1000)),
+                  "url": job_url(queue_name, job_id) if links else None}
+                 for job_id, started_ms in running[:JOBS_SHOWN]],
+        "more_jobs": more(running, JOBS_SHOWN),
     }
+
+
+def more(items: list[Any], shown: int) -> str:
+    """How many of `items` a page leaves out when it shows `shown` ("" for none)."""
+    return f"{len(items) - shown:,}" if len(items) > shown else ""
+
+
+def cut(text: str) -> str:
+    """`text` as a page shows it: its first TEXT_SHOWN characters, and an ellipsis when there were more."""
+    return text if len(text) <= TEXT_SHOWN else text[:TEXT_SHOWN - 1] + "…"
 
 
 def job_url(queue_name: str, job_id: str) -> str | None:

@@ -137,3 +137,20 @@ def test_no_sweeper_is_judged_by_the_interval_the_sweeper_ran_with(echomq_settin
     started = now_ms()
     assert wait_until(lambda: now_ms() - started > 1000, 5)
     assert queue_status("q")["warnings"] == []
+
+
+def test_a_record_of_any_size_makes_a_page_of_bounded_size(echomq_settings, queue):
+    """One corrupt record, a 5 MB host and 100,000 running entries, made a 14 MB page (issue 38, item 6)."""
+    now = now_ms()
+    record = {"id": "w" * 1_000_000, "host": "h" * 5_000_000, "pid": 1, "queues": ["q" * 1000] * 10_000,
+              "pool": "p" * 100_000, "concurrency": 1, "version": "v" * 100_000, "started_at_ms": now,
+              "heartbeat_at_ms": now, "done": 0, "failed": 0,
+              "running": [[f"job-{n}", now - n] for n in range(100_000)] + [["x" * 1_000_000, now]]}
+    queue.client.set(queue.keys.worker("huge"), json.dumps(record), px=60_000)
+    queue.client.zadd(queue.keys.workers, {"huge": now + 60_000})
+    text = page(staff("ops", "view_worker", "view_job"), WORKERS)
+    assert len(text) < 100_000, f"a page of {len(text):,} characters"
+    assert "h" * 200 not in text and "h" * 100 in text and "…" in text
+    assert "100,001/1" in text, "the busy count is of every entry, shown or not"
+    assert 'href="/admin/echomq/job/q/job/job-0/"' in text and "job-49</a>" in text and "job-50<" not in text
+    assert "and 99,951 more" in text and "and 9,980 more" in text
