@@ -16,6 +16,7 @@ hour), so the second send adds nothing, even once the job has completed and
 been trimmed; a later enqueue of the same id, another row, is added again. Rows older than
 OUTBOX_MAX_AGE are never sent: the record that would keep them from running
 twice may be gone; `manage.py check --deploy` and the admin report them.
+A workflow is one row of its own table, sent the same way (outbox_workflows.py).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from .core import (
     validate_job_id,
     validate_job_name,
 )
-from .outbox_model import OutboxJob
+from .outbox_model import OutboxJob, OutboxWorkflow
 from .queues import get_queue
 
 logger = logging.getLogger("echomq.outbox")
@@ -127,6 +128,9 @@ class Sent:
     sent: int = 0
     refused: int = 0
     unsent: int = 0
+
+    def __add__(self, other: Sent) -> Sent:
+        return Sent(self.sent + other.sent, self.refused + other.refused, self.unsent + other.unsent)
 
 
 def send(database: str, rows: list[OutboxJob]) -> Sent:
@@ -281,21 +285,27 @@ class QueueOutbox:
 
 
 def outbox_state(now: int | None = None, using: str | None = None) -> dict[str, QueueOutbox]:
-    """Per queue with rows in the outbox, what `QueueOutbox` says; two queries."""
+    """Per queue with rows in the outbox (a workflow's row counts as one, in its home queue), what `QueueOutbox`
+    says; two queries per table."""
     database = using or router.db_for_write(OutboxJob)
     now = now_ms() if now is None else now
     oldest_allowed = now - get_settings().outbox_max_age_ms
-    table = OutboxJob.objects.using(database)
-    counts = {row["queue"]: row for row in table.values("queue").annotate(rows=Count("pk"), oldest=Min("timestamp_ms"))}
+    rows: dict[str, int] = defaultdict(int)
+    oldest: dict[str, int] = {}
     stale: dict[str, int] = defaultdict(int)
     refused: dict[str, int] = defaultdict(int)
-    for queue, error in table.exclude(error="", timestamp_ms__gte=oldest_allowed).values_list("queue", "error"):
-        if error:
-            refused[queue] += 1
-        else:
-            stale[queue] += 1
-    return {queue: QueueOutbox(row["rows"], max(0.0, (now - row["oldest"]) / 1000), stale[queue], refused[queue])
-            for queue, row in sorted(counts.items())}
+    for model in (OutboxJob, OutboxWorkflow):
+        table = model.objects.using(database)
+        for row in table.values("queue").annotate(rows=Count("pk"), oldest=Min("timestamp_ms")):
+            rows[row["queue"]] += row["rows"]
+            oldest[row["queue"]] = min(oldest.get(row["queue"], row["oldest"]), row["oldest"])
+        for queue, error in table.exclude(error="", timestamp_ms__gte=oldest_allowed).values_list("queue", "error"):
+            if error:
+                refused[queue] += 1
+            else:
+                stale[queue] += 1
+    return {queue: QueueOutbox(rows[queue], max(0.0, (now - oldest[queue]) / 1000), stale[queue], refused[queue])
+            for queue in sorted(rows)}
 
 
 def outbox_in_use() -> bool:
@@ -312,7 +322,7 @@ def outbox_in_use() -> bool:
     database = router.db_for_write(OutboxJob)
     try:
         with transaction.atomic(using=database):  # a savepoint inside a request's transaction: a failure ends here
-            return OutboxJob.objects.using(database).exists()
+            return OutboxJob.objects.using(database).exists() or OutboxWorkflow.objects.using(database).exists()
     except DatabaseError:
         return False
 
@@ -336,22 +346,27 @@ class Relay:
             self._stopped.wait(self.interval_s)
 
     def run_once(self) -> Sent:
-        """Relay every row due, batch after batch, until one is short (or a stop); a database error is logged."""
+        """Relay every row due, jobs then workflows, batch after batch until one is short (or a stop); a database
+        error is logged."""
+        from .outbox_workflows import relay_batch as relay_workflows  # here: that module builds on this one
+
         total = Sent()
         close_old_connections()
-        now, past = now_ms(), None
+        now = now_ms()
         try:
-            while outbox_in_use() and not self._stopped.is_set():
-                sent, past = relay_batch(after_s=self.after_s, now=now, past=past)
-                total = Sent(total.sent + sent.sent, total.refused + sent.refused, total.unsent + sent.unsent)
-                if past is None:
-                    break
+            for batch_of in (relay_batch, relay_workflows):
+                past = None
+                while outbox_in_use() and not self._stopped.is_set():
+                    sent, past = batch_of(after_s=self.after_s, now=now, past=past)
+                    total += sent
+                    if past is None:
+                        break
         except DatabaseError as error:
             logger.error("outbox relay: the database failed (%s); trying again in %g s", error, self.interval_s)
         finally:
             close_old_connections()
         if total.sent or total.refused:
-            logger.info("outbox relay: sent %d job(s), refused %d", total.sent, total.refused)
+            logger.info("outbox relay: sent %d row(s), refused %d", total.sent, total.refused)
         return total
 
     def stop(self) -> None:

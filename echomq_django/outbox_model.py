@@ -41,3 +41,34 @@ class OutboxJob(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue}/{self.job_id} {self.name}"
+
+
+class OutboxWorkflow(models.Model):
+    """A workflow enqueued inside a transaction, written in that transaction and added to Redis after it.
+
+    `canvas` is what planning the workflow again needs (outbox_workflows.py):
+    its shape and each job, encoded, checked when it was enqueued. Planned
+    again with the same id, its jobs get the same ids and its adds the same
+    tokens, so a row sent twice adds the workflow once. Sent and deleted as
+    OutboxJob rows are, by the committing process or a relay.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    queue = models.CharField(max_length=128, help_text="The workflow's home queue: the one that holds its record.")
+    workflow_id = models.CharField("workflow id", max_length=128)
+    jobs = models.IntegerField(default=0)
+    canvas = models.TextField(help_text="JSON: the workflow's shape and jobs, as enqueued")
+    ttl_ms = models.BigIntegerField("record kept after the end (ms)")
+    # When it was enqueued (ms): a relay sends it once it is RELAY_AFTER_S old, never past OUTBOX_MAX_AGE.
+    timestamp_ms = models.BigIntegerField()
+    error = models.TextField(blank=True,
+                             help_text="Why it cannot be sent as it is (an edited row); such a row is not sent again.")
+
+    class Meta:
+        verbose_name = "outbox workflow"
+        default_permissions = ("view", "delete")
+        constraints = [models.UniqueConstraint(fields=["queue", "workflow_id"], name="echomq_outbox_queue_workflow")]
+        indexes = [models.Index(fields=["timestamp_ms"], name="echomq_outbox_wf_timestamp")]
+
+    def __str__(self) -> str:
+        return f"{self.queue}/{self.workflow_id} ({self.jobs} jobs)"

@@ -22,12 +22,13 @@ import asyncio
 from collections.abc import Iterable
 from typing import Any
 
-from django.db import connections, router, transaction
+from django.db import router
 
+from . import outbox_workflows
 from .conf import get_settings
 from .core import Chain, Chord, Group, Plan, WorkflowError, WorkflowHandle
 from .jobs import registered_jobs
-from .outbox_model import OutboxJob
+from .outbox_model import OutboxWorkflow
 from .signatures import Signature
 
 __all__ = ["Signature", "WorkflowError", "WorkflowResult", "chain", "chord", "group", "signature"]
@@ -52,18 +53,20 @@ class WorkflowResult(WorkflowHandle):
 
 
 class _Enqueue:
-    """enqueue() and aenqueue() of chain, group and chord in Django: on commit, with WORKFLOW_TTL."""
+    """enqueue() and aenqueue() of chain, group and chord in Django: through the outbox, with WORKFLOW_TTL."""
 
     def enqueue(self, *, ttl_ms: int | None = None) -> WorkflowResult:  # type: ignore[override]
-        """Add the whole workflow now, or after the commit inside a transaction of a queue with the outbox.
+        """Add the whole workflow now, or, inside a transaction with the outbox on for its first job's queue, write
+        it as an outbox row of the transaction, added after the commit (outbox_workflows.py).
 
-        Everything is checked before anything is sent (a signature of an
-        unknown job, arguments that are not JSON, an empty group, too deep).
+        Everything is checked before anything is sent or written (a signature
+        of an unknown job, arguments that are not JSON, an empty group, too
+        deep, too large for a row); the result's id is the workflow's either way.
         """
         plan = Plan.of(self, ttl_ms=get_settings().workflow_ttl_ms if ttl_ms is None else ttl_ms)
-        database = router.db_for_write(OutboxJob)
-        if get_settings().uses_outbox(plan.home.name) and connections[database].in_atomic_block:
-            transaction.on_commit(plan.add, using=database, robust=False)
+        database = router.db_for_write(OutboxWorkflow)
+        if outbox_workflows.uses_outbox(plan, database):
+            outbox_workflows.write(plan, database)
         else:
             plan.add()
         return WorkflowResult(plan.home, plan.id)
