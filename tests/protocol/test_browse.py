@@ -137,8 +137,15 @@ def test_active_entries_carry_their_lock_time_and_stalled_ones_none(queue):
     assert ttls["a0"] == -1
 
 
-@pytest.mark.parametrize("prefix_of_ids", ["s-", ""])  # string ids (a hashtable set) and all-digit ones (intset)
-def test_stalled_pages_follow_the_cursor_and_cover_every_mark_once(queue, prefix_of_ids):
+# How a server stores the stalled set decides how SSCAN pages it: a hashtable a few ids a call, a compact set
+# (an intset; a listpack on Redis 7.2+ and Valkey: up to 128 ids of up to 64 bytes) whole in one call. Ids
+# longer than 64 bytes make a hashtable on every server, so the cursor is followed across pages everywhere.
+@pytest.mark.parametrize(("prefix_of_ids", "hashtable_everywhere"), [
+    ("s-" + "x" * 64, True),  # long string ids: a hashtable on every server
+    ("s-", False),  # short string ids: a hashtable on Redis 7.0, a listpack on Redis 7.2+ and Valkey
+    ("", False),  # all-digit generated ids: an intset
+])
+def test_stalled_pages_follow_the_cursor_and_cover_every_mark_once(queue, prefix_of_ids, hashtable_everywhere):
     marks = 9
     if prefix_of_ids:
         queue.add_bulk([NewJob("work", job_id=f"{prefix_of_ids}{n}") for n in range(marks)])
@@ -156,7 +163,10 @@ def test_stalled_pages_follow_the_cursor_and_cover_every_mark_once(queue, prefix
     assert [page.start for page in pages[1:]] == [page.next_start for page in pages[:-1]]
     assert all(entry.lock_ttl_ms is None and entry.job.id == entry.job_id
                for page in pages for entry in page.entries)
-    if prefix_of_ids:
+    encoding = queue.client.object("encoding", queue.keys.stalled)
+    if hashtable_everywhere:
+        assert encoding == "hashtable", "the long ids were to make a hashtable on this server too"
+    if encoding == "hashtable":
         assert len(pages) > 1, "a hashtable set is scanned a few ids at a time"
 
 
