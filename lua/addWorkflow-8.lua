@@ -26,7 +26,9 @@
   ARGV[8] ttl_ms       how long the record is kept once the workflow ended
   ARGV[9] jobs         how many jobs the workflow has
   ARGV[10] tree        JSON: the workflow's shape, for pages
-  then eleven values per job, ARGV[n+1] to ARGV[n+11] with n = 10, 21, 32, ...:
+  ARGV[11] queues      JSON: the names of the workflow's queues (its steps are found from them
+                       and its job ids when the tree cannot be read)
+  then eleven values per job, ARGV[n+1] to ARGV[n+11] with n = 11, 22, 33, ...:
   ARGV[n+1] job_id          the job's id
   ARGV[n+2] name            the job's name
   ARGV[n+3] data            JSON text
@@ -52,10 +54,10 @@ local workflowId, home = ARGV[5], ARGV[6]
 if ARGV[7] ~= "" and redis.call("EXISTS", prefix .. "wf:" .. workflowId) == 0 then
   local recordKey = prefix .. "wf:" .. workflowId
   redis.call("HSET", recordKey, "status", "waiting", "deps", ARGV[7], "ttl", ARGV[8], "created", timestamp,
-    "jobs", ARGV[9], "tree", ARGV[10])
+    "jobs", ARGV[9], "tree", ARGV[10], "queues", ARGV[11])
 end
 local added = 0
-for i = 11, #ARGV, 11 do
+for i = 12, #ARGV, 11 do
   local id = ARGV[i]
   local jobKey = prefix .. id
   if redis.call("EXISTS", jobKey) == 0 then

@@ -18,7 +18,7 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from ..core import InvalidNameError, Job, Queue, WorkflowHandle, tree_nodes, validate_name
+from ..core import InvalidNameError, Job, Queue, WorkflowHandle, read_tree, tree_nodes, validate_name
 from .browser_pages import job_link, shortened
 from .common import JOB_ERRORS, REDIS_ERRORS, configured_queue, confirmation, confirmed, redis_problem
 
@@ -61,17 +61,14 @@ def workflow_view(model_admin: admin.ModelAdmin, request: HttpRequest, queue_nam
     can_cancel = status in ("waiting", "running") and request.user.has_perm(CANCEL_PERMISSION)
     return TemplateResponse(request, "admin/echomq/workflow_page.html", {
         **context, "status": status, "reason": record.get("reason"), "jobs": record.get("jobs", "-"),
-        "rows": rows, "more": more,
+        "rows": rows, "more": more, "tree_unread": bool(record.get("tree")) and read_tree(record.get("tree")) is None,
         "cancel_url": reverse("admin:echomq_workflow_cancel", args=[workflow.home.name, workflow.id])
         if can_cancel else None})
 
 
 def tree_rows(workflow: WorkflowHandle, record: dict[str, str]) -> tuple[list[dict[str, Any]], int]:
     """The tree as rows (depth, what, and a step's facts), at most MAX_STEPS steps; and how many more."""
-    try:
-        tree = json.loads(record.get("tree", "null"))
-    except ValueError:
-        tree = None
+    tree = read_tree(record.get("tree"))
     rows: list[dict[str, Any]] = []
     steps: dict[str, list[str]] = defaultdict(list)
     shown = more = 0  # steps shown, steps left out

@@ -90,7 +90,7 @@ from .sweeper import Sweeper, SweepReport, SweepTarget, last_sweep
 from .tracing import send_traced, use_tracer_provider
 from .transport import OWN_CONNECTIONS_ENV, own_connections_wanted
 from .worker import Retention, Worker, abandoned_threads
-from .workflow import Chain, Chord, Group, Member, Plan, WorkflowError, WorkflowHandle, tree_nodes
+from .workflow import Chain, Chord, Group, Member, Plan, WorkflowError, WorkflowHandle, read_tree, tree_nodes
 
 __all__ = [
     "ALPHABET", "BROWSABLE", "MAX_SCHEDULE_NAME", "MIN_EVERY_MS", "COUNTED", "DEFAULT_REDIS_URL", "MAX_ATTEMPTS",
@@ -108,7 +108,7 @@ __all__ = [
     "validate_name", "validate_stored_id", "FlowState", "GroupState", "flow_state", "RecordedSignals", "Runner",
     "SECOND_STOP_GRACE_S",
     "run_until_signalled", "MAX_PRIORITY", "MIN_PRIORITY", "validate_job_name", "delay_until", "Retry", "Chain",
-    "Chord", "Group", "Member", "Plan", "WorkflowError", "WorkflowHandle", "tree_nodes", "JobHandle", "JobFailedError",
+    "Chord", "Group", "Member", "Plan", "WorkflowError", "WorkflowHandle", "read_tree", "tree_nodes", "JobHandle", "JobFailedError",
     "JobNotFinishedError", "Dedupe", "WorkerInfo", "BULK_BATCH", "GONE", "STOPPING", "BulkOutcome", "state_ids",
     "state_size", "send_traced", "use_tracer_provider",
 ]

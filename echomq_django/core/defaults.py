@@ -21,4 +21,8 @@ MAX_LOG_LINES = 1000  # log lines a job keeps; the oldest go first
 # Bounds, not defaults: the scripts get them from here (core/lua.py's generated
 # include "constants"), so the two sides hold a value to the same bound.
 MAX_METRICS_MINUTES = 527_040  # a year: the most minutes of metrics a queue keeps, whatever it is asked
+# The workflow edges one script call delivers in this queue beyond the ends it was called for: a
+# failure spreading down a long chain, or one member's fan-out, goes on from the queue's `handoff`
+# list in later calls of this size (includes/workflow.lua).
+WORKFLOW_DELIVERIES_PER_CALL = 500
 EARLY_MS = 2000  # how far ahead of Redis's clock a schedule's tick may be and still count (fireSchedule)

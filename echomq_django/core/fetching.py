@@ -302,8 +302,8 @@ class RoundTrips:
             if not outcome.finish:
                 self._written(outcome, None)
         ended.clear()
-        if any(code in (1, 2) and hands_off(outcome.job.next_steps, self.keys, failed=code == 2)
-               for outcome, code in zip(writing, codes)):
+        if hands_off(((outcome.job.next_steps, code == 2) for outcome, code in zip(writing, codes)
+                      if code in (1, 2)), self.keys):
             self._hand_off()
         self.held_back_ms, self.left_ready = 0, True
         if not token:

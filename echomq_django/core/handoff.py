@@ -16,8 +16,10 @@ import json
 import logging
 import re
 from collections import defaultdict
+from collections.abc import Iterable
 from typing import Any
 
+from .defaults import WORKFLOW_DELIVERIES_PER_CALL
 from .keys import QueueKeys, script_argv, script_argv_each
 from .scripts import Scripts
 
@@ -91,11 +93,21 @@ def _end(message: Any) -> list[Any] | None:
     return end
 
 
-def hands_off(nxt: str | None, keys: QueueKeys, *, failed: bool = False) -> bool:
-    """Whether a job's end may be handed off: its edges (its `nxt` field) lead to another queue, or (`failed`)
-    to a later step, whose edges may then lead there (the step fails with it)."""
-    try:
-        return any(edge[0] != keys.base or (failed and edge[3] == "r" and not edge[1].startswith("wf:"))
-                   for edge in json.loads(nxt or "[]"))
-    except (ValueError, TypeError, IndexError, KeyError, AttributeError):
-        return False
+def hands_off(ends: Iterable[tuple[str | None, bool]], keys: QueueKeys) -> bool:
+    """Whether the ends of these jobs, written in one call (each its `nxt` field, and whether it failed for
+    good), may have left ends in a `handoff` list: an edge to another queue; a failure reaching a later step,
+    whose own edges it follows (they may lead there, or go past the call's budget); or more edges in this
+    queue than one call delivers (WORKFLOW_DELIVERIES_PER_CALL, includes/workflow.lua)."""
+    local = 0
+    for nxt, failed in ends:
+        if not nxt:
+            continue  # no workflow's member
+        try:
+            edges = json.loads(nxt)
+            for edge in edges:
+                if edge[0] != keys.base or (failed and edge[3] == "r" and not edge[1].startswith("wf:")):
+                    return True
+            local += len(edges)
+        except (ValueError, TypeError, IndexError, KeyError, AttributeError):
+            continue
+    return local > WORKFLOW_DELIVERIES_PER_CALL

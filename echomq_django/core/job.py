@@ -267,7 +267,7 @@ def _json(value: str | None, default: Any) -> Any:
     except ValueError:
         return value  # not JSON: shown as the text it is
     # Only a text with many brackets can be too deep, and only that one is walked.
-    if value.count("[") + value.count("{") > MAX_JSON_DEPTH and _deeper_than(decoded, MAX_JSON_DEPTH):
+    if value.count("[") + value.count("{") > MAX_JSON_DEPTH and deeper_than(decoded, MAX_JSON_DEPTH):
         return TooDeep.of(value)
     return decoded
 
@@ -517,7 +517,7 @@ def encode_json(value: Any, what: str, max_bytes: int | None = None) -> str:
         raise PayloadError(f"{what} must be JSON-serializable: {error}") from None
     # Counting brackets is cheap and bounds the depth from above; only a text
     # with many of them is walked.
-    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _deeper_than(value, MAX_JSON_DEPTH):
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and deeper_than(value, MAX_JSON_DEPTH):
         raise PayloadError(too_deep)
     size = len(text)
     if not text.isascii():
@@ -530,7 +530,7 @@ def encode_json(value: Any, what: str, max_bytes: int | None = None) -> str:
     return text
 
 
-def _deeper_than(value: Any, limit: int) -> bool:
+def deeper_than(value: Any, limit: int) -> bool:
     """Whether lists and dicts nest more than `limit` levels in `value` (without recursion)."""
     stack = [(value, 1)]
     while stack:

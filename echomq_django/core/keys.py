@@ -87,7 +87,7 @@ SCRIPT_ARGV: dict[str, tuple[str, ...]] = {
     "addJob-9": ("prefix", "timestamp", "token", "record_ms", "sent_ms"),
     "addLog-2": ("token", "line", "keep", "call_id"),
     "addWorkflow-8": ("prefix", "timestamp", "token", "record_ms", "workflow_id", "home", "ends", "ttl_ms", "jobs",
-                      "tree"),
+                      "tree", "queues"),
     "cancelJob-7": ("prefix", "job_id", "reason", "now", "record_ms"),
     "cleanJobs-1": ("prefix", "cutoff_ms", "limit"),
     "deliverWorkflow-5": ("prefix", "now"),

@@ -21,11 +21,24 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import EchoMQError
+from .errors import EchoMQError, InvalidNameError
 from .handle import awaited, deadline_of, sleep_unless
-from .job import Job, JobOptions
-from .keys import QueueKeys, script_argv, script_argv_each, validate_job_name
-from .queue import JOBS_PER_CALL, Cancel, EncodedJob, NewJob, Queue, now_ms
+from .job import Job, JobOptions, deeper_than
+from .keys import QueueKeys, script_argv, script_argv_each, validate_job_name, validate_name
+from .queue import (
+    BULK_BATCH,
+    CALL_BYTES,
+    JOBS_PER_CALL,
+    STOPPING,
+    EncodedJob,
+    NewJob,
+    Queue,
+    batched,
+    batched_by_size,
+    encoded_bytes,
+    now_ms,
+    text_bytes,
+)
 from .scripts import ADD_RECORD_MS
 from .tracing import send_traced, with_trace
 
@@ -35,8 +48,12 @@ MAX_DEPTH = 32
 # The most jobs one workflow may have (a chord of 10,000 members fits).
 MAX_JOBS = 100_000
 # Jobs per addWorkflow call: each carries its edges besides what addJob writes, so half of addJob's
-# JOBS_PER_CALL keeps one call no longer than an addJob call (bench/workflow_cost.py).
+# JOBS_PER_CALL keeps one call no longer than an addJob call (bench/workflow_cost.py); and, as
+# addJob's, at most CALL_BYTES of jobs (the record's tree counts in the first call).
 ADD_JOBS_PER_CALL = JOBS_PER_CALL // 2
+# A tree that Plan._tree made nests at most this deep (two lists a level, one for a step); a deeper
+# one is another client's, and is not walked (its workflow is still found from its queues and ids).
+MAX_TREE_DEPTH = 2 * MAX_DEPTH + 1
 # How long a finished workflow's record and results are kept (WORKFLOW_TTL), by default.
 DEFAULT_TTL_MS = 86_400_000
 STATUSES = ("waiting", "running", "succeeded", "failed")
@@ -213,7 +230,7 @@ class Plan:
         handler = None
         if node.on_error is not None:
             handler = self._new(members[id(node.on_error)], [], [])
-            handler.inputs = "2"
+            handler.inputs = "" if handler.member.immutable else "2"  # .si(): its own arguments only
             handlers = [*handlers, handler]
         ends = parents  # a chain's steps one after another; a chord is its header, then its body
         for part in node.parts():
@@ -261,7 +278,9 @@ class Plan:
         by_queue: dict[str, list[Step]] = defaultdict(list)
         for step in self.steps:
             by_queue[step.member.queue.name].append(step)
-        if len(by_queue) == 1 and len(self.steps) <= ADD_JOBS_PER_CALL:
+        tree_bytes = text_bytes(self._tree_text())
+        if len(by_queue) == 1 and len(self.steps) <= ADD_JOBS_PER_CALL and (
+                tree_bytes + sum(_step_bytes(step) for step in self.steps) <= CALL_BYTES):
             passes: list[Callable[[Step], bool]] = [lambda step: True]
         else:
             passes = [lambda step: step.deps > 0, lambda step: step.deps == 0]
@@ -271,7 +290,8 @@ class Plan:
                 queue = by_queue[name][0].member.queue
                 record = name == self.home.name and number == 0
                 picked = [step for step in by_queue[name] if chosen(step)]
-                chunks = _chunks(picked, ADD_JOBS_PER_CALL) or ([[]] if record else [])
+                chunks = list(batched_by_size(picked, ADD_JOBS_PER_CALL, _step_bytes,
+                                              first_bytes=tree_bytes if record else 0)) or ([[]] if record else [])
                 calls = [self._call(queue, chunk, record and index == 0, f"{number}.{index}", trace)
                          for index, chunk in enumerate(chunks)]
                 if calls:
@@ -283,7 +303,9 @@ class Plan:
         args = script_argv("addWorkflow-8", prefix=queue.keys.base, timestamp=now_ms(), token=token,
                            record_ms=self.record_ms, workflow_id=self.id, home=self.home.name,
                            ends=len(self.ends) if record else "", ttl_ms=self.ttl_ms, jobs=len(self.steps),
-                           tree=json.dumps(self.tree, separators=(",", ":")) if record else "")
+                           tree=self._tree_text() if record else "",
+                           queues=json.dumps(sorted({step.member.queue.name for step in self.steps}))
+                           if record else "")
         for step in steps:
             encoded = step.encoded
             args += script_argv_each(
@@ -294,8 +316,16 @@ class Plan:
                 allow_failure="1" if step.member.allow_failure else "")
         return ("addWorkflow-8", queue.keys.for_script("addWorkflow-8", token=token), args)
 
+    def _tree_text(self) -> str:
+        return json.dumps(self.tree, separators=(",", ":"))
+
     def handle(self) -> WorkflowHandle:
         return WorkflowHandle(self.home, self.id)
+
+
+def _step_bytes(step: Step) -> int:
+    """What a step adds to its addWorkflow call: its job, and its edges (an edge names a target and a slot)."""
+    return encoded_bytes(step.encoded) + sum(len(edge[0]) + len(edge[1]) + len(edge[2]) + 12 for edge in step.edges)
 
 
 def _resolve(node: Any, members: dict[int, Member], depth: int) -> None:
@@ -345,10 +375,6 @@ def tree_nodes(tree: Any, *, handlers: bool = True) -> Iterator[TreeNode]:
     return walk(tree, 0, "")
 
 
-def _chunks(items: list[Step], size: int) -> list[list[Step]]:
-    return [items[start:start + size] for start in range(0, len(items), size)]
-
-
 def assemble(fields: dict[str, str]) -> Any:
     """The inputs gathered under their slots ("" alone, or "0", "1", "1.0"...) as one value: nested lists."""
     if set(fields) == {""}:
@@ -377,6 +403,18 @@ def read_inputs(client: Any, keys: QueueKeys, job: Job, mode: str) -> list[Any]:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def read_tree(text: str | None) -> Any:
+    """A record's `tree` (Plan._tree's shape), or None: missing, no JSON, or nested deeper than any plan makes
+    (MAX_TREE_DEPTH: another client's, which json.loads or a walk of it would stop on with RecursionError)."""
+    try:
+        tree = json.loads(text or "null")
+    except (ValueError, RecursionError):
+        return None
+    if text and text.count("[") > MAX_TREE_DEPTH and deeper_than(tree, MAX_TREE_DEPTH):
+        return None
+    return tree
 
 
 class WorkflowHandle:
@@ -412,13 +450,43 @@ class WorkflowHandle:
         return False
 
     def _members(self, record: dict[str, str] | None = None, *, handlers: bool = True) -> dict[Queue, list[str]]:
-        """Every job of the workflow by queue, as its record's tree names them (without `handlers`: but on_error's)."""
+        """Every job of the workflow by queue, as its record's tree names them (without `handlers`: but on_error's);
+        from its queues and job ids when the tree cannot be read (another client's write)."""
         record = self._record() if record is None else record
+        if (tree := read_tree(record.get("tree"))) is None:
+            return self._members_from_keys(record, handlers=handlers)
         found: dict[str, list[str]] = defaultdict(list)
-        for node in tree_nodes(json.loads(record.get("tree", "null")), handlers=handlers):
+        for node in tree_nodes(tree, handlers=handlers):
             if node.job_id is not None:
                 found[node.queue].append(node.job_id)
         return {self.queue(name): ids for name, ids in found.items()}
+
+    def _members_from_keys(self, record: dict[str, str], *, handlers: bool) -> dict[Queue, list[str]]:
+        """The jobs `<id>-0` ... `<id>-<jobs - 1>` whose hash names this workflow, in each of the record's queues."""
+        try:
+            count = min(int(record.get("jobs", "0")), MAX_JOBS)
+            names = {name for name in json.loads(record.get("queues") or "[]") if isinstance(name, str)}
+        except (ValueError, TypeError, RecursionError):
+            count, names = 0, set()
+        found: dict[Queue, list[str]] = {}
+        for name in sorted(names | {self.home.name}):
+            try:
+                queue = self.queue(validate_name(name, "queue name"))
+            except InvalidNameError:
+                continue
+            ids = [f"{self.id}-{number}" for number in range(count)]
+            kept: list[str] = []
+            for start in range(0, len(ids), 1000):
+                pipe = queue.client.pipeline(transaction=False)
+                for job_id in ids[start:start + 1000]:
+                    pipe.hmget(queue.keys.job(job_id), "wf", "inp")
+                for job_id, reply in zip(ids[start:start + 1000], pipe.execute(raise_on_error=False)):
+                    if isinstance(reply, list) and _text(reply[0] or "") == self.id and (
+                            handlers or _text(reply[1] or "") != "2"):
+                        kept.append(job_id)
+            if kept:
+                found[queue] = kept
+        return found
 
     def queue(self, name: str) -> Queue:
         """One of the workflow's queues (on the home queue's Redis)."""
@@ -428,8 +496,8 @@ class WorkflowHandle:
 
     @property
     def tree(self) -> Any:
-        """The workflow's shape (see Plan._tree), or None once its record expired."""
-        return json.loads(self._record().get("tree", "null"))
+        """The workflow's shape (see Plan._tree), or None once its record expired (or its tree is unreadable)."""
+        return read_tree(self._record().get("tree"))
 
     @property
     def reason(self) -> str | None:
@@ -469,10 +537,15 @@ class WorkflowHandle:
         good, and the first failure in a handler's scope runs it, once.
         """
         cancelled = 0
-        members = self._members(handlers=False)
-        for queue, job_ids in members.items():
-            for job_id in job_ids:
-                if queue.cancel(job_id, reason or f"workflow {self.id} cancelled") in (Cancel.CANCELLED,
-                                                                                        Cancel.STOPPING):
-                    cancelled += 1
+        for queue, job_ids in self._members(handlers=False).items():
+            for chunk in batched(job_ids, BULK_BATCH):
+                # A cancel fails the later steps with it, and its cancel_many delivers what its calls
+                # could not, so the steps that ended meanwhile are not asked again (a chain of 100,000:
+                # one cancel, its spread, and a read of the rest).
+                pipe = queue.client.pipeline(transaction=False)
+                for job_id in chunk:
+                    pipe.hexists(queue.keys.job(job_id), "finishedOn")
+                live = [job_id for job_id, ended in zip(chunk, pipe.execute()) if not ended]
+                outcome = queue.cancel_many(live, reason or f"workflow {self.id} cancelled")
+                cancelled += len(outcome.done) + len(outcome.other.get(STOPPING, []))
         return cancelled

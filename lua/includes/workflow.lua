@@ -1,3 +1,5 @@
+-- @include "callInChunks"
+-- @include "constants"
 -- @include "emitEvent"
 -- @include "jobFields"
 -- @include "pushReady"
@@ -21,12 +23,20 @@
 -- nothing to do. An edge to another queue (another cluster slot) is handed off:
 -- pushed to this queue's `handoff` list, from which a worker or the sweep
 -- delivers it to the target's queue with `deliverWorkflow`, the same code.
+--
+-- One call delivers at most WORKFLOW_DELIVERIES_PER_CALL (constants) edges in
+-- its queue beyond the ends it was called for: a failure spreading down a
+-- chain of 100,000 steps, or a member whose end goes to 100,000 steps, would
+-- otherwise hold Redis for seconds. The edges past that are pushed to the
+-- queue's own `handoff` list, as an edge to another queue is, and the same
+-- deliverers go on from there, a bounded call at a time: the outcome is the
+-- one a single call would have had, each edge counted once.
 
-local wfPrefix, wfNow, wfKeys = nil, 0, {}
+local wfPrefix, wfNow, wfKeys, wfBudget = nil, 0, {}, 0
 
 -- The queue keys the deliveries write; call once per script before the others.
 local function workflowKeys(prefix, waitKey, pausedKey, metaKey, prioritizedKey, failedKey, now)
-  wfPrefix, wfNow = prefix, now
+  wfPrefix, wfNow, wfBudget = prefix, now, WORKFLOW_DELIVERIES_PER_CALL
   wfKeys = {wait = waitKey, paused = pausedKey, meta = metaKey, prioritized = prioritizedKey,
             failed = failedKey, deferred = prefix .. "deferred", marker = prefix .. "marker",
             delayed = prefix .. "delayed", handoff = prefix .. "handoff"}
@@ -150,17 +160,19 @@ local function followEnded(ended)
       elseif not ok and member[4] == member[1] then
         text = "member " .. member[1] .. " failed: " .. text
       end
+      local later = {}  -- the ends handed off: to another queue, or past this call's budget
       for _, edge in ipairs(edges) do
         if type(edge) == "table" and type(edge[1]) == "string" and type(edge[2]) == "string" then
           local slot, kind = tostring(edge[3] or ""), tostring(edge[4] or "r")
-          if edge[1] == wfPrefix then
+          if edge[1] == wfPrefix and wfBudget > 0 then
+            wfBudget = wfBudget - 1
             deliverEdge(edge[2], slot, kind, ok, text, member[4], ended)
           else
-            redis.call("RPUSH", wfKeys.handoff, cjson.encode({edge[1], edge[2], slot, kind, ok and 1 or 0, text,
-              member[4]}))
+            later[#later + 1] = cjson.encode({edge[1], edge[2], slot, kind, ok and 1 or 0, text, member[4]})
           end
         end
       end
+      callInChunks("RPUSH", wfKeys.handoff, later)
     end
   end
 end

@@ -65,3 +65,16 @@ def test_a_missing_workflow_and_a_bad_id(client, setup):
     assert client.get(reverse("admin:echomq_workflow_detail", args=["default", "wnope"])).status_code == 404
     assert client.get("/admin/echomq/job/default/workflow/bad%20id/").status_code == 404
     assert client.get(reverse("admin:echomq_workflow_detail", args=["nope", "w1"])).status_code == 404
+
+
+def test_a_record_whose_tree_another_client_nested_5000_deep_shows_and_cancels(client, setup):
+    queue, shout = setup
+    result = chain(shout.s(1), shout.s(2), shout.s(3)).enqueue()
+    queue.client.hset(queue.keys.workflow(result.id), "tree", "[" * 5000 + "]" * 5000)
+    user(client, "view_job", "cancel_job")
+    page = client.get(reverse("admin:echomq_workflow_detail", args=["default", result.id]))
+    text = page.content.decode()
+    assert page.status_code == 200 and "shape cannot be read" in text and "Cancel the workflow" in text
+    done = client.post(reverse("admin:echomq_workflow_cancel", args=["default", result.id]), {"post": "yes"})
+    assert done.status_code == 302 and result.status == "failed"
+    assert queue.counts()["failed"] == 3 and queue.counts()["deferred"] == 0
