@@ -108,7 +108,8 @@ __all__ = [
     "validate_name", "validate_stored_id", "FlowState", "GroupState", "flow_state", "RecordedSignals", "Runner",
     "SECOND_STOP_GRACE_S",
     "run_until_signalled", "MAX_PRIORITY", "MIN_PRIORITY", "validate_job_name", "delay_until", "Retry", "Chain",
-    "Chord", "Group", "Member", "Plan", "WorkflowError", "WorkflowHandle", "read_tree", "tree_nodes", "JobHandle", "JobFailedError",
+    "Chord", "Group", "Member", "Plan", "WorkflowError", "WorkflowHandle", "read_tree", "tree_nodes", "JobHandle",
+    "JobFailedError",
     "JobNotFinishedError", "Dedupe", "WorkerInfo", "BULK_BATCH", "GONE", "STOPPING", "BulkOutcome", "state_ids",
     "state_size", "send_traced", "use_tracer_provider",
 ]

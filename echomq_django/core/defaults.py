@@ -25,4 +25,7 @@ MAX_METRICS_MINUTES = 527_040  # a year: the most minutes of metrics a queue kee
 # failure spreading down a long chain, or one member's fan-out, goes on from the queue's `handoff`
 # list in later calls of this size (includes/workflow.lua).
 WORKFLOW_DELIVERIES_PER_CALL = 500
+# A workflow step whose end goes to more steps than this keeps its edges in pages of this many
+# (addEdgePages), delivered a page a call, rather than in its hash, which each delivery decodes whole.
+WORKFLOW_FAN_EDGES = 100
 EARLY_MS = 2000  # how far ahead of Redis's clock a schedule's tick may be and still count (fireSchedule)

@@ -96,8 +96,9 @@ def _end(message: Any) -> list[Any] | None:
 def hands_off(ends: Iterable[tuple[str | None, bool]], keys: QueueKeys) -> bool:
     """Whether the ends of these jobs, written in one call (each its `nxt` field, and whether it failed for
     good), may have left ends in a `handoff` list: an edge to another queue; a failure reaching a later step,
-    whose own edges it follows (they may lead there, or go past the call's budget); or more edges in this
-    queue than one call delivers (WORKFLOW_DELIVERIES_PER_CALL, includes/workflow.lua)."""
+    whose own edges it follows (they may lead there, or go past the call's budget); edges in pages (kind
+    "f"), handed on a page at a time; or more edges in this queue than one call delivers
+    (WORKFLOW_DELIVERIES_PER_CALL, includes/workflow.lua)."""
     local = 0
     for nxt, failed in ends:
         if not nxt:
@@ -105,7 +106,8 @@ def hands_off(ends: Iterable[tuple[str | None, bool]], keys: QueueKeys) -> bool:
         try:
             edges = json.loads(nxt)
             for edge in edges:
-                if edge[0] != keys.base or (failed and edge[3] == "r" and not edge[1].startswith("wf:")):
+                if edge[0] != keys.base or edge[3] == "f" or (
+                        failed and edge[3] == "r" and not edge[1].startswith("wf:")):
                     return True
             local += len(edges)
         except (ValueError, TypeError, IndexError, KeyError, AttributeError):

@@ -59,6 +59,7 @@ COUNTED = ("wait", "prioritized", "paused", "active", "stalled", "delayed", "def
 SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "addJob-9": ("wait", "paused", "meta", "id", "delayed", "marker", "prioritized", "add:<token>", "sent"),
     "addLog-2": ("<id>", "<id>:logs"),
+    "addEdgePages-1": ("<id>:nxt",),
     "addWorkflow-8": ("wait", "paused", "meta", "delayed", "marker", "prioritized", "deferred", "add:<token>"),
     "cancelJob-7": ("wait", "paused", "delayed", "prioritized", "failed", "meta", "change:<token>"),
     "cleanJobs-1": ("<state>",),
@@ -85,6 +86,7 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
 # wrappers build ARGV from here with script_argv and script_argv_each.
 SCRIPT_ARGV: dict[str, tuple[str, ...]] = {
     "addJob-9": ("prefix", "timestamp", "token", "record_ms", "sent_ms"),
+    "addEdgePages-1": ("pages", "first"),
     "addLog-2": ("token", "line", "keep", "call_id"),
     "addWorkflow-8": ("prefix", "timestamp", "token", "record_ms", "workflow_id", "home", "ends", "ttl_ms", "jobs",
                       "tree", "queues"),
@@ -109,6 +111,7 @@ SCRIPT_ARGV: dict[str, tuple[str, ...]] = {
     "updateProgress-1": ("prefix", "job_id", "token", "progress"),
 }
 SCRIPT_ARGV_EACH: dict[str, tuple[str, ...]] = {
+    "addEdgePages-1": ("page",),
     "addJob-9": ("job_id", "name", "data", "opts", "delay_ms", "priority", "group", "expires_ms", "dedupe",
                  "dedupe_mode", "dedupe_ms"),
     "addWorkflow-8": ("job_id", "name", "data", "opts", "delay_ms", "priority", "group", "deps", "next_steps",
@@ -141,6 +144,8 @@ DERIVED_KEYS: dict[str, str] = {
     "marker": "includes/workflow.lua's, for the same reason: a released step wakes a worker",
     "handoff": "includes/workflow.lua's: a member's end bound for another queue waits there to be delivered",
     "<id>:in": "a workflow step's inputs, written where its inputs end and deleted with the job",
+    "<id>:nxt": "a workflow step's edges in pages (includes/workflow.lua): named by its edge of kind \"f\", deleted "
+                "once the last page is delivered",
     "wf:<workflow>": "a workflow's record, in its home queue: named by the edges a member's hash holds",
     "dedupe:<key>": "includes/dedupe.lua's: a job's dedupe key, named in its hash (`ddk`) where it ends",
     "dedupe-id:<id>": "addJob's: the holder a caller's deduplicated id went to, for a day (a task's result id)",
@@ -431,6 +436,10 @@ class QueueKeys:
 
     def lock(self, job_id: str) -> str:
         return self.base + job_id + ":lock"
+
+    def edge_pages(self, job_id: str) -> str:
+        """A workflow step's edges in pages (HASH: "n", then "0", "1", ...), for a step with many; see addEdgePages."""
+        return self.base + job_id + ":nxt"
 
     def logs(self, job_id: str) -> str:
         """The log lines a job wrote while running (LIST, oldest first)."""

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .defaults import WORKFLOW_FAN_EDGES
 from .errors import EchoMQError, InvalidNameError
 from .handle import awaited, deadline_of, sleep_unless
 from .job import Job, JobOptions, deeper_than
@@ -47,6 +48,9 @@ from .tracing import send_traced, with_trace
 MAX_DEPTH = 32
 # The most jobs one workflow may have (a chord of 10,000 members fits).
 MAX_JOBS = 100_000
+# And edges: a chain into a group of 100,000 has as many, but a group after a group has the
+# product of their sizes.
+MAX_EDGES = 1_000_000
 # Jobs per addWorkflow call: each carries its edges besides what addJob writes, so half of addJob's
 # JOBS_PER_CALL keeps one call no longer than an addJob call (bench/workflow_cost.py); and, as
 # addJob's, at most CALL_BYTES of jobs (the record's tree counts in the first call).
@@ -171,6 +175,14 @@ class Step:
     deps: int = 0  # inputs it waits for
     edges: list[list[str]] = field(default_factory=list)  # [prefix, target, slot, kind]
     inputs: str = ""  # "1": the inputs come first in its arguments; "2": an error handler's (id, error)
+    pages: list[str] = field(default_factory=list)  # its edges in pages (JSON), when it has many (see page)
+
+    def page(self) -> None:
+        """Keep more than WORKFLOW_FAN_EDGES edges in pages, named by one edge of kind "f" (addEdgePages)."""
+        if len(self.edges) > WORKFLOW_FAN_EDGES:
+            self.pages = [json.dumps(self.edges[start:start + WORKFLOW_FAN_EDGES], separators=(",", ":"))
+                          for start in range(0, len(self.edges), WORKFLOW_FAN_EDGES)]
+            self.edges = [[self.member.queue.keys.base, self.id, "", "f"]]
 
 
 class Plan:
@@ -203,6 +215,11 @@ class Plan:
             step.edges.append([home.keys.base, "wf:" + plan.id, slot, "r"])
         if len(plan.steps) > MAX_JOBS:
             raise WorkflowError(f"a workflow has at most {MAX_JOBS} jobs, not {len(plan.steps)}")
+        if (edges := sum(len(step.edges) for step in plan.steps)) > MAX_EDGES:
+            raise WorkflowError(f"a workflow has at most {MAX_EDGES:,} edges, not {edges:,}: a group after a group "
+                                "gives each member of the first an edge to each of the second; put a step between")
+        for step in plan.steps:
+            step.page()
         return plan
 
     def _new(self, member: Member, parents: list[tuple[Step, str]], handlers: list[Step]) -> Step:
@@ -285,6 +302,10 @@ class Plan:
         else:
             passes = [lambda step: step.deps > 0, lambda step: step.deps == 0]
         order = sorted(by_queue, key=lambda name: name != self.home.name)
+        for name in order:  # a step's pages first: its end reads them
+            if pages := [call for step in by_queue[name] for call in _page_calls(step)]:
+                by_queue[name][0].member.queue.scripts.run_confirmed(pages, by_queue[name][0].member.queue.confirm,
+                                                                     raise_on_error=True)
         for number, chosen in enumerate(passes):
             for name in order:
                 queue = by_queue[name][0].member.queue
@@ -321,6 +342,19 @@ class Plan:
 
     def handle(self) -> WorkflowHandle:
         return WorkflowHandle(self.home, self.id)
+
+
+def _page_calls(step: Step) -> list[Any]:
+    """The addEdgePages calls that write `step`'s pages: at most 1,000 and CALL_BYTES a call."""
+    calls, first = [], 0
+    keys = step.member.queue.keys
+    for chunk in batched_by_size(step.pages, 1000, text_bytes):
+        args = script_argv("addEdgePages-1", pages=len(step.pages), first=first)
+        for page in chunk:
+            args += script_argv_each("addEdgePages-1", page=page)
+        calls.append(("addEdgePages-1", keys.for_script("addEdgePages-1", id=step.id), args))
+        first += len(chunk)
+    return calls
 
 
 def _step_bytes(step: Step) -> int:

@@ -24,11 +24,15 @@
 -- pushed to this queue's `handoff` list, from which a worker or the sweep
 -- delivers it to the target's queue with `deliverWorkflow`, the same code.
 --
--- One call delivers at most WORKFLOW_DELIVERIES_PER_CALL (constants) edges in
--- its queue beyond the ends it was called for: a failure spreading down a
--- chain of 100,000 steps, or a member whose end goes to 100,000 steps, would
--- otherwise hold Redis for seconds. The edges past that are pushed to the
--- queue's own `handoff` list, as an edge to another queue is, and the same
+-- One call delivers about WORKFLOW_DELIVERIES_PER_CALL (constants) edges in
+-- its queue beyond the ends it was called for (a member's edges are
+-- delivered whole, and a member has at most WORKFLOW_FAN_EDGES inline): a
+-- failure spreading down a chain of 100,000 steps, or a member whose end
+-- goes to 100,000 steps, would otherwise hold Redis for seconds. What is
+-- left goes to the queue's own `handoff` list, as an edge to another queue
+-- does: a member's edges whole (kind "c"), or the next page of a member
+-- whose edges are in pages (kind "f", `<id>:nxt`: HASH, "n" pages, "0".. each
+-- a JSON list of edges, deleted once its last page is delivered). The same
 -- deliverers go on from there, a bounded call at a time: the outcome is the
 -- one a single call would have had, each edge counted once.
 
@@ -136,11 +140,40 @@ local function deliverEdge(target, slot, kind, passed, value, origin, ended)
   end
 end
 
+-- A hand-off entry: an end for `target` of queue `prefix` (includes of deliverWorkflow).
+local function handoffEntry(prefix, target, slot, kind, ok, text, origin)
+  return cjson.encode({prefix, target, slot, kind, ok and 1 or 0, text, origin})
+end
+
+-- Deliver one member's end along `edges` (decoded): in this queue while the
+-- call has budget, each edge to another queue handed off. An edge of kind "f"
+-- says the member's edges are in pages (`<id>:nxt`, more than WORKFLOW_FAN_EDGES):
+-- its first page is handed on, and delivered a page a call.
+local function deliverEdges(edges, ok, text, origin, ended)
+  local later = {}
+  for _, edge in ipairs(edges) do
+    if type(edge) == "table" and type(edge[1]) == "string" and type(edge[2]) == "string" then
+      local slot, kind = tostring(edge[3] or ""), tostring(edge[4] or "r")
+      if kind == "f" then
+        later[#later + 1] = handoffEntry(wfPrefix, edge[2], "0", "f", ok, text, origin)
+      elseif edge[1] == wfPrefix then
+        wfBudget = wfBudget - 1
+        deliverEdge(edge[2], slot, kind, ok, text, origin, ended)
+      else
+        later[#later + 1] = handoffEntry(edge[1], edge[2], slot, kind, ok, text, origin)
+      end
+    end
+  end
+  callInChunks("RPUSH", wfKeys.handoff, later)
+end
+
 -- Follow the edges of jobs that ended for good: each entry {id, passed,
 -- value, origin[, nxt, af]}, value the result (JSON) of a completed job or the
 -- reason a job failed, origin the member whose failure it is, nxt and af the
 -- job's fields when the caller read them already. A failure that fails a
--- later step appends that step, whose edges are followed in turn.
+-- later step appends that step, whose edges are followed in turn. Once the
+-- budget is spent, each member left is handed on whole, its edges (at most
+-- WORKFLOW_FAN_EDGES, more are in pages) in one entry of kind "c".
 local function followEnded(ended)
   local i = 1
   while i <= #ended do
@@ -160,20 +193,36 @@ local function followEnded(ended)
       elseif not ok and member[4] == member[1] then
         text = "member " .. member[1] .. " failed: " .. text
       end
-      local later = {}  -- the ends handed off: to another queue, or past this call's budget
-      for _, edge in ipairs(edges) do
-        if type(edge) == "table" and type(edge[1]) == "string" and type(edge[2]) == "string" then
-          local slot, kind = tostring(edge[3] or ""), tostring(edge[4] or "r")
-          if edge[1] == wfPrefix and wfBudget > 0 then
-            wfBudget = wfBudget - 1
-            deliverEdge(edge[2], slot, kind, ok, text, member[4], ended)
-          else
-            later[#later + 1] = cjson.encode({edge[1], edge[2], slot, kind, ok and 1 or 0, text, member[4]})
-          end
-        end
+      if wfBudget > 0 then
+        deliverEdges(edges, ok, text, member[4], ended)
+      else
+        redis.call("RPUSH", wfKeys.handoff, handoffEntry(wfPrefix, member[1], nxt, "c", ok, text, member[4]))
       end
-      callInChunks("RPUSH", wfKeys.handoff, later)
     end
+  end
+end
+
+-- One handed-on entry of this queue (deliverWorkflow): "c", a member's
+-- edges (in `slot`) to follow; "f", the page `slot` of a member's edges. A
+-- call whose budget is spent hands it on again, unchanged.
+local function deliverLater(target, slot, kind, ok, text, origin, ended)
+  if wfBudget <= 0 then
+    redis.call("RPUSH", wfKeys.handoff, handoffEntry(wfPrefix, target, slot, kind, ok, text, origin))
+    return
+  end
+  local edges, pagesKey, page, pages = slot, nil, tonumber(slot), 0
+  if kind == "f" then
+    pagesKey = wfPrefix .. target .. ":nxt"
+    local fields = redis.pcall("HMGET", pagesKey, slot, "n")
+    if fields["err"] or not fields[1] or not page then return end  -- delivered already (the last page deletes it)
+    edges, pages = fields[1], tonumber(fields[2]) or 0
+  end
+  local decoded, list = pcall(cjson.decode, edges)
+  if decoded and type(list) == "table" then deliverEdges(list, ok, text, origin, ended) end
+  if pagesKey and page + 1 < pages then
+    redis.call("RPUSH", wfKeys.handoff, handoffEntry(wfPrefix, target, tostring(page + 1), "f", ok, text, origin))
+  elseif pagesKey then
+    redis.call("DEL", pagesKey)
   end
 end
 

@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from echomq_django.core import Chain, Chord, Group, JobOptions, Member, Plan, Queue, WorkflowHandle
-from echomq_django.core.defaults import WORKFLOW_DELIVERIES_PER_CALL
+from echomq_django.core import Chain, Chord, Group, JobOptions, Member, Plan, Queue, WorkflowError, WorkflowHandle
+from echomq_django.core.defaults import WORKFLOW_DELIVERIES_PER_CALL, WORKFLOW_FAN_EDGES
 from echomq_django.core.handoff import deliver_handoffs
 from echomq_django.core.queue import CALL_BYTES, NewJob, now_ms
 from echomq_django.core.workflow import MAX_TREE_DEPTH
@@ -87,19 +87,43 @@ def test_cancelling_a_long_chain_fails_every_step_once_and_runs_on_error_once(qu
 
 
 def test_a_member_whose_end_goes_to_many_steps_releases_them_in_bounded_calls(queue):
+    """Its edges are in pages (addEdgePages): its finish hands the first page on, and a call delivers a page."""
     ran.clear()
     fan = STEPS
     plan = Plan.of(Chain(step(queue, "add", 1), Group(*[step(queue, "add", n) for n in range(fan)])))
+    assert len(plan.steps[0].edges) == 1 and len(plan.steps[0].pages) == -(-fan // WORKFLOW_FAN_EDGES)
     plan.add()
     [(first, _)] = fetch(queue)
     assert finish(queue, first, "token-1", value="1") == 1
+    assert queue.client.llen(queue.keys.wait) == 0 and queue.client.llen(queue.keys.handoff) == 1
+    deliver_handoffs(queue.scripts, queue.keys, now_ms(), limit=1)  # one deliverWorkflow call
     released = queue.client.llen(queue.keys.wait)
-    assert 0 < released <= WORKFLOW_DELIVERIES_PER_CALL, f"one finish released {released} of {fan} steps"
+    assert 0 < released <= WORKFLOW_DELIVERIES_PER_CALL, f"one call released {released} of {fan} steps"
     deliver_handoffs(queue.scripts, queue.keys, now_ms())  # what the sweep does for a finish no worker wrote
+    assert queue.client.llen(queue.keys.wait) == fan
+    assert not queue.client.exists(queue.keys.edge_pages(first)), "the pages go once the last one is delivered"
     drain(queue)
     assert queue.client.zcard(queue.keys.deferred) == 0 and queue.client.llen(queue.keys.handoff) == 0
     assert all(ran.get(s.id) == 1 for s in plan.steps[1:]), "every member ran once"
     assert plan.handle().results() == [1 + n for n in range(fan)]
+
+
+def test_a_failure_before_a_large_fan_out_fails_every_member_once(queue):
+    ran.clear()
+    plan = Plan.of(Chain(step(queue, "boom"), Group(*[step(queue, "add", n) for n in range(STEPS)]),
+                         step(queue, "total"), on_error=step(queue, "echo")))
+    plan.add()
+    drain(queue)
+    assert queue.client.zcard(queue.keys.failed) == STEPS + 2, "every member and the callback failed"
+    assert queue.client.zcard(queue.keys.deferred) == 0 and queue.client.llen(queue.keys.handoff) == 0
+    assert ran == {plan.steps[0].id: 1, plan.steps[1].id: 1}, "only the failed step and on_error ran, once each"
+
+
+def test_a_group_after_a_group_of_too_many_edges_is_refused_with_nothing_sent(queue):
+    with pytest.raises(WorkflowError, match="at most 1,000,000 edges"):
+        Plan.of(Chain(Group(*[step(queue, "add", n) for n in range(1001)]),
+                      Group(*[step(queue, "add", n) for n in range(1000)])))
+    assert queue.counts()["wait"] == 0
 
 
 def test_a_worker_releases_every_step_of_a_large_fan_out(queue):

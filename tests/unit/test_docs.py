@@ -126,7 +126,7 @@ def hash_writes(script: str) -> set[tuple[str, str]]:
             continue
         command_name, where = command.group(1).upper(), f"{script}: {command.group(1)}"
         target = hash_of(script, args[1])
-        if target in ("metrics", "groups", "record", "inputs"):  # fields named in includes, protocol.md
+        if target in ("metrics", "groups", "record", "inputs", "<id>:nxt"):  # fields named in includes, protocol.md
             continue
         if command_name in SINGLE_WRITES:
             writes.add((target, literal(args[2], where)))

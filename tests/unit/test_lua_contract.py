@@ -23,7 +23,7 @@ HEADER_ARGV = re.compile(r"^\s*ARGV\[(\d+)\] ([a-z_]+)(?:  |$)", re.MULTILINE)
 HEADER_ARGV_EACH = re.compile(r"^\s*ARGV\[n\+(\d+)\] ([a-z_]+)(?:  |$)", re.MULTILINE)
 # The line that opens a header's repeated values: "... ARGV[n+1] to ARGV[n+8] with n = 9, 17, 25, ...:"
 HEADER_EACH_START = re.compile(r"ARGV\[n\+1\](?: to ARGV\[n\+(\d+)\])? with n = (\d+), (\d+), (\d+), \.\.\.:")
-BUILT_FROM_PREFIX = re.compile(r'prefix \.\. (?:"([^"]*)"|([A-Za-z_\[\]]+)(?: \.\. "([^"]*)")?)')
+BUILT_FROM_PREFIX = re.compile(r'[pP]refix \.\. (?:"([^"]*)"|([A-Za-z_\[\]]+)(?: \.\. "([^"]*)")?)')
 
 
 def header(name: str) -> str:
@@ -100,7 +100,7 @@ def test_the_table_names_the_same_keys_as_queue_keys():
     named = {keys.wait, keys.paused, keys.active, keys.stalled, keys.failed, keys.completed, keys.delayed,
              keys.prioritized, keys.stalled_check, keys.meta, keys.marker, keys.id_counter, keys.add_record("T"),
              keys.fetch_record("T"), keys.change_record("T"), keys.failed, keys.job("J"), keys.logs("J"),
-             keys.schedule("S"), keys.limiter, keys.sent, keys.deferred}
+             keys.schedule("S"), keys.limiter, keys.sent, keys.deferred, keys.edge_pages("J")}
     for name in SCRIPT_KEYS:
         assert set(keys.for_script(name, token="T", state="failed", id="J", name="S")) <= named, name
 
