@@ -174,3 +174,23 @@ def test_a_row_that_cannot_be_planned_as_it_is_keeps_why_is_not_sent_again_and_h
     assert relay().refused == 0, "a refused row is not tried again"
     state = outbox.outbox_state()["default"]
     assert (state.rows, state.refused) == (4, 4)
+
+
+def test_the_admin_lists_workflow_rows_and_shows_the_start_of_a_long_canvas_escaped(queues):
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from echomq_django.admin.outbox import CANVAS_SHOWN
+
+    canvas = '["job","default","<script>alert(1)</script>",' + '"x" ' * 100_000 + "]"
+    row = OutboxWorkflow.objects.create(queue="default", workflow_id="wlong", canvas=canvas, ttl_ms=1,
+                                        timestamp_ms=now_ms(), jobs=1)
+    client = Client()
+    client.force_login(User.objects.create_superuser("admin", "a@example.com", "pw"))
+    listing = client.get("/admin/echomq/outboxworkflow/").content.decode()
+    assert "wlong" in listing
+    page = client.get(f"/admin/echomq/outboxworkflow/{row.pk}/change/").content.decode()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<script>alert(1)" not in page
+    assert f"({len(canvas):,} characters in all)" in page and len(page) < CANVAS_SHOWN + 50_000
+    client.force_login(User.objects.create_user("viewer", password="pw", is_staff=True))
+    assert client.get("/admin/echomq/outboxworkflow/").status_code == 403
