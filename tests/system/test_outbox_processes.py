@@ -161,3 +161,63 @@ def test_three_relays_over_many_rows_add_each_job_once_in_a_call_per_timestamp_o
     finally:
         server.stop()
         server.workdir.cleanup()
+
+
+# Forks one process per transaction: each commits a workflow through the outbox and is killed (SIGKILL) after the
+# commit, before its add (even n: an on_commit callback registered before the enqueue's) or after its add and before
+# its row's delete (odd n: Django's pre_delete signal for the row), printing the workflow's id first.
+KILLED_WITH_A_WORKFLOW = textwrap.dedent("""
+    import os, signal, sys
+    import django
+    django.setup()
+    from django.db import connections, transaction
+    from django.db.models.signals import pre_delete
+    from demo_project.demo_app.jobs import greet
+    from echomq_django.outbox_model import OutboxWorkflow
+    from echomq_django.workflows import chain
+
+    count = int(sys.argv[1])
+    connections.close_all()
+    for n in range(count):
+        pid = os.fork()
+        if pid == 0:
+            kill = lambda **_: os.kill(os.getpid(), signal.SIGKILL)
+            if n % 2:
+                pre_delete.connect(kill, sender=OutboxWorkflow, weak=False)
+            with transaction.atomic():
+                if not n % 2:
+                    transaction.on_commit(kill)
+                print(chain(greet.si(f"#{n}"), greet.si("again")).enqueue().id, flush=True)
+            os._exit(3)  # never reached: the process is killed at its commit
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (n, status)
+    print("done", flush=True)
+""")
+
+
+def test_a_process_killed_before_or_after_adding_its_workflow_loses_none_and_runs_none_twice(
+        subprocess_env, redis_client, prefix):
+    from echomq_django.outbox_model import OutboxWorkflow
+    from echomq_django.workflows import WorkflowResult
+
+    env = {**subprocess_env, "ECHOMQ_OUTBOX": "1", "DJANGO_SETTINGS_MODULE": "demo_project.settings"}
+    count = 10
+    result = subprocess.run([sys.executable, "-c", KILLED_WITH_A_WORKFLOW, str(count)], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300)
+    *ids, done = result.stdout.split()
+    assert done == "done" and len(ids) == count, result.stderr[-3000:]
+    demo = Queue("demo", redis_client, prefix=prefix)
+    assert OutboxWorkflow.objects.count() == count, "each process, killed before its row's delete, left it"
+    added = ids[1::2]
+    assert demo.counts()["wait"] == len(added), "those killed after their add, and only those, are in Redis"
+    manage(env, "echomq_worker", "--queue", "demo", "--burst", "-v", "0")
+    for workflow_id in added:  # they ran; retention trims their jobs
+        assert WorkflowResult(demo, workflow_id).status == "succeeded"
+        assert all(demo.remove(f"{workflow_id}-{number}") for number in range(2))
+    assert "outbox: sent 10," in manage(env, "echomq_relay", "--once", "--after", "0")
+    assert OutboxWorkflow.objects.count() == 0
+    manage(env, "echomq_worker", "--queue", "demo", "--burst", "-v", "0")
+    for workflow_id in ids:
+        assert WorkflowResult(demo, workflow_id).status == "succeeded", workflow_id
+    each_ran_once(demo, [f"{workflow_id}-{number}" for workflow_id in ids[0::2] for number in range(2)])
+    assert demo.counts()["completed"] == 2 * len(ids[0::2]), "no workflow added twice ran again"
