@@ -2,13 +2,16 @@
 
 The Redis is the one ECHOMQ_TEST_REDIS_URL names (any URL `connect` reads),
 127.0.0.1:6379 by default. ECHOMQ_TEST_REDIS_URL=cluster starts a 3-master
-Redis Cluster on free loopback ports for the run and runs everything on it.
+Redis Cluster on free loopback ports for the run and runs everything on it;
+ECHOMQ_TEST_REDIS_URL=valkey starts a valkey-server (found on PATH) on a free
+port for the run, and the servers tests start of their own are valkey-server too.
 
 Each test is marked with its layer, the folder it lives in (tests/unit/ gets
 `unit`, ...): CI picks a line's tests by these markers (see .ci/run).
 """
 
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,19 +19,27 @@ from pathlib import Path
 import pytest
 
 from echomq_django.core import Queue, Scripts, connect
-from tests.redis_servers import ClusterServers
+from tests.redis_servers import SERVER_PROGRAM, ClusterServers, RedisServer
 
-_cluster: ClusterServers | None = None
+_run_servers: ClusterServers | RedisServer | None = None  # the servers this run started for its fixtures
 TESTS = Path(__file__).resolve().parent
 LAYERS = ("unit", "protocol", "runtime", "django", "system")
 
 
 def pytest_configure(config) -> None:
-    global _cluster
-    if os.environ.get("ECHOMQ_TEST_REDIS_URL") == "cluster":
-        _cluster = ClusterServers(masters=3, replicas=0)
-        _cluster.start()
-        os.environ["ECHOMQ_TEST_REDIS_URL"] = _cluster.url  # child processes see it too
+    global _run_servers
+    mode = os.environ.get("ECHOMQ_TEST_REDIS_URL")
+    if mode == "cluster":
+        _run_servers = ClusterServers(masters=3, replicas=0)
+    elif mode == "valkey":
+        if shutil.which("valkey-server") is None:
+            raise pytest.UsageError("ECHOMQ_TEST_REDIS_URL=valkey needs valkey-server on PATH (see .ci/run)")
+        os.environ[SERVER_PROGRAM] = "valkey-server"  # child processes (and xdist's) see it too
+        _run_servers = RedisServer()
+    else:
+        return
+    _run_servers.start()
+    os.environ["ECHOMQ_TEST_REDIS_URL"] = _run_servers.url  # child processes see it too
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
@@ -41,8 +52,10 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 
 def pytest_unconfigure(config) -> None:
-    if _cluster is not None:
-        _cluster.stop()
+    if _run_servers is not None:
+        _run_servers.stop()
+        if isinstance(_run_servers, RedisServer):
+            _run_servers.workdir.cleanup()
 
 
 def current_redis_url() -> str:

@@ -1,5 +1,6 @@
 """Throwaway redis-server processes on free loopback ports, for tests that need their own."""
 
+import os
 import random
 import shutil
 import socket
@@ -17,6 +18,13 @@ from echomq_django.core import QueueKeys
 from tests.helpers import wait_until
 
 _handed_out: set[int] = set()  # ports given out in this process (and cluster servers' bus ports)
+# The server program the tests start, on PATH: redis-server, or valkey-server where the run is on Valkey
+# (ECHOMQ_TEST_REDIS_URL=valkey sets it, tests/conftest.py), so that the servers tests start are Valkey too.
+SERVER_PROGRAM = "ECHOMQ_TEST_SERVER"
+
+
+def server_program() -> str:
+    return os.environ.get(SERVER_PROGRAM, "redis-server")
 
 
 def free_port(*, with_bus: bool = False) -> int:
@@ -49,9 +57,9 @@ class RedisServer:
     """
 
     def __init__(self, *config: str, tls: Path | None = None, port: int | None = None) -> None:
-        self.binary = shutil.which("redis-server")
+        self.binary = shutil.which(server_program())
         if self.binary is None:
-            pytest.fail("redis-server is not installed (.ci/run installs it)")
+            pytest.fail(f"{server_program()} is not on PATH (.ci/run installs it)")
         self.port = port or free_port()
         self.workdir = tempfile.TemporaryDirectory(prefix="echomq-test-redis-")
         self.process: subprocess.Popen | None = None
