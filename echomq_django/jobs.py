@@ -55,6 +55,8 @@ from .discovery import discover_jobs  # noqa: F401  (public here: echomq_django.
 from .queues import get_queue
 from .signatures import Signature
 
+# The name of the steps of an admin's bulk action run by the queue's workers (admin/bulk_runs.py, which names it too).
+BULK_STEP_JOB = "echomq.bulk-run"
 _current_job: contextvars.ContextVar[Job | None] = contextvars.ContextVar("echomq_current_job", default=None)
 _registry: dict[str, JobFunction] = {}
 
@@ -316,6 +318,10 @@ def _dispatch(job_record: Job) -> Any:
 
     if is_task_job(job_record):
         return run_task_job(job_record)
+    if job_record.name == BULK_STEP_JOB:  # a step of an admin's bulk action too large for a request
+        from .admin.bulk_runs import run_step_job
+
+        return run_step_job(job_record)
     function = _registry.get(job_record.name)
     if function is None:
         raise UnrecoverableError(

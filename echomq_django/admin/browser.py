@@ -35,6 +35,7 @@ from ..models import Job as JobModel
 from ..queues import get_queue
 from .browser_pages import COLUMNS, STATE_COLUMNS, job_sections, page_links, table_row
 from .bulk import actions_for, bulk_view
+from .bulk_runs import run_view
 from .common import JOB_ERRORS, REDIS_ERRORS, configured_queue, confirmation, confirmed, redis_problem
 from .mirror_lists import live_jobs
 from .workflows import cancel_workflow_view, workflow_view
@@ -118,6 +119,8 @@ class JobBrowserAdmin(admin.ModelAdmin):
             path("<str:queue_name>/<str:state>/", page(self.browse_view), name="echomq_job_browse"),
             path("<str:queue_name>/<str:state>/bulk/", change(
                 lambda request, **names: bulk_view(self, request, **names)), name="echomq_job_bulk"),
+            path("<str:queue_name>/bulk-run/<str:run_id>/", page(
+                lambda request, **names: run_view(self, request, **names)), name="echomq_bulk_run"),
             path("<str:queue_name>/workflow/<str:workflow_id>/", page(
                 lambda request, **names: workflow_view(self, request, **names)), name="echomq_workflow_detail"),
             path("<str:queue_name>/workflow/<str:workflow_id>/cancel/", change(

@@ -23,6 +23,7 @@ from django.db import models
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
+from django.utils.html import format_html
 
 from ..core import (
     BROWSABLE,
@@ -40,6 +41,7 @@ from ..core import (
 )
 from ..models import FailedJob, JobRecord
 from ..queues import get_queue
+from .bulk_runs import BACKGROUND_ABOVE, start_background
 from .common import REDIS_ERRORS, configured_queue, confirmation, confirmed, redis_problem
 
 # The most ids a form may tick: a page of the browser holds 50, the failed list 100.
@@ -166,13 +168,16 @@ def bulk_view(model_admin: admin.ModelAdmin, request: HttpRequest, queue_name: s
             return ask(model_admin, request, action, count, f"{state} job(s) of queue {queue.name}", back,
                        [("action", action.name), ("scope", scope), *((field or "ids", job_id) for job_id in ids)],
                        names_of(queue, ids))
+        model = FailedJob if action is RETRY else JobRecord
+        if scope == "all" and (size := state_size(queue, state)) > BACKGROUND_ABOVE:
+            run_page = start_background(request, queue, action, state, None, what, model, size)
+            return HttpResponseRedirect(run_page or back)
         if scope == "all":
             ids = state_ids(queue, state)
     except REDIS_ERRORS as error:
         model_admin.message_user(request, f"Nothing changed: {redis_problem(error)}", messages.ERROR)
         return HttpResponseRedirect(back)
 
-    model = FailedJob if action is RETRY else JobRecord
     outcome, problem = change(action, queue, state, ids, request.user.get_username(),
                               lambda outcome: forget(action, model, queue.name, outcome))
     tell(model_admin, request, action, what, len(ids), queue.name, state, outcome, problem)
@@ -192,8 +197,10 @@ def ask(model_admin: admin.ModelAdmin, request: HttpRequest, action: BulkAction,
                "cancel": "Each fails for good as cancelled (a running one when its worker next renews its "
                          "lock); Retry brings a cancelled job back.",
                "delete": "Their data, log lines and traces go with them; this cannot be undone."}
+    how = (f" More than {BACKGROUND_ABOVE:,} jobs: the queue's workers run it, a few thousand at a time, and a page "
+           "shows how far it is." if count > BACKGROUND_ABOVE else "")
     return confirmation(request, model_admin, title=f"{action.verb} {count} job(s)?",
-                        question=f"{action.verb} {count} {which}? {effects[action.name]}",
+                        question=f"{action.verb} {count} {which}? {effects[action.name]}{how}",
                         button=f"Yes, {action.verb.lower()} {count} job(s)", fields=fields, cancel_url=back,
                         items=items)
 
@@ -216,6 +223,9 @@ def bulk_selected(model_admin: admin.ModelAdmin, request: HttpRequest, queryset:
         by_queue.setdefault(queue_name, []).append(job_id)
     texts, worst = [], messages.SUCCESS
     for queue_name, ids in sorted(by_queue.items()):
+        if len(ids) > BACKGROUND_ABOVE:
+            in_background(model_admin, request, action, state, get_queue(queue_name), ids, across)
+            continue
         outcome, problem = change(action, get_queue(queue_name), state, ids, request.user.get_username(),
                                   lambda outcome, name=queue_name: forget(action, model_admin.model, name, outcome))
         texts.append(summary(action, queue_name, state, len(ids), outcome, problem))
@@ -227,6 +237,19 @@ def bulk_selected(model_admin: admin.ModelAdmin, request: HttpRequest, queryset:
         audit(request, model_admin.model, action, f"{state} list: {which}{query}", " ".join(texts))
         model_admin.message_user(request, " ".join(texts), worst)
     return None
+
+
+def in_background(model_admin: admin.ModelAdmin, request: HttpRequest, action: BulkAction, state: str,
+                  queue: Queue, ids: list[str], across: bool) -> None:
+    """Run a failed or stalled list's action on a queue's many rows as jobs of that queue; a message links its page."""
+    which = "every job the list matched" if across else "the ticked jobs"
+    query = f" ({request.GET.urlencode()})" if request.GET else ""
+    what = f"{state} list, queue {queue.name}: {which}{query}"
+    run_page = start_background(request, queue, action, state, ids, what, model_admin.model, len(ids))
+    if run_page:
+        model_admin.message_user(request, format_html(
+            "{} {} job(s) of queue {}: the queue's workers run it, a few thousand jobs at a time; "
+            '<a href="{}">see how far it is</a>.', action.verb, f"{len(ids):,}", queue.name, run_page), messages.INFO)
 
 
 def forget(action: BulkAction, model: type[models.Model], queue_name: str, outcome: BulkOutcome) -> None:

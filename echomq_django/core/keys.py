@@ -415,6 +415,14 @@ class QueueKeys:
         """One round trip's answers to retryJob, removeJob or cancelJob calls (HASH), under its token."""
         return self.base + "change:" + token
 
+    def bulk_run(self, run_id: str) -> str:
+        """A bulk change run outside the request that asked it (HASH): its action, progress, counts; see bulk_runs."""
+        return self.base + "bulk-run:" + run_id
+
+    def bulk_run_ids(self, run_id: str) -> str:
+        """The ids a bulk run changes, in order (LIST); see core/bulk_runs.py."""
+        return self.base + "bulk-run:" + run_id + ":ids"
+
     def job(self, job_id: str) -> str:
         return self.base + job_id
 

@@ -25,7 +25,7 @@ from .keys import (
     validate_stored_id,
 )
 from .registry import WorkerInfo, live_workers
-from .scripts import Call, Confirm, Scripts, change_token, pairs
+from .scripts import CHANGE_RECORD_MS, Call, Confirm, Scripts, change_token, pairs
 from .tracing import send_traced, with_trace
 
 T = TypeVar("T")
@@ -308,46 +308,58 @@ class Queue:
                 break
         return retried
 
-    def retry_many(self, job_ids: Iterable[str], batch: int = BULK_BATCH) -> BulkOutcome:
-        """`retry` each of these jobs, `batch` script calls per pipelined round trip."""
+    def retry_many(self, job_ids: Iterable[str], batch: int = BULK_BATCH, *, token: str | None = None,
+                   record_ms: int = CHANGE_RECORD_MS) -> BulkOutcome:
+        """`retry` each of these jobs, `batch` script calls per pipelined round trip.
+
+        Each job is answered once per token (a re-send answers as the first
+        send did), for `record_ms`: a new token per round trip, or `token` for
+        every one (a caller that may run the same ids again, core/bulk_runs.py).
+        """
         def sort(outcome: BulkOutcome, job_id: str, code: Any) -> None:
             outcome.add(job_id, {1: None, 0: GONE, -1: "it has no job hash to run (delete it)",
                                  -2: "a workflow's step whose inputs did not all come"}.get(code, _refused(code)))
 
-        return self._bulk(job_ids, batch, lambda job_id, token: self.scripts.retry_call(self.keys, job_id, token), sort)
+        return self._bulk(job_ids, batch, lambda job_id, each: self.scripts.retry_call(
+            self.keys, job_id, each, record_ms), sort, token)
 
-    def remove_many(self, job_ids: Iterable[str], *, only_from: str | None = None,
-                    batch: int = BULK_BATCH) -> BulkOutcome:
+    def remove_many(self, job_ids: Iterable[str], *, only_from: str | None = None, batch: int = BULK_BATCH,
+                    token: str | None = None, record_ms: int = CHANGE_RECORD_MS) -> BulkOutcome:
         """`remove` each of these jobs (only while in `only_from`, when given), `batch` calls per round trip.
 
-        A job a live worker holds is left alone, as is one no longer in `only_from` (`gone`).
+        A job a live worker holds is left alone, as is one no longer in `only_from` (`gone`). `token` and
+        `record_ms` as for `retry_many`.
         """
         def sort(outcome: BulkOutcome, job_id: str, code: Any) -> None:
             outcome.add(job_id, {1: None, 0: GONE, -4: GONE, -3: "a worker holds it"}.get(code, _refused(code)))
 
-        outcome = self._bulk(job_ids, batch, lambda job_id, token: self.scripts.remove_call(
-            self.keys, job_id, token, only_from), sort)
+        outcome = self._bulk(job_ids, batch, lambda job_id, each: self.scripts.remove_call(
+            self.keys, job_id, each, only_from, record_ms), sort, token)
         if outcome.done:
             deliver_handoffs(self.scripts, self.keys, now_ms())  # workflows' members: their workflows heard of it
         return outcome
 
-    def cancel_many(self, job_ids: Iterable[str], reason: str = "", batch: int = BULK_BATCH) -> BulkOutcome:
-        """`cancel` each of these jobs, `batch` calls per round trip; a running one is flagged (see `cancel`)."""
+    def cancel_many(self, job_ids: Iterable[str], reason: str = "", batch: int = BULK_BATCH, *,
+                    token: str | None = None, record_ms: int = CHANGE_RECORD_MS) -> BulkOutcome:
+        """`cancel` each of these jobs, `batch` calls per round trip; a running one is flagged (see `cancel`).
+
+        `token` and `record_ms` as for `retry_many`.
+        """
         text = f"cancelled: {reason}" if reason else "cancelled"
 
         def sort(outcome: BulkOutcome, job_id: str, code: Any) -> None:
             outcome.add(job_id, {1: None, 2: STOPPING, 3: GONE, 0: GONE,
                                  -1: "its key is no job hash (its id left its state)"}.get(code, _refused(code)))
 
-        outcome = self._bulk(job_ids, batch, lambda job_id, token: self.scripts.cancel_call(
-            self.keys, job_id, text, now_ms(), token), sort)
+        outcome = self._bulk(job_ids, batch, lambda job_id, each: self.scripts.cancel_call(
+            self.keys, job_id, text, now_ms(), each, record_ms), sort, token)
         if outcome.done:
             deliver_handoffs(self.scripts, self.keys, now_ms())
         return outcome
 
     def _bulk(self, job_ids: Iterable[str], batch: int, call: Callable[[str, str], Call],
-              sort: Callable[[BulkOutcome, str, Any], None]) -> BulkOutcome:
-        """`call` (id, token) for each id, a round trip per `batch`, each with a token of its own (answered once)."""
+              sort: Callable[[BulkOutcome, str, Any], None], token: str | None = None) -> BulkOutcome:
+        """`call` (id, token) for each id, a round trip per `batch`, each with a new token unless `token` is given."""
         outcome, seen = BulkOutcome(), set()
         for chunk in batched(job_ids, batch):
             valid = []
@@ -365,8 +377,8 @@ class Queue:
                 else:
                     seen.add(job_id)
                     valid.append(job_id)
-            token = change_token()
-            for job_id, code in zip(valid, self.scripts.run_batch([call(job_id, token) for job_id in valid])):
+            each = token or change_token()
+            for job_id, code in zip(valid, self.scripts.run_batch([call(job_id, each) for job_id in valid])):
                 sort(outcome, job_id, code)
         return outcome
 

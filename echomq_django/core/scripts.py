@@ -186,20 +186,21 @@ class Scripts(ScriptClient):
         )
         return (reply[0], int(reply[1]), int(reply[2]), int(reply[3]), int(reply[4]), int(reply[5]), list(reply[6]))
 
-    def retry_call(self, keys: QueueKeys, job_id: str, token: str) -> Call:
-        """The retryJob call for one job, answered once per `token` (see `change_token`).
+    def retry_call(self, keys: QueueKeys, job_id: str, token: str, record_ms: int = CHANGE_RECORD_MS) -> Call:
+        """The retryJob call for one job, answered once per `token` (see `change_token`) for `record_ms`.
 
         Its reply: 1 if it moved from `failed` to wait, 0 if it was not there, -1 if it has no job hash,
         -2 if it is a workflow's step that failed before its inputs all came (both stay failed).
         """
         return ("retryJob-7", keys.for_script("retryJob-7", token=token),
-                script_argv("retryJob-7", prefix=keys.base, job_id=job_id, record_ms=CHANGE_RECORD_MS))
+                script_argv("retryJob-7", prefix=keys.base, job_id=job_id, record_ms=record_ms))
 
     def retry_job(self, keys: QueueKeys, job_id: str) -> int:
         """Move a job that is still in `failed` back to wait (codes as for `retry_call`)."""
         return int(self._run(*self.retry_call(keys, job_id, change_token())))
 
-    def remove_call(self, keys: QueueKeys, job_id: str, token: str, only_from: str | None = None) -> Call:
+    def remove_call(self, keys: QueueKeys, job_id: str, token: str, only_from: str | None = None,
+                    record_ms: int = CHANGE_RECORD_MS) -> Call:
         """The removeJob call for one job (see `remove_job`), answered once per `token`; its reply: 1 removed,
         0 no such job, -3 held by a live worker, -4 not in `only_from` (nothing changed in either)."""
         sets = ("delayed", "completed", "failed")
@@ -208,7 +209,7 @@ class Scripts(ScriptClient):
         return ("removeJob-10", keys.for_script("removeJob-10", token=token),
                 script_argv("removeJob-10", prefix=keys.base, job_id=job_id,
                             only_from=SCRIPT_KEYS["removeJob-10"].index(only_from) + 1 if only_from else "",
-                            record_ms=CHANGE_RECORD_MS))
+                            record_ms=record_ms))
 
     def remove_job(self, keys: QueueKeys, job_id: str, only_from: str | None = None) -> bool:
         """Delete a job from every state; False if there was no such job.
@@ -250,11 +251,12 @@ class Scripts(ScriptClient):
         return int(self._run("promoteDelayed-6", keys.for_script("promoteDelayed-6"),
                              script_argv("promoteDelayed-6", prefix=keys.base, now=now, limit=1, job_id=job_id))) == 1
 
-    def cancel_call(self, keys: QueueKeys, job_id: str, reason: str, now: int, token: str) -> Call:
+    def cancel_call(self, keys: QueueKeys, job_id: str, reason: str, now: int, token: str,
+                    record_ms: int = CHANGE_RECORD_MS) -> Call:
         """The cancelJob call for one job, answered once per `token` (its codes as for `cancel_job`)."""
         return ("cancelJob-7", keys.for_script("cancelJob-7", token=token),
                 script_argv("cancelJob-7", prefix=keys.base, job_id=job_id, reason=reason, now=now,
-                            record_ms=CHANGE_RECORD_MS))
+                            record_ms=record_ms))
 
     def cancel_job(self, keys: QueueKeys, job_id: str, reason: str, now: int) -> int:
         """Cancel a job with `reason` (see lua/cancelJob-7.lua).

@@ -1,0 +1,155 @@
+"""Bulk actions too large for a request: run by the queue's workers as jobs, with a page of their own.
+
+An action on more than BACKGROUND_ABOVE jobs (every job of a state, or every
+row a failed or stalled list matches) is not run by the request that asks for
+it (after its POST, CSRF and permission checks, and the confirmation page):
+the request records a run (core/bulk_runs.py) and adds its first step, a job of
+the queue whose jobs it changes (jobs.BULK_STEP_JOB), and sends the user to the run's
+page. A worker of that queue runs each step (STEP_JOBS ids at most, then it adds
+the next step), and the step that ends the run writes the admin's LogEntry with
+the final counts and the user who asked. A step that a crash or an outage
+ends is run again by the queue's recovery, and changes no job twice (see
+core/bulk_runs.py). With no live worker serving the queue nothing is started,
+and the user is told; the run's page says when it waits for a worker, or when
+the queue is paused, or when its step failed for good (retrying that job goes
+on from where it stopped).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.models import LogEntry
+from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import PermissionDenied
+from django.db import models
+from django.http import Http404, HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+
+from ..core import GONE, MAX_PRIORITY, STOPPING, InvalidNameError, Job, JobOptions, Queue, validate_name
+from ..core.bulk_runs import BulkRun, read_run, run_step, start_run
+from ..jobs import BULK_STEP_JOB
+from ..models import FailedJob, JobRecord
+from ..queues import get_queue
+from .common import configured_queue
+
+# Above this many jobs an action runs as jobs of the queue, outside the request (about 0.5 s of changes).
+BACKGROUND_ABOVE = 5_000
+# A step's attempts: each goes on from where the one before stopped.
+STEP_ATTEMPTS = 5
+
+
+def start_background(request: HttpRequest, queue: Queue, action: Any, state: str, ids: list[str] | None,
+                     what: str, model: type[models.Model], asked: int) -> str | None:
+    """Run `action` as jobs of `queue`; its run's page, or None (a message said why) when no worker serves the queue."""
+    if not queue.workers():
+        messages.error(request, f"Nothing changed: {asked:,} job(s) are more than a request changes "
+                                f"({BACKGROUND_ABOVE:,}), so the action runs as jobs of queue {queue.name}, and no "
+                                f"live worker serves it. Start one (manage.py echomq_worker {queue.name}) and ask "
+                                "again, or act on fewer jobs at a time.")
+        return None
+    kind = ContentType.objects.get_for_model(model, for_concrete_model=False)
+    fields = {"user_id": str(request.user.pk), "username": request.user.get_username(), "what": what,
+              "content_type": str(kind.pk), "verb": action.verb, "done_text": action.done, "flag": str(action.flag),
+              "permission": action.permission}
+    run_id = start_run(queue, action.name, state, ids, fields, reason=f"in the admin by {request.user.get_username()}",
+                       only_from=state if action.name == "delete" and state in ("delayed", "completed", "failed")
+                       else "")
+    add_step(queue, run_id, 0)
+    return reverse("admin:echomq_bulk_run", args=[queue.name, run_id])
+
+
+def add_step(queue: Queue, run_id: str, cursor: int) -> str:
+    """Add the run's step from `cursor` (its id names both: an add of the same step twice adds one)."""
+    step_id = f"bulk-run-{run_id}-{cursor}"
+    # The highest priority: a step runs ahead of the queue's waiting jobs (the ones it retried among them).
+    queue.add(BULK_STEP_JOB, {"run": run_id}, opts=JobOptions(attempts=STEP_ATTEMPTS, priority=MAX_PRIORITY),
+              job_id=step_id)
+    queue.client.hset(queue.keys.bulk_run(run_id), "step", step_id)
+    return step_id
+
+
+def run_step_job(job: Job) -> dict[str, Any]:
+    """A worker's run of one step job: change the run's next ids; add the next step, or write the audit line."""
+    from .bulk import ACTIONS, RETRY, forget  # (bulk imports this module)
+
+    queue = get_queue(job.queue)
+    run_id = job.data.get("run") if isinstance(job.data, dict) else None
+    run = read_run(queue, run_id) if isinstance(run_id, str) else None
+    if run is None:
+        return {"run": run_id, "status": "no such run (lapsed, or never recorded)"}
+    action = ACTIONS[run.action]
+    model = FailedJob if action is RETRY else JobRecord
+    run = run_step(queue, run.run_id, after=lambda outcome: forget(action, model, queue.name, outcome))
+    if run is None:
+        return {"run": run_id, "status": "no such run (lapsed meanwhile)"}
+    if run.finished:
+        audit_once(queue, run)
+    else:
+        add_step(queue, run.run_id, run.cursor)
+    return {"run": run_id, "status": run.status, "changed": run.cursor, "of": run.total}
+
+
+def audit_once(queue: Queue, run: BulkRun) -> None:
+    """The run's line in the admin's history, with its final counts and its user, written once."""
+    fields = run.fields
+    marker = f"bulk run {queue.name}/{run.run_id}"
+    if LogEntry.objects.filter(object_id=marker).exists():
+        return  # a step run again after a crash: its line is there
+    LogEntry.objects.create(
+        user_id=int(fields["user_id"]), content_type_id=int(fields["content_type"]), object_id=marker,
+        object_repr=fields.get("what", "")[:200], action_flag=int(fields["flag"]),
+        change_message=f"{fields.get('verb', run.action)}: {run_summary(queue.name, run)}")
+
+
+def run_summary(queue_name: str, run: BulkRun) -> str:
+    """What a run did so far, in one message, as bulk.summary words a request's."""
+    parts = [f"{run.counts.done:,} job(s) {run.fields.get('done_text', 'changed')}, of {run.total:,} asked for in "
+             f"queue {queue_name}"]
+    for why, (count, first) in run.counts.other.items():
+        if why == STOPPING:
+            parts.append(f"{count:,} {why}")
+            continue
+        if why == GONE:
+            state = "marked stalled" if run.state == "stalled" else run.state
+            why = f"no longer {state} (moved on or removed meanwhile)"
+        parts.append(f"{count:,} left alone, {why}: " + ", ".join(first) + (", …" if count > len(first) else ""))
+    return "; ".join(parts) + "."
+
+
+def run_view(model_admin: admin.ModelAdmin, request: HttpRequest, queue_name: str, run_id: str) -> HttpResponse:
+    """A run's page: its progress while it runs, its final counts once done, and what it waits for, if anything."""
+    queue = configured_queue(queue_name)
+    try:
+        validate_name(run_id, "run id")
+    except InvalidNameError as error:
+        raise Http404(str(error)) from None
+    run = read_run(queue, run_id)
+    if run is None:
+        raise Http404(f"no bulk run {run_id!r} of queue {queue.name} (a run's page is kept a week)")
+    if not request.user.has_perm(run.fields.get("permission", "")):
+        raise PermissionDenied
+    context = {**model_admin.admin_site.each_context(request), "opts": model_admin.opts,
+               "title": f"{run.fields.get('verb', run.action)}: {run.fields.get('what', '')}", "run": run,
+               "queue_name": queue.name, "summary": run_summary(queue.name, run), "warnings": waits_for(queue, run),
+               "asked_by": run.fields.get("username", "")}
+    return TemplateResponse(request, "admin/echomq/bulk_run.html", context)
+
+
+def waits_for(queue: Queue, run: BulkRun) -> list[str]:
+    """Why a run that is not done makes no progress now, if it can be told: no worker, a paused queue, a failed step."""
+    if run.finished:
+        return []
+    warnings = []
+    if not queue.workers():
+        warnings.append(f"No live worker serves queue {queue.name}: this action goes on when one starts "
+                        f"(manage.py echomq_worker {queue.name}).")
+    if queue.is_paused():
+        warnings.append(f"Queue {queue.name} is paused: its workers take no job, this action's steps included, "
+                        "until it is resumed.")
+    step = queue.client.hget(queue.keys.bulk_run(run.run_id), "step")
+    if step and queue.get_state(step) == "failed":
+        warnings.append(f"Its step job {step} failed (see its page); retry that job to go on from where it stopped.")
+    return warnings
