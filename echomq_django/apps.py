@@ -8,7 +8,14 @@ class EchoMQConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.apps import apps
+
         from . import checks  # noqa: F401  (registers the system checks)
+
+        # A worker runs the steps of the admin's large bulk actions (admin/bulk.py registers their job), whether
+        # or not anything in its process has imported the admin yet.
+        if apps.is_installed("django.contrib.admin"):
+            from .admin import bulk  # noqa: F401
 
         # Importing the Tasks framework registers Django's check_tasks, which runs each TASKS
         # backend's check() (EchoMQBackend's E010-E014, W011); nothing else imports it before

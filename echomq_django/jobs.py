@@ -59,6 +59,8 @@ from .signatures import Signature
 BULK_STEP_JOB = "echomq.bulk-run"
 _current_job: contextvars.ContextVar[Job | None] = contextvars.ContextVar("echomq_current_job", default=None)
 _registry: dict[str, JobFunction] = {}
+# The package's own jobs, by name: each is called with the Job (admin/bulk.py registers the bulk action's step).
+_builtin: dict[str, Callable[[Job], Any]] = {}
 
 
 def current_job() -> Job | None:
@@ -290,6 +292,11 @@ def _celery_retries(attempts: int | None, backoff: Backoff | None, retry_backoff
     return attempts, backoff
 
 
+def register_builtin(name: str, handler: Callable[[Job], Any]) -> None:
+    """Register one of the package's own jobs: `handler(job)` runs it (its module calls this at import)."""
+    _builtin[name] = handler
+
+
 def registered_jobs() -> dict[str, JobFunction]:
     """Every registered job function by name."""
     return dict(_registry)
@@ -318,10 +325,12 @@ def _dispatch(job_record: Job) -> Any:
 
     if is_task_job(job_record):
         return run_task_job(job_record)
-    if job_record.name == BULK_STEP_JOB:  # a step of an admin's bulk action too large for a request
-        from .admin.bulk_runs import run_step_job
-
-        return run_step_job(job_record)
+    if (builtin := _builtin.get(job_record.name)) is not None:
+        return builtin(job_record)
+    if job_record.name == BULK_STEP_JOB:
+        raise UnrecoverableError(
+            f"job {job_record.id} is a step of an admin's bulk action, and this worker's settings do not install "
+            "the admin (django.contrib.admin and echomq_django in INSTALLED_APPS) that runs it")
     function = _registry.get(job_record.name)
     if function is None:
         raise UnrecoverableError(

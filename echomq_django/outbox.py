@@ -5,7 +5,7 @@ With ECHOMQ["OUTBOX"] (or a queue's own OUTBOX), an enqueue inside
 row of that transaction, so the job exists exactly when the data it is about
 does. Right after the commit the process sends the rows it wrote, one round
 trip per queue, and deletes them. A send that fails (Redis away, the process
-killed) leaves them, and the relay (`Relay`: `echomq_sweep` runs one,
+killed) leaves them, and the relay (relay.py's `Relay`: `echomq_sweep` runs one,
 `echomq_relay` runs it alone) sends rows older than RELAY_AFTER_S. The commit
 never raises because of Redis.
 
@@ -29,7 +29,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import DatabaseError, close_old_connections, connections, router, transaction
+from django.db import DatabaseError, connections, router, transaction
 from django.db.models import Count, Min, Q
 from redis.exceptions import RedisError
 
@@ -325,52 +325,3 @@ def outbox_in_use() -> bool:
             return OutboxJob.objects.using(database).exists() or OutboxWorkflow.objects.using(database).exists()
     except DatabaseError:
         return False
-
-
-def relayed(command: Any, sent: Sent, verbosity: int) -> None:
-    """A command's line on what one relay pass did (nothing when it did nothing, below verbosity 2)."""
-    if verbosity >= 2 or (verbosity >= 1 and (sent.sent or sent.refused or sent.unsent)):
-        command.stdout.write(f"outbox: sent {sent.sent}, refused {sent.refused}, left to retry {sent.unsent}")
-
-
-class Relay:
-    """A Runner (core.run_until_signalled) that relays the outbox every RELAY_INTERVAL_S until stopped."""
-
-    def __init__(self, interval_s: float = RELAY_INTERVAL_S, after_s: float = RELAY_AFTER_S) -> None:
-        self.interval_s, self.after_s = interval_s, after_s
-        self._stopped = threading.Event()
-
-    def run(self) -> None:
-        while not self._stopped.is_set():
-            self.run_once()
-            self._stopped.wait(self.interval_s)
-
-    def run_once(self) -> Sent:
-        """Relay every row due, jobs then workflows, batch after batch until one is short (or a stop); a database
-        error is logged."""
-        from .outbox_workflows import relay_batch as relay_workflows  # here: that module builds on this one
-
-        total = Sent()
-        close_old_connections()
-        now = now_ms()
-        try:
-            for batch_of in (relay_batch, relay_workflows):
-                past = None
-                while outbox_in_use() and not self._stopped.is_set():
-                    sent, past = batch_of(after_s=self.after_s, now=now, past=past)
-                    total += sent
-                    if past is None:
-                        break
-        except DatabaseError as error:
-            logger.error("outbox relay: the database failed (%s); trying again in %g s", error, self.interval_s)
-        finally:
-            close_old_connections()
-        if total.sent or total.refused:
-            logger.info("outbox relay: sent %d row(s), refused %d", total.sent, total.refused)
-        return total
-
-    def stop(self) -> None:
-        self._stopped.set()
-
-    def abort(self) -> None:
-        self._stopped.set()

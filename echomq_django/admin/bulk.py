@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
@@ -33,15 +34,19 @@ from ..core import (
     STOPPING,
     BulkOutcome,
     InvalidNameError,
+    Job,
     Queue,
     read_jobs,
+    read_run,
+    run_step,
     state_ids,
     state_size,
     validate_stored_id,
 )
+from ..jobs import BULK_STEP_JOB, register_builtin
 from ..models import FailedJob, JobRecord
 from ..queues import get_queue
-from .bulk_runs import BACKGROUND_ABOVE, start_background
+from .bulk_runs import BACKGROUND_ABOVE, add_step, audit_once, start_background
 from .common import REDIS_ERRORS, configured_queue, confirmation, confirmed, redis_problem
 
 # The most ids a form may tick: a page of the browser holds 50, the failed list 100.
@@ -256,3 +261,26 @@ def forget(action: BulkAction, model: type[models.Model], queue_name: str, outco
     """Drop the mirror's rows of the jobs a retry or delete took out of their set (or found gone already)."""
     if action is not CANCEL:
         model.objects.filter(queue=queue_name, job_id__in=outcome.done + outcome.gone).delete()
+
+
+def run_step_job(job: Job) -> dict[str, Any]:
+    """A worker's run of one step of a bulk action: change the run's next ids; add the next step, or write the
+    audit line."""
+    queue = get_queue(job.queue)
+    run_id = job.data.get("run") if isinstance(job.data, dict) else None
+    run = read_run(queue, run_id) if isinstance(run_id, str) else None
+    if run is None:
+        return {"run": run_id, "status": "no such run (lapsed, or never recorded)"}
+    action = ACTIONS[run.action]
+    model = FailedJob if action is RETRY else JobRecord
+    run = run_step(queue, run.run_id, after=lambda outcome: forget(action, model, queue.name, outcome))
+    if run is None:
+        return {"run": run_id, "status": "no such run (lapsed meanwhile)"}
+    if run.finished:
+        audit_once(queue, run)
+    else:
+        add_step(queue, run.run_id, run.cursor)
+    return {"run": run_id, "status": run.status, "changed": run.cursor, "of": run.total}
+
+
+register_builtin(BULK_STEP_JOB, run_step_job)

@@ -28,11 +28,19 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from ..core import GONE, MAX_PRIORITY, STOPPING, InvalidNameError, Job, JobOptions, Queue, validate_name
-from ..core.bulk_runs import BulkRun, read_run, run_step, start_run
+from ..core import (
+    GONE,
+    MAX_PRIORITY,
+    STOPPING,
+    BulkRun,
+    InvalidNameError,
+    JobOptions,
+    Queue,
+    read_run,
+    start_run,
+    validate_name,
+)
 from ..jobs import BULK_STEP_JOB
-from ..models import FailedJob, JobRecord
-from ..queues import get_queue
 from .common import configured_queue
 
 # Above this many jobs an action runs as jobs of the queue, outside the request (about 0.5 s of changes).
@@ -69,27 +77,6 @@ def add_step(queue: Queue, run_id: str, cursor: int) -> str:
               job_id=step_id)
     queue.client.hset(queue.keys.bulk_run(run_id), "step", step_id)
     return step_id
-
-
-def run_step_job(job: Job) -> dict[str, Any]:
-    """A worker's run of one step job: change the run's next ids; add the next step, or write the audit line."""
-    from .bulk import ACTIONS, RETRY, forget  # (bulk imports this module)
-
-    queue = get_queue(job.queue)
-    run_id = job.data.get("run") if isinstance(job.data, dict) else None
-    run = read_run(queue, run_id) if isinstance(run_id, str) else None
-    if run is None:
-        return {"run": run_id, "status": "no such run (lapsed, or never recorded)"}
-    action = ACTIONS[run.action]
-    model = FailedJob if action is RETRY else JobRecord
-    run = run_step(queue, run.run_id, after=lambda outcome: forget(action, model, queue.name, outcome))
-    if run is None:
-        return {"run": run_id, "status": "no such run (lapsed meanwhile)"}
-    if run.finished:
-        audit_once(queue, run)
-    else:
-        add_step(queue, run.run_id, run.cursor)
-    return {"run": run_id, "status": run.status, "changed": run.cursor, "of": run.total}
 
 
 def audit_once(queue: Queue, run: BulkRun) -> None:

@@ -23,6 +23,7 @@ from .beat import (
     zone,
 )
 from .browse import BROWSABLE, Entry, Page, browse, state_ids, state_size
+from .bulk_runs import BulkRun, read_run, run_step, start_run
 from .connection import DEFAULT_REDIS_URL, UNREACHABLE, RedisURLError, connect, parse_redis_url, redacted_url
 from .errors import (
     EchoMQError,
@@ -65,6 +66,7 @@ from .job import (
     JobOptions,
     TooDeep,
     datetime_from_ms,
+    decode_stored,
     delay_until,
     encode_json,
     log_line,
@@ -90,7 +92,7 @@ from .sweeper import Sweeper, SweepReport, SweepTarget, last_sweep
 from .tracing import send_traced, use_tracer_provider
 from .transport import OWN_CONNECTIONS_ENV, own_connections_wanted
 from .worker import Retention, Worker, abandoned_threads
-from .workflow import Chain, Chord, Group, Member, Plan, WorkflowError, WorkflowHandle, read_tree, tree_nodes
+from .workflow import MAX_DEPTH, Chain, Chord, Group, Member, Plan, WorkflowError, WorkflowHandle, read_tree, tree_nodes
 
 __all__ = [
     "ALPHABET", "BROWSABLE", "MAX_SCHEDULE_NAME", "MIN_EVERY_MS", "COUNTED", "DEFAULT_REDIS_URL", "MAX_ATTEMPTS",
@@ -110,6 +112,7 @@ __all__ = [
     "run_until_signalled", "MAX_PRIORITY", "MIN_PRIORITY", "validate_job_name", "delay_until", "Retry", "Chain",
     "Chord", "Group", "Member", "Plan", "WorkflowError", "WorkflowHandle", "read_tree", "tree_nodes", "JobHandle",
     "JobFailedError",
-    "JobNotFinishedError", "Dedupe", "WorkerInfo", "BULK_BATCH", "GONE", "STOPPING", "BulkOutcome", "state_ids",
+    "JobNotFinishedError", "Dedupe", "WorkerInfo", "BULK_BATCH", "GONE", "STOPPING", "BulkOutcome", "BulkRun",
+    "read_run", "decode_stored", "run_step", "start_run", "MAX_DEPTH", "state_ids",
     "state_size", "send_traced", "use_tracer_provider",
 ]

@@ -257,6 +257,16 @@ def _trace_of(opts: str | None) -> dict[str, str] | None:
     return {key: text for key, text in trace.items() if isinstance(key, str) and isinstance(text, str)} or None
 
 
+def decode_stored(text: str | bytes) -> Any:
+    """JSON read back from Redis or a database row, which another client may have written: every text that does
+    not decode raises ValueError, one nested too deep for Python's decoder (its RecursionError) too, so a
+    caller's `except ValueError` covers every kind (tests/unit/test_structure.py keeps bare json.loads out)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply to decode") from None
+
+
 def _json(value: str | None, default: Any) -> Any:
     if value in (None, ""):
         return default

@@ -320,7 +320,7 @@ class Queue:
             outcome.add(job_id, {1: None, 0: GONE, -1: "it has no job hash to run (delete it)",
                                  -2: "a workflow's step whose inputs did not all come"}.get(code, _refused(code)))
 
-        return self._bulk(job_ids, batch, lambda job_id, each: self.scripts.retry_call(
+        return bulk_calls(self, job_ids, batch, lambda job_id, each: self.scripts.retry_call(
             self.keys, job_id, each, record_ms), sort, token)
 
     def remove_many(self, job_ids: Iterable[str], *, only_from: str | None = None, batch: int = BULK_BATCH,
@@ -333,7 +333,7 @@ class Queue:
         def sort(outcome: BulkOutcome, job_id: str, code: Any) -> None:
             outcome.add(job_id, {1: None, 0: GONE, -4: GONE, -3: "a worker holds it"}.get(code, _refused(code)))
 
-        outcome = self._bulk(job_ids, batch, lambda job_id, each: self.scripts.remove_call(
+        outcome = bulk_calls(self, job_ids, batch, lambda job_id, each: self.scripts.remove_call(
             self.keys, job_id, each, only_from, record_ms), sort, token)
         if outcome.done:
             deliver_handoffs(self.scripts, self.keys, now_ms())  # workflows' members: their workflows heard of it
@@ -351,7 +351,7 @@ class Queue:
             outcome.add(job_id, {1: None, 2: STOPPING, 3: GONE, 0: GONE,
                                  -1: "its key is no job hash (its id left its state)"}.get(code, _refused(code)))
 
-        outcome = self._bulk(job_ids, batch, lambda job_id, each: self.scripts.cancel_call(
+        outcome = bulk_calls(self, job_ids, batch, lambda job_id, each: self.scripts.cancel_call(
             self.keys, job_id, text, now_ms(), each, record_ms), sort, token)
         if outcome.done:
             deliver_handoffs(self.scripts, self.keys, now_ms())
@@ -439,6 +439,33 @@ class Queue:
         for batch in batched(self.client.scan_iter(match=pattern, count=1000), 500):
             deleted += self.client.delete(*batch)
         return deleted
+
+
+def bulk_calls(queue: Queue, job_ids: Iterable[str], batch: int, call: Callable[[str, str], Call],
+               sort: Callable[[BulkOutcome, str, Any], None], token: str | None = None) -> BulkOutcome:
+    """A bulk change of `queue`: `call` (id, token) for each id, a round trip per `batch`, each with a new token
+    unless `token` is given."""
+    outcome, seen = BulkOutcome(), set()
+    for chunk in batched(job_ids, batch):
+        valid = []
+        for job_id in chunk:
+            try:
+                job_id = validate_stored_id(job_id)
+            except InvalidNameError:
+                outcome.add(str(job_id), f"no job can have its id (an id may hold only {ALPHABET}, and is "
+                                         "no queue key's name)")
+                continue
+            # A round trip's record answers one call per id: an id named again is changed once, by its first
+            # mention, and found gone by the others (as a second call would find it).
+            if job_id in seen:
+                outcome.add(job_id, GONE)
+            else:
+                seen.add(job_id)
+                valid.append(job_id)
+        each = token or change_token()
+        for job_id, code in zip(valid, queue.scripts.run_batch([call(job_id, each) for job_id in valid])):
+            sort(outcome, job_id, code)
+    return outcome
 
 
 class Cancel(enum.Enum):

@@ -15,6 +15,7 @@ from django.test import Client
 from echomq_django import jobs, outbox
 from echomq_django.core import Queue, now_ms
 from echomq_django.outbox_model import OutboxJob
+from echomq_django.relay import Relay
 from tests.helpers import script_calls
 from tests.redis_servers import redis_server
 
@@ -283,7 +284,7 @@ def test_a_batch_of_rows_redis_refuses_holds_up_no_other_queues_rows_behind_it(w
     OutboxJob.objects.bulk_create([OutboxJob(queue="q", job_id=f"ta{n}", name="mail.send", data="{}", opts="{}",
                                              timestamp_ms=then) for n in range(outbox.RELAY_BATCH)])
     OutboxJob.objects.create(queue="b", job_id="tb", name="mail.send", data="{}", opts="{}", timestamp_ms=then + 1)
-    sent = outbox.Relay().run_once()
+    sent = Relay().run_once()
     assert Queue("b", redis_client, prefix=prefix).get_job("tb") is not None, "queue b's row waits behind q's"
     assert (sent.sent, sent.unsent) == (1, outbox.RELAY_BATCH)
     assert OutboxJob.objects.filter(queue="q").count() == outbox.RELAY_BATCH
@@ -325,7 +326,7 @@ def test_a_relay_waiting_on_redis_fails_no_commit_of_the_database(with_outbox, s
 
     def relay():
         try:
-            passes.append(outbox.Relay().run_once())
+            passes.append(Relay().run_once())
         finally:
             connections.close_all()
 
