@@ -28,4 +28,7 @@ WORKFLOW_DELIVERIES_PER_CALL = 500
 # A workflow step whose end goes to more steps than this keeps its edges in pages of this many
 # (addEdgePages), delivered a page a call, rather than in its hash, which each delivery decodes whole.
 WORKFLOW_FAN_EDGES = 100
+# The most bytes of a member's failure reason its workflow carries on: into every later step a failure
+# fails, each hand-off entry, the record and `on_error`'s input. A job's own failedReason stays whole.
+WORKFLOW_REASON_BYTES = 4096
 EARLY_MS = 2000  # how far ahead of Redis's clock a schedule's tick may be and still count (fireSchedule)

@@ -167,6 +167,18 @@ local function deliverEdges(edges, ok, text, origin, ended)
   callInChunks("RPUSH", wfKeys.handoff, later)
 end
 
+-- `text` cut to `limit` bytes, at a character's start (UTF-8), saying how long it was.
+local function cutText(text, limit)
+  if #text <= limit then return text end
+  local keep = limit
+  while keep > 0 do
+    local byte = string.byte(text, keep + 1)  -- the first byte left out: a continuation byte splits a character
+    if byte < 0x80 or byte >= 0xC0 then break end
+    keep = keep - 1
+  end
+  return string.sub(text, 1, keep) .. " [cut: " .. #text .. " bytes]"
+end
+
 -- Follow the edges of jobs that ended for good: each entry {id, passed,
 -- value, origin[, nxt, af]}, value the result (JSON) of a completed job or the
 -- reason a job failed, origin the member whose failure it is, nxt and af the
@@ -188,6 +200,9 @@ local function followEnded(ended)
     local decoded, edges = pcall(cjson.decode, nxt or "[]")
     if decoded and type(edges) == "table" then
       local ok, text = member[2], member[3]
+      -- A member's own reason is carried on cut (WORKFLOW_REASON_BYTES): a failure spreading down a
+      -- chain copies it into every step it fails, and a 1 MB error would be 1 MB a step.
+      if not ok and member[4] == member[1] then text = cutText(tostring(text), WORKFLOW_REASON_BYTES) end
       if not ok and af == "1" then
         ok, text = true, cjson.encode({error = text, job = member[1]})
       elseif not ok and member[4] == member[1] then

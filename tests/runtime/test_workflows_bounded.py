@@ -13,7 +13,7 @@ import json
 import pytest
 
 from echomq_django.core import Chain, Chord, Group, JobOptions, Member, Plan, Queue, WorkflowError, WorkflowHandle
-from echomq_django.core.defaults import WORKFLOW_DELIVERIES_PER_CALL, WORKFLOW_FAN_EDGES
+from echomq_django.core.defaults import WORKFLOW_DELIVERIES_PER_CALL, WORKFLOW_FAN_EDGES, WORKFLOW_REASON_BYTES
 from echomq_django.core.handoff import deliver_handoffs
 from echomq_django.core.queue import CALL_BYTES, NewJob, now_ms
 from echomq_django.core.workflow import MAX_TREE_DEPTH
@@ -152,6 +152,34 @@ def test_an_immutable_error_handler_gets_only_its_own_arguments(queue):
     failed = mutable.steps[1].id
     reason = queue.get_job(failed).failed_reason
     assert queue.get_job(mutable.steps[0].id).returnvalue == [failed, f"member {failed} failed: {reason}", "ops"]
+
+
+@pytest.mark.parametrize("character", ["x", "é", "😀"])
+def test_a_huge_failure_reason_is_carried_down_a_chain_cut(queue, character):
+    """A member's 1 MB error is copied cut into the steps it fails, the hand-offs, the record and on_error's input
+    (each a 1 MB copy before: 520 steps used 1 GB), cut at a character's start; the member keeps it whole."""
+    ran.clear()
+    plan = Plan.of(Chain(*[step(queue, "add", n) for n in range(WORKFLOW_DELIVERIES_PER_CALL + 20)],
+                         on_error=step(queue, "echo")))
+    plan.add()
+    ids = members(plan)
+    error = "a" + character * (1_000_000 // len(character.encode()))  # "a": a multi-byte character spans the cut
+    [(first, _)] = fetch(queue)
+    assert finish(queue, first, "token-1", completed=False, value=error) == 2
+    longest_entry = max(len(entry.encode()) for entry in queue.client.lrange(queue.keys.handoff, 0, -1))
+    assert longest_entry < 2 * WORKFLOW_REASON_BYTES, f"a hand-off entry of {longest_entry:,} bytes"
+    deliver_handoffs(queue.scripts, queue.keys, now_ms())
+    assert queue.get_job(first).failed_reason == error, "the member's own reason stays whole"
+    later = queue.get_job(ids[-1]).failed_reason
+    assert "\ufffd" not in later, "cut inside a character (the client decodes what it cannot as U+FFFD)"
+    assert later.startswith(f"member {first} failed: a{character * 10}")
+    assert later.endswith(f" [cut: {len(error.encode())} bytes]"), later[-60:]
+    assert len(later.encode()) <= WORKFLOW_REASON_BYTES + 100, len(later.encode())
+    assert len(queue.client.hget(queue.keys.job(ids[-1]), "failedReason").encode()) < WORKFLOW_REASON_BYTES + 100
+    assert len((plan.handle().reason or "").encode()) <= WORKFLOW_REASON_BYTES + 100
+    drain(queue)
+    handler = plan.steps[0].id
+    assert queue.get_job(handler).returnvalue == [first, later]
 
 
 def add_tokens(queue: Queue, pattern: str) -> int:
