@@ -19,7 +19,6 @@ its result is then FAILED with a JobCancelled error that gives the reason.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import traceback
 from datetime import datetime
@@ -50,6 +49,7 @@ from .core import (
     UnrecoverableError,
     class_path,
     datetime_from_ms,
+    decode_stored,
     encode_json,
     fail_for_good,
     now_ms,
@@ -280,7 +280,7 @@ class EchoMQBackend(BaseTaskBackend):
         except (TypeError, ValueError, RecursionError) as error:
             raise TaskArgumentsError(f"{what} must be JSON-serializable: {error}") from None
         try:  # refuse now what the send would refuse after the commit
-            return json.loads(encode_json(data, what, max_bytes))
+            return decode_stored(encode_json(data, what, max_bytes))
         except PayloadError as error:
             raise TaskArgumentsError(str(error)) from None
 

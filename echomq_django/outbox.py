@@ -21,7 +21,6 @@ A workflow is one row of its own table, sent the same way (outbox_workflows.py).
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import uuid
@@ -41,6 +40,7 @@ from .core import (
     JobOptions,
     NewJob,
     Queue,
+    decode_stored,
     now_ms,
     send_traced,
     validate_job_id,
@@ -212,8 +212,8 @@ def _unreadable(row: OutboxJob) -> str:
         validate_job_id(row.job_id)
         validate_job_name(row.name)
         JobOptions(delay_ms=row.delay_ms, priority=row.priority, group=row.group)
-        json.loads(row.data)
-        if not isinstance(json.loads(row.opts), dict):
+        decode_stored(row.data)
+        if not isinstance(decode_stored(row.opts), dict):
             return "opts is not a JSON object"
     except (EchoMQError, ValueError, TypeError) as error:
         return str(error)

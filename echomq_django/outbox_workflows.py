@@ -40,6 +40,7 @@ from .core import (
     Member,
     Plan,
     WorkflowError,
+    decode_stored,
     now_ms,
     validate_job_id,
 )
@@ -100,11 +101,11 @@ def plan_of(row: OutboxWorkflow) -> Plan:
     Checked as an enqueue checks a workflow: the table is anyone's to edit.
     """
     try:
-        plan = Plan.of(_canvas(json.loads(row.canvas), 0), ttl_ms=row.ttl_ms,
+        plan = Plan.of(_canvas(decode_stored(row.canvas), 0), ttl_ms=row.ttl_ms,
                        workflow_id=validate_job_id(row.workflow_id))
     except EchoMQError:
         raise
-    except (ValueError, TypeError, KeyError, IndexError, RecursionError) as error:
+    except (ValueError, TypeError, KeyError, IndexError) as error:
         raise WorkflowError(f"the row's canvas is not a workflow as enqueue writes it ({error!r})") from None
     if plan.home.name != row.queue:
         raise WorkflowError(f"the row's workflow starts on queue {plan.home.name!r}, not on its queue {row.queue!r}")

@@ -14,7 +14,6 @@ problem as a Problem tied to its option.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 import re
@@ -48,6 +47,7 @@ from .core import (
     Schedule,
     ScheduleError,
     check_cron,
+    decode_stored,
     encode_json,
     validate_name,
     zone,
@@ -204,9 +204,9 @@ def _arguments(options: dict[str, Any], where: str, problem: Any) -> tuple[list[
     for option, value in (("ARGS", args), ("KWARGS", kwargs)):
         try:
             # Through JSON and back, as the job will carry them: what does not survive that is refused.
-            if json.loads(encode_json(value, f"{where}[{option!r}]")) != value:
+            if decode_stored(encode_json(value, f"{where}[{option!r}]")) != value:
                 problem(option, f"{where}['{option}'] does not survive JSON unchanged (tuples, non-string keys).")
-        except (PayloadError, RecursionError) as error:
+        except (PayloadError, ValueError) as error:
             problem(option, f"{where}['{option}'] is not JSON: {error}.")
     return args, kwargs
 

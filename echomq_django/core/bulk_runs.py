@@ -28,6 +28,7 @@ from typing import Any
 from redis.exceptions import WatchError
 
 from .browse import state_ids
+from .job import decode_stored
 from .queue import BULK_BATCH, BulkOutcome, Queue, batched, now_ms
 
 # Ids one step changes at most (ten round trips).
@@ -60,8 +61,11 @@ class RunCounts:
 
     @classmethod
     def decoded(cls, text: str | None) -> RunCounts:
-        fields = json.loads(text) if text else {}
-        return cls(int(fields.get("done", 0)), dict(fields.get("other", {})))
+        try:
+            fields = decode_stored(text) if text else {}
+            return cls(int(fields.get("done", 0)), dict(fields.get("other", {})))
+        except (ValueError, TypeError, AttributeError):  # another client's text: the run goes on, counted anew
+            return cls(0, {})
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ Queue.cancel and Queue.remove, whose cascade may hand ends off.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections import defaultdict
@@ -20,6 +19,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .defaults import WORKFLOW_DELIVERIES_PER_CALL
+from .job import decode_stored
 from .keys import QueueKeys, script_argv, script_argv_each
 from .scripts import Scripts
 
@@ -83,7 +83,7 @@ def _end(message: Any) -> list[Any] | None:
     head, blocking every hand-off of the queue for good.
     """
     try:
-        end = json.loads(message)
+        end = decode_stored(message)
     except (ValueError, TypeError):
         return None
     if not (isinstance(end, list) and len(end) == 7 and end[4] in (0, 1) and not isinstance(end[4], bool)
@@ -104,7 +104,7 @@ def hands_off(ends: Iterable[tuple[str | None, bool]], keys: QueueKeys) -> bool:
         if not nxt:
             continue  # no workflow's member
         try:
-            edges = json.loads(nxt)
+            edges = decode_stored(nxt)
             for edge in edges:
                 if edge[0] != keys.base or edge[3] == "f" or (
                         failed and edge[3] == "r" and not edge[1].startswith("wf:")):

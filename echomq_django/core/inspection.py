@@ -17,7 +17,6 @@ of such an unmarked job be wrong.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
@@ -25,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .job import MAX_ATTEMPTS, MAX_COUNTER_CHARS, MAX_PRIORITY, MIN_PRIORITY, datetime_from_ms
+from .job import MAX_ATTEMPTS, MAX_COUNTER_CHARS, MAX_PRIORITY, MIN_PRIORITY, datetime_from_ms, decode_stored
 from .keys import is_name
 from .queue import JobRead, Queue, now_ms, read_jobs
 
@@ -107,8 +106,8 @@ def _max_attempts(raw: str | None, default_attempts: int) -> tuple[int | None, s
     if not raw:
         return default_attempts, None
     try:
-        opts = json.loads(raw)
-    except (ValueError, RecursionError):
+        opts = decode_stored(raw)
+    except ValueError:
         opts = None
     if isinstance(opts, list):  # cjson decodes an array to a table too, which has no "attempts"
         return default_attempts, None

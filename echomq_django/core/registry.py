@@ -22,6 +22,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from .connection import UNREACHABLE
+from .job import decode_stored
 from .keys import QueueKeys
 
 logger = logging.getLogger("echomq.worker")
@@ -69,7 +70,7 @@ class WorkerInfo:
         than Python's recursion limit.
         """
         try:
-            fields = json.loads(text)
+            fields = decode_stored(text)
             return cls(
                 id=_text(fields["id"]), queue=queue, host=_text(fields["host"]), pid=_natural(fields["pid"]),
                 queues=tuple(_text(name) for name in fields["queues"]), pool=_text(fields["pool"]),
@@ -77,7 +78,7 @@ class WorkerInfo:
                 started_at_ms=_natural(fields["started_at_ms"]), heartbeat_at_ms=_natural(fields["heartbeat_at_ms"]),
                 done=_natural(fields["done"]), failed=_natural(fields["failed"]),
                 running=tuple((_text(job_id), _natural(started)) for job_id, started in fields["running"]))
-        except (ValueError, TypeError, KeyError, OverflowError, RecursionError):
+        except (ValueError, TypeError, KeyError, OverflowError):
             return None
 
 

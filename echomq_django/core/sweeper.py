@@ -16,6 +16,7 @@ from . import defaults
 from .connection import UNREACHABLE
 from .errors import QueueStateError
 from .handoff import deliver_handoffs
+from .job import decode_stored
 from .keys import QueueKeys
 from .queue import now_ms
 from .scripts import Scripts
@@ -225,7 +226,7 @@ def last_sweep(client: Any, keys: QueueKeys) -> dict[str, Any] | None:
     """The report the most recent sweep of this queue left, by any sweeper, or None."""
     raw = client.hget(keys.meta, LAST_SWEEP_FIELD)
     try:
-        report = json.loads(raw) if raw else None
-    except (ValueError, RecursionError):  # written by some other client (or nested past decoding)
+        report = decode_stored(raw) if raw else None
+    except ValueError:  # written by some other client (or nested past decoding)
         return None
     return report if isinstance(report, dict) else None

@@ -24,7 +24,7 @@ from typing import Any
 from .defaults import WORKFLOW_FAN_EDGES
 from .errors import EchoMQError, InvalidNameError
 from .handle import awaited, deadline_of, sleep_unless
-from .job import Job, JobOptions, deeper_than
+from .job import Job, JobOptions, decode_stored, deeper_than
 from .keys import QueueKeys, script_argv, script_argv_each, validate_job_name, validate_name
 from .queue import (
     BULK_BATCH,
@@ -412,7 +412,7 @@ def tree_nodes(tree: Any, *, handlers: bool = True) -> Iterator[TreeNode]:
 def assemble(fields: dict[str, str]) -> Any:
     """The inputs gathered under their slots ("" alone, or "0", "1", "1.0"...) as one value: nested lists."""
     if set(fields) == {""}:
-        return json.loads(fields[""])
+        return decode_stored(fields[""])
     root: list[Any] = []
     for slot in sorted(fields, key=lambda slot: [int(part) for part in slot.split(".")]):
         *path, last = (int(part) for part in slot.split("."))
@@ -423,7 +423,7 @@ def assemble(fields: dict[str, str]) -> Any:
             where = where[index]
         while len(where) <= last:
             where.append(None)
-        where[last] = json.loads(fields[slot])
+        where[last] = decode_stored(fields[slot])
     return root
 
 
@@ -431,7 +431,7 @@ def read_inputs(client: Any, keys: QueueKeys, job: Job, mode: str) -> list[Any]:
     """The arguments a workflow step gets before its own: its inputs (mode "1"), or a handler's id and error."""
     fields = {_text(k): _text(v) for k, v in client.hscan_iter(keys.inputs(job.id), count=1000)}
     if mode == "2":
-        return [json.loads(fields.get("0", "null")), json.loads(fields.get("1", "null"))]
+        return [decode_stored(fields.get("0", "null")), decode_stored(fields.get("1", "null"))]
     return [assemble({slot: value for slot, value in fields.items() if not slot.startswith("d")})]
 
 
@@ -441,10 +441,10 @@ def _text(value: Any) -> str:
 
 def read_tree(text: str | None) -> Any:
     """A record's `tree` (Plan._tree's shape), or None: missing, no JSON, or nested deeper than any plan makes
-    (MAX_TREE_DEPTH: another client's, which json.loads or a walk of it would stop on with RecursionError)."""
+    (MAX_TREE_DEPTH: another client's, which a walk of it would stop on with RecursionError)."""
     try:
-        tree = json.loads(text or "null")
-    except (ValueError, RecursionError):
+        tree = decode_stored(text or "null")
+    except ValueError:
         return None
     if text and text.count("[") > MAX_TREE_DEPTH and deeper_than(tree, MAX_TREE_DEPTH):
         return None
@@ -499,9 +499,12 @@ class WorkflowHandle:
         """The jobs `<id>-0` ... `<id>-<jobs - 1>` whose hash names this workflow, in each of the record's queues."""
         try:
             count = min(int(record.get("jobs", "0")), MAX_JOBS)
-            names = {name for name in json.loads(record.get("queues") or "[]") if isinstance(name, str)}
-        except (ValueError, TypeError, RecursionError):
-            count, names = 0, set()
+        except (ValueError, TypeError):
+            count = 0
+        try:  # apart from the count: broken queues still leave the home queue to search
+            names = {name for name in decode_stored(record.get("queues") or "[]") if isinstance(name, str)}
+        except (ValueError, TypeError):
+            names = set()
         found: dict[Queue, list[str]] = {}
         for name in sorted(names | {self.home.name}):
             try:

@@ -226,3 +226,17 @@ def test_a_workflow_whose_tree_another_client_broke_can_still_be_cancelled(queue
     for s in plan.steps[1:]:
         assert s.member.queue.get_state(s.id) == "failed", s.id
     assert json.loads(queue.client.hget(record, "queues")) == ["other", "q"]
+
+
+@pytest.mark.parametrize("queues", ["[" * 5000, "{not json", '"q"'])
+def test_a_broken_queues_field_still_leaves_the_home_queue_to_cancel(queue, queues):
+    """Both the tree and the queues field broken: the steps of the workflow's own queue are still found."""
+    plan = Plan.of(Chain(step(queue, "add", 1), step(queue, "add", 2), step(queue, "add", 3)))
+    plan.add()
+    record = queue.keys.workflow(plan.id)
+    queue.client.hset(record, mapping={"tree": "{not json", "queues": queues})
+    handle = WorkflowHandle(queue, plan.id)
+    assert handle.cancel("stop") >= 1
+    assert handle.status == "failed"
+    for s in plan.steps:
+        assert queue.get_state(s.id) == "failed", s.id

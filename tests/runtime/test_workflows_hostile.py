@@ -21,6 +21,7 @@ def other(redis_client, prefix, scripts) -> Queue:
 
 @pytest.mark.parametrize("corrupt", [
     "[1, 2, 3, 4, 5, 6, 7]",  # a prefix that is no text
+    "[" * 5000,  # nested past Python's decoder (its RecursionError)
     None,  # a value Redis cannot take (filled in below with a real prefix)
 ])
 def test_a_corrupt_handoff_does_not_block_the_ones_behind_it(queue, other, corrupt):

@@ -23,3 +23,18 @@ def test_no_class_is_longer_than_300_lines():
     assert lengths, "no class found: is PACKAGE right?"
     too_long = {name: lines for name, lines in lengths.items() if lines > MAX_CLASS_LINES}
     assert too_long == {}, f"classes longer than {MAX_CLASS_LINES} lines: split them into parts with one job each"
+
+
+def test_stored_json_is_decoded_in_one_place():
+    """JSON read back from Redis or a row may be anyone's, nested past Python's decoder: json.loads raises
+    RecursionError there, which no `except ValueError` catches (a hand-off list, a worker's record and a
+    workflow's tree each broke on it). Outside job.py, every decode goes through core.decode_stored."""
+    calls = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "job.py" and path.parent.name == "core":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "loads"
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "json"):
+                calls.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    assert calls == [], "decode stored JSON with decode_stored, whose only error is ValueError"
