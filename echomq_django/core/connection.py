@@ -48,6 +48,16 @@ def _retry() -> Retry:
     return Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=32)
 
 
+def require_text_replies(client: Any) -> None:
+    """ValueError unless `client` decodes Redis's replies to str, as `connect` sets it up: every reply the
+    runtime reads (ids, states, tokens) is compared as text, and with bytes nothing matches, so a worker would
+    leave every job it took to the sweeper, attempt after attempt."""
+    kwargs = getattr(client, "get_connection_kwargs", None)
+    if callable(kwargs) and not kwargs().get("decode_responses"):
+        raise ValueError("this Redis client returns bytes: create it with decode_responses=True, or use "
+                         "echomq_django.core.connect(url), which does")
+
+
 def connect(url: str = DEFAULT_REDIS_URL, **options: Any) -> Any:
     """A client for `url` that decodes replies to str and rides out short outages.
 

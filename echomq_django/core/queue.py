@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
 from . import defaults
+from .connection import require_text_replies
 from .errors import InvalidNameError, NotConfirmedError, PayloadError, QueueStateError
 from .handle import JobHandle
 from .handoff import deliver_handoffs
@@ -136,6 +137,7 @@ class Queue:
         max_payload_bytes: int = defaults.MAX_PAYLOAD_BYTES,
         scripts: Scripts | None = None, confirm: Confirm | None = None,
     ) -> None:
+        require_text_replies(client)
         self.name = name
         self.client = client
         self.keys = QueueKeys(name, prefix)
@@ -355,31 +357,6 @@ class Queue:
             self.keys, job_id, text, now_ms(), each, record_ms), sort, token)
         if outcome.done:
             deliver_handoffs(self.scripts, self.keys, now_ms())
-        return outcome
-
-    def _bulk(self, job_ids: Iterable[str], batch: int, call: Callable[[str, str], Call],
-              sort: Callable[[BulkOutcome, str, Any], None], token: str | None = None) -> BulkOutcome:
-        """`call` (id, token) for each id, a round trip per `batch`, each with a new token unless `token` is given."""
-        outcome, seen = BulkOutcome(), set()
-        for chunk in batched(job_ids, batch):
-            valid = []
-            for job_id in chunk:
-                try:
-                    job_id = validate_stored_id(job_id)
-                except InvalidNameError:
-                    outcome.add(str(job_id), f"no job can have its id (an id may hold only {ALPHABET}, and is "
-                                             "no queue key's name)")
-                    continue
-                # A round trip's record answers one call per id: an id named again is changed once, by its first
-                # mention, and found gone by the others (as a second call would find it).
-                if job_id in seen:
-                    outcome.add(job_id, GONE)
-                else:
-                    seen.add(job_id)
-                    valid.append(job_id)
-            each = token or change_token()
-            for job_id, code in zip(valid, self.scripts.run_batch([call(job_id, each) for job_id in valid])):
-                sort(outcome, job_id, code)
         return outcome
 
     def clean(self, state: str, older_than_ms: int, batch: int = 1000) -> int:

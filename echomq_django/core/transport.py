@@ -29,7 +29,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import ClusterDownError, ConnectionError, MovedError, NoScriptError, ResponseError, TryAgainError
 
 from . import defaults
-from .connection import UNREACHABLE
+from .connection import UNREACHABLE, require_text_replies
 from .errors import QueueStateError
 from .lua import script_names, script_source
 from .own_connections import OwnConnections
@@ -115,6 +115,7 @@ class ScriptClient:
         `own_connections`: whether a plain or Sentinel client's calls take the
         fast path (see the module); None asks ECHOMQ_OWN_CONNECTIONS.
         """
+        require_text_replies(client)
         self.client = client
         self.reroute_s = reroute_s
         self._scripts = {name: client.register_script(script_source(name)) for name in script_names()}

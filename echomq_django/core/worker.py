@@ -31,7 +31,7 @@ from redis.exceptions import ResponseError
 
 from .. import __version__
 from . import defaults
-from .connection import UNREACHABLE
+from .connection import UNREACHABLE, require_text_replies
 from .errors import InvalidNameError
 from .fetching import FetchLoop, FetchOptions, RoundTrips
 from .job import Job, JobOptions
@@ -170,6 +170,7 @@ class Worker:
                                      lock_duration_ms, renew_interval_ms)
         self.keys = QueueKeys(queue, prefix)
         self.handler = handler
+        require_text_replies(client)
         self.client = client
         self.scripts = scripts or Scripts(client)
         self.confirm = confirm

@@ -196,3 +196,18 @@ def test_a_client_without_retries_adds_again_after_redis_closed_its_idle_connect
     finally:
         server.stop()
         server.workdir.cleanup()
+
+
+def test_a_client_that_returns_bytes_is_refused_before_it_strands_a_job(redis_url, prefix):
+    """With bytes for replies no id or token matches: a worker would take each job and leave it to the sweeper."""
+    from echomq_django.core import Worker
+
+    raw = connect(redis_url, decode_responses=False)
+    try:
+        with pytest.raises(ValueError, match="decode_responses=True"):
+            Queue("q", raw, prefix=prefix)
+        with pytest.raises(ValueError, match="decode_responses=True"):
+            Worker("q", lambda job: None, raw, prefix=prefix)
+        assert raw.keys(prefix + "*") == [], "nothing was written"
+    finally:
+        raw.close()
