@@ -18,6 +18,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+from redis.client import NEVER_DECODE
+
 from .defaults import WORKFLOW_DELIVERIES_PER_CALL
 from .job import decode_stored
 from .keys import QueueKeys, script_argv, script_argv_each
@@ -43,7 +45,9 @@ def deliver_handoffs(scripts: Scripts, keys: QueueKeys, now: int, *, limit: int 
     todo, listed = [keys], {keys.base}  # the queues whose lists are to be read, in order
     while todo and delivered < limit:
         keys = todo[0]
-        raw = client.lrange(keys.handoff, 0, HANDOFFS_PER_CALL - 1)
+        # Read as the bytes Redis holds, so each is removed by them: text another client wrote that is not
+        # UTF-8 reads as replacement characters, which would never match it.
+        raw = client.execute_command("LRANGE", keys.handoff, 0, HANDOFFS_PER_CALL - 1, **{NEVER_DECODE: True})
         if not raw:
             listed.discard(todo.pop(0).base)
             continue
@@ -70,8 +74,10 @@ def deliver_handoffs(scripts: Scripts, keys: QueueKeys, now: int, *, limit: int 
         pipe = client.pipeline(transaction=False)
         for message in raw:
             pipe.lrem(keys.handoff, 1, message)
-        pipe.execute()
+        removed = pipe.execute()
         delivered += len(raw)
+        if not any(removed):  # another deliverer took these meanwhile: what follows them is its to deliver
+            listed.discard(todo.pop(0).base)
     return delivered
 
 
@@ -82,8 +88,8 @@ def _end(message: Any) -> list[Any] | None:
     cannot take would make every delivery of the list raise, and stay at its
     head, blocking every hand-off of the queue for good.
     """
-    try:
-        end = decode_stored(message)
+    try:  # delivered even with bytes that are not UTF-8 (as replacement characters): an end is never dropped
+        end = decode_stored(message.decode(errors="replace") if isinstance(message, bytes) else message)
     except (ValueError, TypeError):
         return None
     if not (isinstance(end, list) and len(end) == 7 and end[4] in (0, 1) and not isinstance(end[4], bool)

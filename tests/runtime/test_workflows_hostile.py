@@ -163,3 +163,33 @@ def test_a_failure_cascading_across_queues_reaches_the_workflow_without_a_sweep(
     assert workflow.status == "failed", (
         "the failure waits in a handoff list that only the next sweep delivers: "
         f"{[(q.name, q.client.llen(q.keys.handoff)) for q in (queue, other, third)]}")
+
+
+def test_a_workflow_job_with_an_expiry_is_refused_with_nothing_added(queue):
+    """addWorkflow writes no expiry: the job ran long after it, and honoured it would fail no later step."""
+    from echomq_django.core import WorkflowError
+
+    expiring = Member(queue, "add", {"args": [1]}, JobOptions(attempts=1, expires_ms=100))
+    with pytest.raises(WorkflowError, match="cannot expire"):
+        Plan.of(Chain(expiring, step(queue, "add", 2))).add()
+    assert queue.counts()["wait"] == 0 and not queue.client.keys(queue.keys.base + "*")
+
+
+def test_a_handoff_entry_with_bytes_that_are_not_utf8_is_delivered_and_leaves_the_list(queue, other, redis_url):
+    """Read decoded, its bytes came back as replacement characters, which LREM never matched: every delivery
+    read it again until its limit (10,000 times, 2 s), and each sweep did. It is delivered once and removed."""
+    import redis
+
+    plan = Plan.of(Chain(step(queue, "add", 1), step(other, "add", 2)))
+    plan.add()
+    later = plan.steps[1].id
+    raw = redis.Redis.from_url(redis_url)
+    try:
+        entry = json.dumps([other.keys.base, later, "", "r", 0, "bad X byte", plan.steps[0].id]).encode()
+        raw.rpush(queue.keys.handoff, entry.replace(b"X", b"\xff"))
+        assert deliver_handoffs(queue.scripts, queue.keys, now_ms()) == 2  # it, then the failed step's end
+        assert raw.llen(queue.keys.handoff) == 0 and raw.llen(other.keys.handoff) == 0
+        assert other.get_state(later) == "failed", "the end was delivered, not dropped"
+        assert other.get_job(later).failed_reason == "bad \ufffd byte"
+    finally:
+        raw.close()
