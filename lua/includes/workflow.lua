@@ -229,8 +229,11 @@ local function deliverLater(target, slot, kind, ok, text, origin, ended)
   if kind == "f" then
     pagesKey = wfPrefix .. target .. ":nxt"
     local fields = redis.pcall("HMGET", pagesKey, slot, "n")
-    if fields["err"] or not fields[1] or not page then return end  -- delivered already (the last page deletes it)
+    if fields["err"] or not fields[1] or not page then return end  -- delivered already: its field is gone
     edges, pages = fields[1], tonumber(fields[2]) or 0
+    -- Delivered once: an entry read by two deliverers (a worker and a sweep) finds its page gone the
+    -- second time, and so hands on no second copy of the next one (copies would double each page).
+    redis.call("HDEL", pagesKey, slot)
   end
   local decoded, list = pcall(cjson.decode, edges)
   if decoded and type(list) == "table" then deliverEdges(list, ok, text, origin, ended) end
