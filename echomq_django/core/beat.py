@@ -25,7 +25,7 @@ from cronsim import CronSim, CronSimError
 from redis.exceptions import ClusterDownError, OutOfMemoryError, ReadOnlyError, ResponseError, TryAgainError
 
 from . import defaults
-from .connection import UNREACHABLE
+from .connection import UNREACHABLE, require_text_replies
 from .errors import EchoMQError, PayloadError
 from .job import MAX_DELAY_MS, JobOptions, encode_json
 from .keys import QueueKeys, script_argv, validate_job_id, validate_job_name, validate_name
@@ -259,6 +259,7 @@ class Beat:
         self.client = client
         self.load = load
         self.prefix = prefix
+        require_text_replies(client)
         self.scripts = scripts or Scripts(client)
         self.reload_interval_ms = reload_interval_ms
         self.max_payload_bytes = max_payload_bytes

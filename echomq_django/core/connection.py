@@ -49,13 +49,17 @@ def _retry() -> Retry:
 
 
 def require_text_replies(client: Any) -> None:
-    """ValueError unless `client` decodes Redis's replies to str, as `connect` sets it up: every reply the
-    runtime reads (ids, states, tokens) is compared as text, and with bytes nothing matches, so a worker would
-    leave every job it took to the sweeper, attempt after attempt."""
+    """ValueError unless `client` decodes Redis's replies to str as `connect` sets it up, bytes that are not
+    UTF-8 (another client's) included: every reply the runtime reads (ids, states, tokens) is compared as
+    text, so with bytes nothing matches and a worker would leave every job it took to the sweeper; and with
+    strict decoding one such byte in one job makes a worker raise, its fetched jobs left behind."""
     kwargs = getattr(client, "get_connection_kwargs", None)
-    if callable(kwargs) and not kwargs().get("decode_responses"):
-        raise ValueError("this Redis client returns bytes: create it with decode_responses=True, or use "
-                         "echomq_django.core.connect(url), which does")
+    if not callable(kwargs):
+        return
+    options = kwargs()
+    if not options.get("decode_responses") or options.get("encoding_errors", "strict") == "strict":
+        raise ValueError("this Redis client must decode its replies: create it with decode_responses=True and "
+                         'encoding_errors="replace", or use echomq_django.core.connect(url), which does')
 
 
 def connect(url: str = DEFAULT_REDIS_URL, **options: Any) -> Any:

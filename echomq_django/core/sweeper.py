@@ -13,7 +13,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from . import defaults
-from .connection import UNREACHABLE
+from .connection import UNREACHABLE, require_text_replies
 from .errors import QueueStateError
 from .handoff import deliver_handoffs
 from .job import decode_stored
@@ -117,6 +117,7 @@ class Sweeper:
             raise ValueError(f"the budget per script call must be at least 1 id, not {budget}")
         self._keys = {target.queue: QueueKeys(target.queue, prefix) for target in self.targets}
         self.budget = budget
+        require_text_replies(client)
         self.scripts = scripts or Scripts(client)
         self._stages = TwoStages()  # what stop() and abort() set
         self._stopping, self._aborted = self._stages.stopping, self._stages.aborted

@@ -219,7 +219,7 @@ def test_the_relay_sends_at_most_send_jobs_per_call_jobs_in_a_script_call_and_on
         with_outbox, settings, prefix):
     with redis_server() as url:  # of the test's own: its command counts are this relay's alone
         settings.ECHOMQ = {**settings.ECHOMQ, "REDIS_URL": url}
-        client = redis.Redis.from_url(url, decode_responses=True)
+        client = redis.Redis.from_url(url, decode_responses=True, encoding_errors="replace")
         queue = Queue("q", client, prefix=prefix)
         rows = stranded(queue, [f"r{n}" for n in range(2 * outbox.SEND_JOBS_PER_CALL + 50)])
         rows += stranded(queue, ["s0", "s1", "s2"], age_s=5)

@@ -200,14 +200,19 @@ def test_a_client_without_retries_adds_again_after_redis_closed_its_idle_connect
 
 def test_a_client_that_returns_bytes_is_refused_before_it_strands_a_job(redis_url, prefix):
     """With bytes for replies no id or token matches: a worker would take each job and leave it to the sweeper."""
-    from echomq_django.core import Worker
+    from echomq_django.core import Beat, Sweeper, Worker
 
-    raw = connect(redis_url, decode_responses=False)
-    try:
-        with pytest.raises(ValueError, match="decode_responses=True"):
-            Queue("q", raw, prefix=prefix)
-        with pytest.raises(ValueError, match="decode_responses=True"):
-            Worker("q", lambda job: None, raw, prefix=prefix)
-        assert raw.keys(prefix + "*") == [], "nothing was written"
-    finally:
-        raw.close()
+    def makers(raw):
+        return (lambda: Queue("q", raw, prefix=prefix), lambda: Worker("q", lambda job: None, raw, prefix=prefix),
+                lambda: Sweeper(raw, ["q"], prefix=prefix), lambda: Beat(raw, list, prefix=prefix))
+
+    # Bytes; and text decoded strictly, which one byte of another client's that is not UTF-8 made a worker raise.
+    for raw in (connect(redis_url, decode_responses=False), redis.Redis.from_url(redis_url, decode_responses=True)):
+        try:
+            for make in makers(raw):
+                with pytest.raises(ValueError, match='decode_responses=True and encoding_errors="replace"'):
+                    make()
+            assert raw.keys(prefix + "*") == [], "nothing was written"
+        finally:
+            raw.close()
+    Queue("q", redis.Redis.from_url(redis_url, decode_responses=True, encoding_errors="replace"), prefix=prefix)

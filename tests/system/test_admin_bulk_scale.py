@@ -26,7 +26,7 @@ LARGE = 100_000
 @pytest.mark.timeout(180)  # about 5 s here
 def test_bulk_retry_of_5000_failed_jobs_sends_each_back_once_in_a_script_call_each(settings):
     with redis_server() as url:
-        client = redis.Redis.from_url(url, decode_responses=True)
+        client = redis.Redis.from_url(url, decode_responses=True, encoding_errors="replace")
         queue = Queue("q", client, prefix="bulk")
         settings.ECHOMQ = {"REDIS_URL": url, "PREFIX": "bulk", "QUEUES": {"q": {}}}
         ids = fail_jobs(queue, JOBS)
@@ -72,7 +72,7 @@ def live_worker_record(queue: Queue) -> None:
 def test_a_bulk_retry_of_100000_failed_jobs_asks_the_request_for_a_constant_few_calls_and_the_workers_do_it(
         settings):
     with redis_server() as url:
-        client = redis.Redis.from_url(url, decode_responses=True)
+        client = redis.Redis.from_url(url, decode_responses=True, encoding_errors="replace")
         queue = Queue("q", client, prefix="bulk")
         settings.ECHOMQ = {"REDIS_URL": url, "PREFIX": "bulk", "QUEUES": {"q": {}}}
         fail_jobs(queue, LARGE)

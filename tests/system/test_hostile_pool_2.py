@@ -69,9 +69,13 @@ def test_a_lock_lost_while_the_jobs_child_starts_does_not_stop_the_worker(queue,
 # recovery by the sweeper: two runs), the second never runs, and the first one's result is returned as the second's.
 def test_a_report_the_worker_cannot_write_never_leaves_the_child_running_its_job(queue, redis_url):
     # Now: a log line with a lone surrogate is written with the surrogate escaped (Job.log), on
-    # either pool; and any other exception out of _run ends the child before it is raised.
+    # either pool; and any other exception out of _run ends the child before it is raised. A client
+    # that encodes strictly is refused at once (require_text_replies); the escape is checked on one that
+    # replaces, which without it would write "?" for the surrogate.
     go = f"{queue.keys.prefix}:go"
-    client = redis.Redis.from_url(redis_url, decode_responses=True)  # redis-py's strict encoding
+    with pytest.raises(ValueError, match="encoding_errors"):
+        Worker(queue.name, jobs2.by_name, redis.Redis.from_url(redis_url, decode_responses=True))
+    client = redis.Redis.from_url(redis_url, decode_responses=True, encoding_errors="replace")
     first = queue.add("surrogate_log", data(queue, redis_url, go=go, seconds=10), opts=JobOptions(attempts=1))
     worker = Worker(queue.name, jobs2.by_name, client, prefix=queue.keys.prefix, pool="processes", concurrency=1,
                     lock_duration_ms=2000, block_timeout_s=0.2)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from echomq_django.core import Queue
+from echomq_django.core import Queue, connect
 from echomq_django.outbox_model import OutboxJob
 from tests.helpers import script_calls, wait_until
 from tests.redis_servers import RedisServer
@@ -113,7 +113,7 @@ def test_redis_away_at_the_commit_for_20_s_every_request_succeeds_and_every_job_
             _out, err = relay.communicate(timeout=30)
         assert relay.returncode == 0, err[-3000:]
         manage(env, "echomq_worker", "--queue", "demo", "--burst", "-v", "0")
-        each_ran_once(Queue("demo", redis.Redis.from_url(server.url, decode_responses=True), prefix=prefix), ids)
+        each_ran_once(Queue("demo", connect(server.url), prefix=prefix), ids)
     finally:
         server.stop()
         server.workdir.cleanup()
@@ -146,7 +146,7 @@ def test_three_relays_over_many_rows_add_each_job_once_in_a_call_per_timestamp_o
                 relay.send_signal(signal.SIGTERM)
                 outputs.append(relay.communicate(timeout=60))
         assert all(relay.returncode == 0 for relay in relays), [err[-2000:] for _, err in outputs]
-        client = redis.Redis.from_url(server.url, decode_responses=True)
+        client = redis.Redis.from_url(server.url, decode_responses=True, encoding_errors="replace")
         demo = Queue("demo", client, prefix=prefix)
         assert demo.counts()["wait"] == ROWS
         assert client.zcard(demo.keys.sent) == ROWS
