@@ -487,6 +487,15 @@ def log_line(message: Any) -> str:
     return line if len(line) <= MAX_LOG_LINE_CHARS else line[:MAX_LOG_LINE_CHARS - 1] + "…"
 
 
+def cut_text(text: str, limit: int) -> str:
+    """`text` cut to `limit` bytes of UTF-8 at a character's start, saying how long it was (as includes/workflow.lua's
+    cutText cuts a failure reason)."""
+    encoded = text.encode("utf-8", "backslashreplace")
+    if len(encoded) <= limit:
+        return text
+    return encoded[:limit].decode("utf-8", "ignore") + f" [cut: {len(encoded)} bytes]"
+
+
 def datetime_from_ms(ms: int | None) -> datetime | None:
     """An aware UTC datetime from a protocol timestamp (ms), or None."""
     if not ms:

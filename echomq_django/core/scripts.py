@@ -15,6 +15,7 @@ from typing import Any
 
 from . import defaults
 from .errors import JobLockedError, JobNotFoundError, LockLostError, QueueStateError
+from .job import cut_text
 from .keys import COUNTED, LIST_STATES, SCRIPT_KEYS, QueueKeys, script_argv, script_argv_each
 from .transport import Call, Confirm, ScriptClient, Wait
 
@@ -253,9 +254,13 @@ class Scripts(ScriptClient):
 
     def cancel_call(self, keys: QueueKeys, job_id: str, reason: str, now: int, token: str,
                     record_ms: int = CHANGE_RECORD_MS) -> Call:
-        """The cancelJob call for one job, answered once per `token` (its codes as for `cancel_job`)."""
+        """The cancelJob call for one job, answered once per `token` (its codes as for `cancel_job`).
+
+        The reason is cut to WORKFLOW_REASON_BYTES: each job cancelled keeps it (a group's cancel, once a member).
+        """
         return ("cancelJob-7", keys.for_script("cancelJob-7", token=token),
-                script_argv("cancelJob-7", prefix=keys.base, job_id=job_id, reason=reason, now=now,
+                script_argv("cancelJob-7", prefix=keys.base, job_id=job_id,
+                            reason=cut_text(reason, defaults.WORKFLOW_REASON_BYTES), now=now,
                             record_ms=record_ms))
 
     def cancel_job(self, keys: QueueKeys, job_id: str, reason: str, now: int) -> int:

@@ -240,3 +240,31 @@ def test_a_broken_queues_field_still_leaves_the_home_queue_to_cancel(queue, queu
     assert handle.status == "failed"
     for s in plan.steps:
         assert queue.get_state(s.id) == "failed", s.id
+
+
+def test_a_cancel_with_a_huge_reason_keeps_it_cut_in_every_member(queue):
+    """A group's cancel stored the whole reason in each member (twice), 3 MB a member for a 1 MB reason."""
+    plan = Plan.of(Chord(Group(*[step(queue, "add", n) for n in range(20)]), step(queue, "echo")))
+    plan.add()
+    reason = "é" + "R" * 1_000_000
+    assert plan.handle().cancel(reason) >= 20
+    for s in plan.steps:
+        stored = queue.client.hmget(queue.keys.job(s.id), "failedReason", "cxl")
+        assert all(len((text or "").encode()) <= WORKFLOW_REASON_BYTES + 100 for text in stored), s.id
+    lone = queue.add("x")
+    assert queue.cancel(lone, reason)
+    failed_reason = queue.get_job(lone).failed_reason
+    assert failed_reason.startswith("cancelled: éRRR") and failed_reason.endswith(" bytes]")
+    assert len(failed_reason.encode()) <= WORKFLOW_REASON_BYTES + 100
+
+
+def test_results_under_a_slot_no_workflow_writes_are_refused_not_built(queue):
+    """Another client's slot "99999999" made results() build a list of 100 million items (800 MB)."""
+    plan = Plan.of(Group(step(queue, "add", 1), step(queue, "add", 2)))
+    plan.add()
+    drain(queue)
+    handle = plan.handle()
+    assert handle.results() == [1, 2]
+    queue.client.hset(queue.keys.inputs("wf:" + plan.id), "99999999", "3")
+    with pytest.raises(WorkflowError, match="no workflow writes"):
+        handle.results()

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from echomq_django.core import Cancel, InvalidNameError, JobOptions, NewJob, Queue, Retention, Worker, now_ms, pool
+from echomq_django.core.defaults import WORKFLOW_REASON_BYTES
+from echomq_django.core.job import cut_text
 from echomq_django.core.keys import MAX_ID_LENGTH
 from tests import hostile_pool_jobs as jobs
 from tests.helpers import Running, fetch, kill_lock, sweep, wait_until
@@ -394,7 +396,9 @@ def test_cancel_validates_ids_and_takes_hostile_reasons(queue):
     reason = "<script>alert(1)</script>\nline two\r\n\x00 ünïcødé 🚀 " + "x" * 1_000_000
     job_id = queue.add("work")
     assert queue.cancel(job_id, reason) is Cancel.CANCELLED
-    assert queue.get_job(job_id).failed_reason == f"cancelled: {reason}"
+    # Kept cut to WORKFLOW_REASON_BYTES, its start as given (a group's cancel stores it in every member).
+    assert queue.get_job(job_id).failed_reason == cut_text(f"cancelled: {reason}", WORKFLOW_REASON_BYTES)
+    assert queue.get_job(job_id).failed_reason.startswith(f"cancelled: {reason[:200]}")
     before = queue.client.hgetall(queue.keys.job(job_id))
     with pytest.raises(UnicodeEncodeError):
         queue.cancel(job_id, "\ud800")  # not Unicode Redis can hold: refused before anything is sent
