@@ -17,10 +17,12 @@ on from where it stopped).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.models import LogEntry
+from django.contrib.auth import get_user_model
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
 from django.db import models
@@ -42,6 +44,8 @@ from ..core import (
 )
 from ..jobs import BULK_STEP_JOB
 from .common import configured_queue
+
+logger = logging.getLogger("echomq.admin")
 
 # Above this many jobs an action runs as jobs of the queue, outside the request (about 0.5 s of changes).
 BACKGROUND_ABOVE = 5_000
@@ -85,10 +89,19 @@ def audit_once(queue: Queue, run: BulkRun) -> None:
     marker = f"bulk run {queue.name}/{run.run_id}"
     if LogEntry.objects.filter(object_id=marker).exists():
         return  # a step run again after a crash: its line is there
+    try:
+        user = get_user_model().objects.filter(pk=fields.get("user_id")).first()
+        kind = ContentType.objects.filter(pk=int(fields.get("content_type", ""))).first()
+        flag = int(fields.get("flag", ""))
+    except (ValueError, TypeError):  # the record's fields broken by another client
+        user = kind = None
+    if user is None or kind is None:  # the user deleted meanwhile: the jobs were changed all the same
+        logger.warning("%s: its user (%s) or its model is gone, so no history line is written: %s", marker,
+                       fields.get("username", ""), run_summary(queue.name, run))
+        return
     LogEntry.objects.create(
-        user_id=int(fields["user_id"]), content_type_id=int(fields["content_type"]), object_id=marker,
-        object_repr=fields.get("what", "")[:200], action_flag=int(fields["flag"]),
-        change_message=f"{fields.get('verb', run.action)}: {run_summary(queue.name, run)}")
+        user_id=user.pk, content_type_id=kind.pk, object_id=marker, object_repr=fields.get("what", "")[:200],
+        action_flag=flag, change_message=f"{fields.get('verb', run.action)}: {run_summary(queue.name, run)}")
 
 
 def run_summary(queue_name: str, run: BulkRun) -> str:

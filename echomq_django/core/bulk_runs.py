@@ -20,6 +20,7 @@ So every job is changed at most once and counted exactly once.
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,8 @@ from redis.exceptions import WatchError
 from .browse import state_ids
 from .job import decode_stored
 from .queue import BULK_BATCH, BulkOutcome, Queue, batched, now_ms
+
+logger = logging.getLogger("echomq.admin")
 
 # Ids one step changes at most (ten round trips).
 STEP_JOBS = 5_000
@@ -61,11 +64,22 @@ class RunCounts:
 
     @classmethod
     def decoded(cls, text: str | None) -> RunCounts:
+        """The counts as `encoded` wrote them; what another client broke is left out (the run goes on)."""
         try:
             fields = decode_stored(text) if text else {}
-            return cls(int(fields.get("done", 0)), dict(fields.get("other", {})))
-        except (ValueError, TypeError, AttributeError):  # another client's text: the run goes on, counted anew
-            return cls(0, {})
+        except ValueError:
+            fields = {}
+        fields = fields if isinstance(fields, dict) else {}
+        done, other = fields.get("done", 0), fields.get("other", {})
+        counts = cls(done if _whole(done) else 0)
+        for why, entry in other.items() if isinstance(other, dict) else ():
+            if isinstance(entry, list) and len(entry) == 2 and _whole(entry[0]) and isinstance(entry[1], list):
+                counts.other[why] = [entry[0], [str(job_id) for job_id in entry[1][:IDS_KEPT]]]
+        return counts
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 @dataclass(frozen=True)
@@ -112,8 +126,13 @@ def read_run(queue: Queue, run_id: str) -> BulkRun | None:
     record = queue.client.hgetall(queue.keys.bulk_run(run_id))
     if not record or record.get("action") not in ACTIONS:
         return None
+    total, cursor = record.get("total", "0"), record.get("cursor", "0")
+    if not (total.isdigit() and cursor.isdigit() and total.isascii() and cursor.isascii()):
+        logger.warning("queue %s: bulk run %s has a broken record (total %.40r, cursor %.40r); it is left alone",
+                       queue.name, run_id, total, cursor)
+        return None
     return BulkRun(run_id, record["action"], record.get("state", ""), record.get("status", ""),
-                   int(record.get("total", 0)), int(record.get("cursor", 0)), RunCounts.decoded(record.get("counts")),
+                   int(total), int(cursor), RunCounts.decoded(record.get("counts")),
                    {name[2:]: value for name, value in record.items() if name.startswith("f:")})
 
 

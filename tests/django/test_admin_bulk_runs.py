@@ -81,3 +81,25 @@ def test_a_runs_page_needs_the_actions_permission(root, queue):
     assert client_with("viewer", "view_job").get(run_page).status_code == 403
     assert client_with("retrier", "view_job", "retry_failedjob").get(run_page).status_code == 200
     assert root.get(run_page.replace("/bulk-run/", "/bulk-run/x")).status_code == 404
+
+
+@pytest.mark.parametrize("broken", ["user gone", "content type broken", "flag broken"])
+def test_the_last_step_of_a_run_whose_user_is_gone_ends_without_an_audit_line(queue, broken):
+    """The jobs were changed all the same: the step ends (it failed for good on the missing user before)."""
+    from django.contrib.contenttypes.models import ContentType
+
+    from echomq_django.admin.bulk_runs import audit_once
+    from echomq_django.core.bulk_runs import read_run, run_step, start_run
+
+    user = User.objects.create_user("gone", password="pw")
+    fields = {"user_id": str(user.pk), "content_type": str(ContentType.objects.get_for_model(FailedJob).pk),
+              "flag": str(CHANGE), "username": "gone"}
+    fields.update({"user gone": {}, "content type broken": {"content_type": "x"}, "flag broken": {"flag": ""}}[broken])
+    ids = fail_jobs(queue, 3)
+    run_id = start_run(queue, "retry", "failed", list(ids), fields)
+    if broken == "user gone":
+        user.delete()
+    run = run_step(queue, run_id)
+    assert run.finished and queue.counts()["wait"] == 3
+    audit_once(queue, read_run(queue, run_id))
+    assert not LogEntry.objects.exists()

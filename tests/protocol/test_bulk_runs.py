@@ -1,6 +1,8 @@
 """A bulk change run in steps outside a request (core/bulk_runs.py): each job changed once, and counted once,
 whatever crashes or runs twice."""
 
+import pytest
+
 from echomq_django.core import GONE
 from echomq_django.core.bulk_runs import ANSWERS_MS, read_run, run_step, start_run
 from tests.helpers import fail_jobs, fetch, finish
@@ -42,3 +44,26 @@ def test_a_run_counts_the_jobs_it_left_alone_with_the_first_ids_of_each_reason(q
     run = run_step(queue, run_id, batch=4)
     assert run.counts.done == 3
     assert run.counts.other == {GONE: [12, ids[:10]]}
+
+
+@pytest.mark.parametrize("counts", ['{"done": Infinity}', '{"done": 1e400}', '{"done": -3}', '{"other": {"x": 5}}',
+                                    '{"other": {"x": [3, 7]}}', '[', "[" * 5000, '"text"'])
+def test_a_run_whose_counts_another_client_broke_still_runs_to_its_end(queue, counts):
+    ids = fail_jobs(queue, 4)
+    run_id = start_run(queue, "retry", "failed", list(ids), {})
+    queue.client.hset(queue.keys.bulk_run(run_id), "counts", counts)
+    run = read_run(queue, run_id)
+    assert run is not None and run.counts.done >= 0
+    assert all(isinstance(count, int) and isinstance(first, list) for count, first in run.counts.other.values())
+    run = run_step(queue, run_id)
+    assert run.finished and queue.counts()["wait"] == 4
+
+
+@pytest.mark.parametrize("field, value", [("cursor", "x"), ("cursor", "-5"), ("total", "1e3"), ("cursor", "²")])
+def test_a_run_whose_place_another_client_broke_is_left_alone(queue, field, value):
+    """A cursor of -5 ran the same ids three times under other tokens: the record is no run's any more."""
+    ids = fail_jobs(queue, 4)
+    run_id = start_run(queue, "retry", "failed", list(ids), {})
+    queue.client.hset(queue.keys.bulk_run(run_id), field, value)
+    assert read_run(queue, run_id) is None
+    assert run_step(queue, run_id) is None and queue.counts()["failed"] == 4, "nothing changed"
