@@ -371,6 +371,9 @@ def _resolve(node: Any, members: dict[int, Member], depth: int) -> None:
         if not isinstance(member, Member):
             raise WorkflowError(f"{node!r} did not give a workflow member")
         validate_job_name(member.name)
+        if member.opts.expires_ms:  # addWorkflow writes no expiry, and an expired step would tell no later step
+            raise WorkflowError(f"a workflow's job cannot expire (job {member.name!r} has expires): give the "
+                                "workflow a time limit of its own, or let the job check its age")
         members[id(node)] = member
         return
     for part in node.parts():
@@ -410,10 +413,19 @@ def tree_nodes(tree: Any, *, handlers: bool = True) -> Iterator[TreeNode]:
 
 
 def assemble(fields: dict[str, str]) -> Any:
-    """The inputs gathered under their slots ("" alone, or "0", "1", "1.0"...) as one value: nested lists."""
+    """The inputs gathered under their slots ("" alone, or "0", "1", "1.0"...) as one value: nested lists.
+
+    ValueError for a slot no workflow writes (another client's): a part past the number of inputs, which
+    would make a list that long, or deeper than a workflow nests.
+    """
     if set(fields) == {""}:
         return decode_stored(fields[""])
     root: list[Any] = []
+    for slot in fields:
+        parts = slot.split(".")
+        if len(parts) > MAX_DEPTH or not all(part.isdigit() and part.isascii() and int(part) < len(fields)
+                                             for part in parts):
+            raise ValueError(f"an input slot no workflow writes: {slot[:100]!r}")
     for slot in sorted(fields, key=lambda slot: [int(part) for part in slot.split(".")]):
         *path, last = (int(part) for part in slot.split("."))
         where = root
@@ -548,7 +560,10 @@ class WorkflowHandle:
             raise WorkflowError(f"workflow {self.id} has no result: it is {status}"
                                 + (f" ({self.reason})" if status == "failed" else ""))
         raw = self.home.client.hgetall(self.home.keys.inputs("wf:" + self.id))
-        return assemble({_text(k): _text(v) for k, v in raw.items()})
+        try:
+            return assemble({_text(k): _text(v) for k, v in raw.items()})
+        except ValueError as error:  # written by another client
+            raise WorkflowError(f"workflow {self.id} has results no workflow writes: {error}") from None
 
     def wait(self, timeout: float | None = None, *, poll_s: float = 0.05,
              sleep: Callable[[float], None] = time.sleep) -> Any:
