@@ -260,11 +260,16 @@ def _trace_of(opts: str | None) -> dict[str, str] | None:
 def decode_stored(text: str | bytes) -> Any:
     """JSON read back from Redis or a database row, which another client may have written: every text that does
     not decode raises ValueError, one nested too deep for Python's decoder (its RecursionError) too, so a
-    caller's `except ValueError` covers every kind (tests/unit/test_structure.py keeps bare json.loads out)."""
+    caller's `except ValueError` covers every kind (tests/unit/test_structure.py keeps bare json.loads out).
+    NaN and Infinity are refused too: what is read may be printed as JSON again (echomq_status --json)."""
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_no_constant)
     except RecursionError:
         raise ValueError("nested too deeply to decode") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (none of ours writes it)")
 
 
 def _json(value: str | None, default: Any) -> Any:

@@ -33,8 +33,13 @@ def test_stored_json_is_decoded_in_one_place():
     for path in sorted(PACKAGE.rglob("*.py")):
         if path.name == "job.py" and path.parent.name == "core":
             continue
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "loads"
-                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "json"):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        names = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                 for alias in node.names if alias.name == "json"}  # json, under whatever name it is imported as
+        for node in ast.walk(tree):
+            if ((isinstance(node, ast.Attribute) and node.attr in ("loads", "load", "JSONDecoder")
+                 and isinstance(node.value, ast.Name) and node.value.id in names)
+                    or (isinstance(node, ast.ImportFrom) and node.module == "json"
+                        and any(alias.name in ("loads", "load", "JSONDecoder") for alias in node.names))):
                 calls.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
     assert calls == [], "decode stored JSON with decode_stored, whose only error is ValueError"
