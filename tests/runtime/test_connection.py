@@ -207,7 +207,7 @@ def test_a_client_that_returns_bytes_is_refused_before_it_strands_a_job(redis_ur
                 lambda: Sweeper(raw, ["q"], prefix=prefix), lambda: Beat(raw, list, prefix=prefix))
 
     # Bytes; and text decoded strictly, which one byte of another client's that is not UTF-8 made a worker raise.
-    for raw in (connect(redis_url, decode_responses=False), redis.Redis.from_url(redis_url, decode_responses=True)):
+    for raw in (connect(redis_url, decode_responses=False), connect(redis_url, encoding_errors="strict")):
         try:
             for make in makers(raw):
                 with pytest.raises(ValueError, match='decode_responses=True and encoding_errors="replace"'):
@@ -215,4 +215,4 @@ def test_a_client_that_returns_bytes_is_refused_before_it_strands_a_job(redis_ur
             assert raw.keys(prefix + "*") == [], "nothing was written"
         finally:
             raw.close()
-    Queue("q", redis.Redis.from_url(redis_url, decode_responses=True, encoding_errors="replace"), prefix=prefix)
+    Queue("q", connect(redis_url), prefix=prefix)

@@ -178,12 +178,12 @@ def test_a_workflow_job_with_an_expiry_is_refused_with_nothing_added(queue):
 def test_a_handoff_entry_with_bytes_that_are_not_utf8_is_delivered_and_leaves_the_list(queue, other, redis_url):
     """Read decoded, its bytes came back as replacement characters, which LREM never matched: every delivery
     read it again until its limit (10,000 times, 2 s), and each sweep did. It is delivered once and removed."""
-    import redis
+    from echomq_django.core import connect
 
     plan = Plan.of(Chain(step(queue, "add", 1), step(other, "add", 2)))
     plan.add()
     later = plan.steps[1].id
-    raw = redis.Redis.from_url(redis_url)
+    raw = connect(redis_url, decode_responses=False)  # (a cluster client on a cluster)
     try:
         entry = json.dumps([other.keys.base, later, "", "r", 0, "bad X byte", plan.steps[0].id]).encode()
         raw.rpush(queue.keys.handoff, entry.replace(b"X", b"\xff"))
