@@ -420,14 +420,16 @@ def assemble(fields: dict[str, str]) -> Any:
     """
     if set(fields) == {""}:
         return decode_stored(fields[""])
-    root: list[Any] = []
+    places: dict[str, list[int]] = {}  # each slot's place: its parts as numbers
     for slot in fields:
         parts = slot.split(".")
         if len(parts) > MAX_DEPTH or not all(part.isdigit() and part.isascii() and int(part) < len(fields)
                                              for part in parts):
             raise ValueError(f"an input slot no workflow writes: {slot[:100]!r}")
-    for slot in sorted(fields, key=lambda slot: [int(part) for part in slot.split(".")]):
-        *path, last = (int(part) for part in slot.split("."))
+        places[slot] = [int(part) for part in parts]
+    root: list[Any] = []
+    for slot in sorted(fields, key=places.__getitem__):
+        *path, last = places[slot]
         where = root
         for index in path:
             while len(where) <= index:
