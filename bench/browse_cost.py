@@ -5,7 +5,7 @@
 Stages `--jobs` completed jobs in one queue (added with Queue.add_bulk, then
 taken and finished by the real scripts, 500 per call, keeping every completed
 job) and as many waiting jobs in another, and prints how long that took. Then
-times `browse(queue, state, start, page)` (echomq_django/core/browse.py: the
+times `browse(queue, state, start, page)` (echomq_django/core/reading/browse.py: the
 window, the state's length and one HGETALL per job shown, then the Job
 objects) for the first page (start 0) and the last (start = total - page) of
 `completed` (a sorted set) and `wait` (a list), and, as the baseline, one
@@ -32,7 +32,7 @@ sys.path[:0] = [str(BENCH), str(BENCH.parent)]
 from measure import drop  # noqa: E402
 
 from echomq_django.core import NewJob, Queue, browse, connect, now_ms  # noqa: E402
-from echomq_django.core.scripts import Finish  # noqa: E402
+from echomq_django.core.protocol.scripts import Finish  # noqa: E402
 
 ADD_BATCH = 10_000  # jobs per add_bulk
 PER_CALL = 500  # jobs per fetch and per finish call while staging

@@ -56,7 +56,7 @@ from measure import ScriptTime, drop, parse_rate, script_time, slowlog_on, used_
 from sweep_cost import stage  # noqa: E402
 
 from echomq_django.core import NewJob, Queue, Sweeper, connect  # noqa: E402
-from echomq_django.core.keys import QueueKeys  # noqa: E402
+from echomq_django.core.protocol.keys import QueueKeys  # noqa: E402
 
 
 @dataclass

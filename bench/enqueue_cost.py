@@ -57,8 +57,8 @@ def main() -> None:
     django.setup()
     from demo_project.demo_app.jobs import greet
     from echomq_django.core import NewJob
-    from echomq_django.core.own_connections import OwnConnections
-    from echomq_django.core.queue import now_ms
+    from echomq_django.core.producing.queue import now_ms
+    from echomq_django.core.protocol.own_connections import OwnConnections
     from echomq_django.queues import get_queue
 
     queue = get_queue(greet.queue)  # built once: the direct adds pay for nothing else

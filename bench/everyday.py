@@ -7,7 +7,7 @@
 Each system is used through its own public API, with its documented fast settings:
   echomq               core API: Queue.add, Worker(concurrency=c) on threads
   echomq, pool         the same with its fast path off (ECHOMQ_OWN_CONNECTIONS=0): redis-py's pool and
-                       pipelines only, what the fast path (core/own_connections.py) is measured against
+                       pipelines only, what the fast path (core/protocol/own_connections.py) is measured against
   echomq @job          the demo's greet.enqueue("Ada") (Django set up in a subprocess of its own)
   echomq Task.enqueue  the demo's Django @task add.enqueue(i, -1), outside any transaction (ditto)
   Django Tasks, no queue  the same add.enqueue(i, -1) on Django's DummyBackend, which keeps the results

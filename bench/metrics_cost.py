@@ -47,7 +47,7 @@ sys.path[:0] = [str(BENCH), str(BENCH.parent)]
 from measure import drop, parse_rate  # noqa: E402
 
 from echomq_django.core import NewJob, Queue, Sweeper, connect, now_ms  # noqa: E402
-from echomq_django.core.scripts import Finish  # noqa: E402
+from echomq_django.core.protocol.scripts import Finish  # noqa: E402
 
 OFF, ON = 0, 1440  # metrics minutes: 0 turns metrics off (the baseline), 1440 is the default
 WINDOW = 32  # jobs per measured round trip
@@ -88,7 +88,7 @@ class Before:
                               check=True).stdout
 
     def _assemble(self, rev: str, path: str, spliced: set[str]) -> str:
-        """The script with its includes spliced in, as echomq_django/core/lua.py does."""
+        """The script with its includes spliced in, as echomq_django/core/protocol/lua.py does."""
         def include(match: re.Match[str]) -> str:
             part = match.group(1)
             if part in spliced:

@@ -75,7 +75,7 @@ def main() -> None:
     from django.test import Client
     from django.urls import reverse
 
-    from echomq_django.core.queue import now_ms
+    from echomq_django.core.producing.queue import now_ms
     from echomq_django.mirror import sync_queue
     from echomq_django.models import FailedJob
     from echomq_django.queues import get_queue

@@ -2,7 +2,7 @@
 
     python bench/otel_cost.py [--calls 200] [--blocks 101] [--redis-url URL] [--quick]
 
-Times `Queue.add` (which asks core/tracing.py whether tracing is on: the
+Times `Queue.add` (which asks core/producing/tracing.py whether tracing is on: the
 global provider is the API's stand-in, so it makes no span and stores
 nothing) against the same add without the hook (`Queue._add` of
 `Queue.encode`, what `add` does inside it), in interleaved blocks of
@@ -46,7 +46,8 @@ def main() -> None:
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 50 adds per block, 5 blocks")
     args = parser.parse_args()
-    from echomq_django.core import NewJob, Queue, connect, send_traced, tracing, use_tracer_provider
+    from echomq_django.core import NewJob, Queue, connect, send_traced, use_tracer_provider
+    from echomq_django.core.producing import tracing
 
     if args.quick:
         args.calls, args.blocks = 50, 5

@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from echomq_django.core import Queue, Sweeper, connect  # noqa: E402
-from echomq_django.core.keys import QueueKeys  # noqa: E402
+from echomq_django.core.protocol.keys import QueueKeys  # noqa: E402
 
 STAGE_BATCH = 5000
 

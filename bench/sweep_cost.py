@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from measure import ScriptTime, drop, script_time, slowlog_on  # noqa: E402
 
 from echomq_django.core import Sweeper, connect  # noqa: E402
-from echomq_django.core.keys import QueueKeys  # noqa: E402
+from echomq_django.core.protocol.keys import QueueKeys  # noqa: E402
 
 STAGE_BATCH = 5000
 

@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.measure import drop, script_time, slowlog_on  # noqa: E402
 from echomq_django.core import Chain, Group, JobOptions, Member, Plan, Queue, connect  # noqa: E402
-from echomq_django.core.handoff import deliver_handoffs  # noqa: E402
-from echomq_django.core.queue import now_ms  # noqa: E402
+from echomq_django.core.producing.handoff import deliver_handoffs  # noqa: E402
+from echomq_django.core.producing.queue import now_ms  # noqa: E402
 from tests.helpers import fetch, finish  # noqa: E402
 from tests.redis_servers import redis_server  # noqa: E402
 

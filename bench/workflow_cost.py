@@ -48,8 +48,8 @@ from echomq_django.core import (  # noqa: E402
     Worker,
     connect,
 )
-from echomq_django.core.queue import now_ms  # noqa: E402
-from echomq_django.core.scripts import Finish  # noqa: E402
+from echomq_django.core.producing.queue import now_ms  # noqa: E402
+from echomq_django.core.protocol.scripts import Finish  # noqa: E402
 
 WINDOW = 32
 

@@ -4,4 +4,6 @@ The queue runtime in `echomq_django.core` imports no Django; this package adds
 the Django app (settings, management commands) around it.
 """
 
-__version__ = "0.1.0"
+from .core import __version__
+
+__all__ = ["__version__"]

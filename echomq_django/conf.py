@@ -84,7 +84,7 @@ TOP_LEVEL_DEFAULTS: dict[str, Any] = {
     # Seconds a finished workflow's record and results are kept (docs/workflows.md).
     "WORKFLOW_TTL": 86_400,
     # With OpenTelemetry tracing on (the otel extra): a job's process spans are children of the span that
-    # sent it, in its trace; False: each starts a trace of its own, linked to that span (core/tracing.py).
+    # sent it, in its trace; False: each starts a trace of its own, linked to that span (core/producing/tracing.py).
     "TRACE_AS_CHILD": False,
 }
 QUEUE_DEFAULTS: dict[str, Any] = {

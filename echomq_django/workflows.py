@@ -13,7 +13,7 @@ allow_failure=True)` overrides its options. `.enqueue()` adds the whole
 workflow (one atomic call per queue involved) and returns a
 `WorkflowResult`: `.id`, `.status`, `.results()`, `.wait(timeout)`,
 `.cancel()`. The hand-offs between steps happen inside Redis, in the
-script that ends each member (core/workflow.py, docs/workflows.md).
+script that ends each member (core/producing/workflow.py, docs/workflows.md).
 """
 
 from __future__ import annotations

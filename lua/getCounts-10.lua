@@ -17,7 +17,7 @@
   ARGV[n+1] command  how to count it: LLEN (a list), ZCARD (a sorted set) or SCARD (a set)
 
   The caller (Scripts.get_counts) names the keys and their commands from one
-  list of states, core/keys.py's COUNTED, so the two cannot drift apart.
+  list of states, core/protocol/keys.py's COUNTED, so the two cannot drift apart.
 
   Returns the nine counts, in KEYS order, then the jobs waiting in groups'
   lists (includes/groups.lua), which the caller counts as waiting.

@@ -6,8 +6,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from echomq_django.core import Queue, Worker
-from echomq_django.core.queue import now_ms
-from echomq_django.core.scripts import Finish
+from echomq_django.core.producing.queue import now_ms
+from echomq_django.core.protocol.scripts import Finish
 
 
 def wait_until(predicate: Callable[[], object], timeout_s: float, interval_s: float = 0.02) -> bool:

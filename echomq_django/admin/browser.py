@@ -21,15 +21,7 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_POST
 
 from ..conf import get_settings
-from ..core import (
-    BROWSABLE,
-    STATES,
-    Cancel,
-    InvalidNameError,
-    Queue,
-    browse,
-    validate_stored_id,
-)
+from ..core import BROWSABLE, STATES, Cancel, InvalidNameError, Queue, browse, validate_stored_id
 from ..models import FailedJob, JobRecord
 from ..models import Job as JobModel
 from ..queues import get_queue

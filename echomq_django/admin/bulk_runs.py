@@ -3,13 +3,13 @@
 An action on more than BACKGROUND_ABOVE jobs (every job of a state, or every
 row a failed or stalled list matches) is not run by the request that asks for
 it (after its POST, CSRF and permission checks, and the confirmation page):
-the request records a run (core/bulk_runs.py) and adds its first step, a job of
+the request records a run (core/reading/bulk_runs.py) and adds its first step, a job of
 the queue whose jobs it changes (jobs.BULK_STEP_JOB), and sends the user to the run's
 page. A worker of that queue runs each step (STEP_JOBS ids at most, then it adds
 the next step), and the step that ends the run writes the admin's LogEntry with
 the final counts and the user who asked. A step that a crash or an outage
 ends is run again by the queue's recovery, and changes no job twice (see
-core/bulk_runs.py). With no live worker serving the queue nothing is started,
+core/reading/bulk_runs.py). With no live worker serving the queue nothing is started,
 and the user is told; the run's page says when it waits for a worker, or when
 the queue is paused, or when its step failed for good (retrying that job goes
 on from where it stopped).

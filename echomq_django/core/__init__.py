@@ -7,24 +7,7 @@ models and the admin.
 """
 
 from . import defaults
-from .beat import (
-    MAX_SCHEDULE_NAME,
-    MIN_EVERY_MS,
-    Beat,
-    Firing,
-    Record,
-    Schedule,
-    ScheduleError,
-    check_cron,
-    read_records,
-    run_now,
-    seconds_text,
-    transient,
-    zone,
-)
-from .browse import BROWSABLE, Entry, Page, browse, state_ids, state_size
-from .bulk_runs import BulkRun, read_run, run_step, start_run
-from .connection import DEFAULT_REDIS_URL, UNREACHABLE, RedisURLError, connect, parse_redis_url, redacted_url
+from .defaults import __version__
 from .errors import (
     EchoMQError,
     InvalidNameError,
@@ -44,19 +27,23 @@ from .errors import (
     UnrecoverableError,
     fail_for_good,
 )
-from .flow import FlowState, GroupState, flow_state
-from .handle import JobHandle
-from .inspection import (
-    LiveJob,
-    count_failed_older_than,
-    count_failed_since,
-    failed_by_rank,
-    failed_count,
-    failed_since,
-    inspect_jobs,
-    read_jobs,
+from .producing.handle import JobHandle
+from .producing.queue import BULK_BATCH, GONE, STOPPING, BulkOutcome, Cancel, Dedupe, EncodedJob, NewJob, Queue
+from .producing.tracing import send_traced, use_tracer_provider
+from .producing.workflow import (
+    MAX_DEPTH,
+    Chain,
+    Chord,
+    Group,
+    Member,
+    Plan,
+    WorkflowError,
+    WorkflowHandle,
+    read_tree,
+    tree_nodes,
 )
-from .job import (
+from .protocol.connection import DEFAULT_REDIS_URL, UNREACHABLE, RedisURLError, connect, parse_redis_url, redacted_url
+from .protocol.job import (
     MAX_ATTEMPTS,
     MAX_DELAY_MS,
     MAX_PRIORITY,
@@ -65,13 +52,11 @@ from .job import (
     Job,
     JobOptions,
     TooDeep,
-    datetime_from_ms,
     decode_stored,
-    delay_until,
     encode_json,
     log_line,
 )
-from .keys import (
+from .protocol.keys import (
     ALPHABET,
     COUNTED,
     STATES,
@@ -82,19 +67,45 @@ from .keys import (
     validate_name,
     validate_stored_id,
 )
-from .metrics import Minute, oldest_waiting_age_ms, recent_minutes, totals
-from .pool import POOLS, Handler, class_path
-from .queue import BULK_BATCH, GONE, STOPPING, BulkOutcome, Cancel, Dedupe, EncodedJob, NewJob, Queue, now_ms
-from .registry import WorkerInfo
-from .scripts import MAX_RATE_WINDOW_MS, Confirm, RateLimit, Scripts
-from .signals import SECOND_STOP_GRACE_S, RecordedSignals, Runner, run_until_signalled
-from .sweeper import Sweeper, SweepReport, SweepTarget, last_sweep
-from .tracing import send_traced, use_tracer_provider
-from .transport import OWN_CONNECTIONS_ENV, own_connections_wanted
-from .worker import Retention, Worker, abandoned_threads
-from .workflow import MAX_DEPTH, Chain, Chord, Group, Member, Plan, WorkflowError, WorkflowHandle, read_tree, tree_nodes
+from .protocol.registry import WorkerInfo
+from .protocol.scripts import MAX_RATE_WINDOW_MS, Confirm, RateLimit, Scripts
+from .protocol.times import datetime_from_ms, delay_until, now_ms, seconds_text
+from .protocol.transport import OWN_CONNECTIONS_ENV, own_connections_wanted
+from .reading.browse import BROWSABLE, Entry, Page, browse, state_ids, state_size
+from .reading.bulk_runs import BulkRun, read_run, run_step, start_run
+from .reading.flow_control import FlowState, GroupState, flow_state
+from .reading.inspection import (
+    LiveJob,
+    count_failed_older_than,
+    count_failed_since,
+    failed_by_rank,
+    failed_count,
+    failed_since,
+    inspect_jobs,
+    read_jobs,
+)
+from .reading.metrics import Minute, oldest_waiting_age_ms, recent_minutes, totals
+from .schedules.beat import (
+    MAX_SCHEDULE_NAME,
+    MIN_EVERY_MS,
+    Beat,
+    Firing,
+    Record,
+    Schedule,
+    ScheduleError,
+    check_cron,
+    read_records,
+    run_now,
+    transient,
+    zone,
+)
+from .worker.pool import POOLS, Handler, class_path
+from .worker.signals import SECOND_STOP_GRACE_S, RecordedSignals, Runner, run_until_signalled
+from .worker.sweeper import Sweeper, SweepReport, SweepTarget, last_sweep
+from .worker.worker import Retention, Worker, abandoned_threads
 
 __all__ = [
+    "__version__",
     "ALPHABET", "BROWSABLE", "MAX_SCHEDULE_NAME", "MIN_EVERY_MS", "COUNTED", "DEFAULT_REDIS_URL", "MAX_ATTEMPTS",
     "MAX_DELAY_MS", "MAX_RATE_WINDOW_MS", "OWN_CONNECTIONS_ENV", "own_connections_wanted", "POOLS", "STATES",
     "UNREACHABLE", "Backoff", "Beat", "Cancel", "Confirm", "EncodedJob", "Firing",

@@ -5,6 +5,7 @@ The classes use the defaults as their keyword defaults, and the Django settings
 thing whichever way the runtime is built. Durations are in milliseconds.
 """
 
+__version__ = "0.1.0"  # the package's version (echomq_django.__version__), in each worker's record
 PREFIX = "emq"  # the first part of every key: emq:{queue}:...
 REDIS_URL = "redis://127.0.0.1:6379/0"
 MAX_PAYLOAD_BYTES = 512 * 1024  # a job's data, JSON-encoded
@@ -18,7 +19,7 @@ CONFIRM_TIMEOUT_MS = 1000  # how long WAIT waits for the replicas of a confirmed
 METRICS_MINUTES = 1440  # minutes of per-minute metrics a queue keeps (0: none, and no all-time counters)
 MAX_LOG_LINES = 1000  # log lines a job keeps; the oldest go first
 
-# Bounds, not defaults: the scripts get them from here (core/lua.py's generated
+# Bounds, not defaults: the scripts get them from here (core/protocol/lua.py's generated
 # include "constants"), so the two sides hold a value to the same bound.
 MAX_METRICS_MINUTES = 527_040  # a year: the most minutes of metrics a queue keeps, whatever it is asked
 # The workflow edges one script call delivers in this queue beyond the ends it was called for: a

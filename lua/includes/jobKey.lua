@@ -1,5 +1,5 @@
 -- The hash key of a job id found in one of the queue's sets or lists, or nil
--- when the id is one of the queue's own key names (core/keys.py's
+-- when the id is one of the queue's own key names (core/protocol/keys.py's
 -- RESERVED_IDS) or holds a character no id has (":", "{", "}"): another
 -- client may have put anything there, and deleting the key named "wait" or
 -- "meta" would destroy the queue, not a job.

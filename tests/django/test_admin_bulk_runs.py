@@ -1,5 +1,5 @@
 """The admin's bulk actions on more jobs than a request changes: run by the queue's workers, with a page of their own
-(admin/bulk_runs.py, core/bulk_runs.py)."""
+(admin/bulk_runs.py, core/reading/bulk_runs.py)."""
 
 import re
 
@@ -11,7 +11,7 @@ from django.urls import reverse
 
 from echomq_django.admin.bulk_runs import BACKGROUND_ABOVE
 from echomq_django.core import Worker
-from echomq_django.core.bulk_runs import STEP_JOBS
+from echomq_django.core.reading.bulk_runs import STEP_JOBS
 from echomq_django.jobs import run_job
 from echomq_django.models import FailedJob
 from tests.django.test_admin_bulk import audit_lines, client_with
@@ -89,7 +89,7 @@ def test_the_last_step_of_a_run_whose_user_is_gone_ends_without_an_audit_line(qu
     from django.contrib.contenttypes.models import ContentType
 
     from echomq_django.admin.bulk_runs import audit_once
-    from echomq_django.core.bulk_runs import read_run, run_step, start_run
+    from echomq_django.core.reading.bulk_runs import read_run, run_step, start_run
 
     user = User.objects.create_user("gone", password="pw")
     fields = {"user_id": str(user.pk), "content_type": str(ContentType.objects.get_for_model(FailedJob).pk),

@@ -21,7 +21,7 @@ from echomq_django.core import (
     now_ms,
     recent_minutes,
 )
-from echomq_django.core.metrics import MINUTE_MS
+from echomq_django.core.reading.metrics import MINUTE_MS
 from echomq_django.queues import make_sweeper
 from tests.fault_proxy import FaultProxy
 from tests.helpers import fetch, finish_attempt

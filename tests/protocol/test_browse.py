@@ -5,8 +5,8 @@ import threading
 import pytest
 
 from echomq_django.core import BROWSABLE, Cancel, JobOptions, NewJob, Worker, browse
-from echomq_django.core.browse import MAX_PAGE
-from echomq_django.core.queue import now_ms
+from echomq_django.core.producing.queue import now_ms
+from echomq_django.core.reading.browse import MAX_PAGE
 from tests.helpers import finish_attempt, kill_lock, sweep, take_jobs, wait_until
 
 

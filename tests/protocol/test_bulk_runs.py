@@ -1,10 +1,10 @@
-"""A bulk change run in steps outside a request (core/bulk_runs.py): each job changed once, and counted once,
+"""A bulk change run in steps outside a request (core/reading/bulk_runs.py): each job changed once, and counted once,
 whatever crashes or runs twice."""
 
 import pytest
 
 from echomq_django.core import GONE
-from echomq_django.core.bulk_runs import ANSWERS_MS, read_run, run_step, start_run
+from echomq_django.core.reading.bulk_runs import ANSWERS_MS, read_run, run_step, start_run
 from tests.helpers import fail_jobs, fetch, finish
 
 

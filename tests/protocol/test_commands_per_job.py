@@ -14,8 +14,8 @@ from collections import Counter
 import pytest
 
 from echomq_django.core import NewJob
-from echomq_django.core.queue import now_ms
-from echomq_django.core.scripts import Finish
+from echomq_django.core.producing.queue import now_ms
+from echomq_django.core.protocol.scripts import Finish
 from tests.helpers import take_jobs, wait_until
 
 

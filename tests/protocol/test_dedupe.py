@@ -3,7 +3,7 @@
 import pytest
 
 from echomq_django.core import Dedupe, JobOptions, NewJob, PayloadError
-from echomq_django.core.queue import now_ms
+from echomq_django.core.producing.queue import now_ms
 from tests.helpers import fetch, finish, kill_lock, redis_now_ms, sweep, take_jobs, wait_until
 
 

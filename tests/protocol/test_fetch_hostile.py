@@ -14,8 +14,8 @@ import pytest
 from redis.exceptions import ResponseError
 
 from echomq_django.core import JobOptions, NewJob
-from echomq_django.core.queue import now_ms
-from echomq_django.core.scripts import Finish
+from echomq_django.core.producing.queue import now_ms
+from echomq_django.core.protocol.scripts import Finish
 from tests.helpers import fetch, finish, redis_now_ms
 
 PROMOTE_LIMIT = 1000  # promoteDue's limit per moveToActive call
@@ -161,7 +161,7 @@ def test_a_paused_field_of_any_value_holds_the_queue_and_due_jobs_go_to_paused(q
     ("past", False), ("beyond the longest pause", False),
 ])
 def test_limited_until_holds_the_queue_only_when_it_is_a_pause_the_scripts_could_have_set(queue, until, held):
-    from echomq_django.core.lua import CONSTANTS
+    from echomq_django.core.protocol.lua import CONSTANTS
 
     ids = queue.add_bulk([NewJob("work") for _ in range(2)])
     at = redis_now_ms(queue)

@@ -17,8 +17,8 @@ import time
 import pytest
 
 from echomq_django.core import Dedupe, JobOptions, NewJob, RateLimit
-from echomq_django.core.queue import now_ms
-from echomq_django.core.scripts import Finish
+from echomq_django.core.producing.queue import now_ms
+from echomq_django.core.protocol.scripts import Finish
 from tests.helpers import kill_lock, redis_now_ms, sweep, wait_until
 from tests.protocol.test_groups import consistent
 

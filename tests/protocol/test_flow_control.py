@@ -10,8 +10,8 @@ import logging
 import pytest
 
 from echomq_django.core import JobOptions, NewJob, RateLimit, RateLimited, Worker
-from echomq_django.core.queue import now_ms
-from echomq_django.core.scripts import Finish
+from echomq_django.core.producing.queue import now_ms
+from echomq_django.core.protocol.scripts import Finish
 from tests.helpers import kill_lock, running, sweep, wait_until
 
 

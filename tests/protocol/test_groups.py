@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from echomq_django.core import JobOptions, NewJob, PayloadError, Worker
-from echomq_django.core.queue import now_ms
+from echomq_django.core.producing.queue import now_ms
 from tests.helpers import finish, kill_lock, running, sweep, wait_until
 
 
@@ -190,8 +190,8 @@ NAME_EDGES = ["a", "Z", "0", "_", "_a", ".a", "-a", "@a", "+a", "=a", "a.b", "a-
 
 
 def test_the_scripts_take_as_a_group_exactly_the_names_python_takes(queue):
-    from echomq_django.core.keys import is_name
-    from echomq_django.core.lua import assemble
+    from echomq_django.core.protocol.keys import is_name
+    from echomq_django.core.protocol.lua import assemble
 
     probe = assemble('-- @include "groups"\nlocal taken = {}\n'
                      'for i, raw in ipairs(ARGV) do taken[i] = groupOf(raw) and 1 or 0 end\nreturn taken')

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from echomq_django.core import Dedupe, JobOptions, NewJob, PayloadError
-from echomq_django.core.queue import now_ms
+from echomq_django.core.producing.queue import now_ms
 from tests.helpers import fetch, finish, finish_attempt, sweep, take_jobs
 
 

@@ -10,7 +10,9 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from echomq_django.core import JobOptions, NewJob, Queue
-from echomq_django.core.inspection import (
+from echomq_django.core.producing.queue import now_ms
+from echomq_django.core.protocol.lua import script_source
+from echomq_django.core.reading.inspection import (
     CHECKED_KEY_TYPES,
     DROP_MARK,
     FAIL,
@@ -27,8 +29,6 @@ from echomq_django.core.inspection import (
     inspect_jobs,
     read_jobs,
 )
-from echomq_django.core.lua import script_source
-from echomq_django.core.queue import now_ms
 from tests.helpers import fetch, finish, kill_lock, sweep
 
 MAX_STALLED = 1
@@ -295,7 +295,7 @@ def lua_number(digits):
 def mark_walk_stays_as_it_was(case):
     """Whether the sweep's mark walk reads the lock index after its recover walk iff it did before.
 
-    The verdict reads it as it is before the sweep (see core/inspection.py): the recover walk
+    The verdict reads it as it is before the sweep (see core/reading/inspection.py): the recover walk
     takes marked lockless jobs out of `active` and the index, and drops marks (and index
     entries) of ids not in `active`, which changes the counts when the index and `active`
     disagree on those ids (only another client's writes make them disagree).

@@ -22,9 +22,9 @@ from echomq_django.core import (
     recent_minutes,
     totals,
 )
-from echomq_django.core.metrics import MINUTE_MS
-from echomq_django.core.queue import now_ms
-from echomq_django.core.scripts import Finish
+from echomq_django.core.producing.queue import now_ms
+from echomq_django.core.protocol.scripts import Finish
+from echomq_django.core.reading.metrics import MINUTE_MS
 from tests.helpers import finish_attempt, kill_lock, sweep, take_jobs, wait_until
 
 WORKER = Path(__file__).resolve().parents[1] / "worker_process.py"

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from echomq_django.core import JobLockedError, JobOptions, LockLostError, Queue, Sweeper, connect
-from echomq_django.core.queue import now_ms
+from echomq_django.core.producing.queue import now_ms
 from tests.conftest import current_redis_url
 from tests.helpers import finish_attempt, kill_lock, renew_lock, take_jobs
 

@@ -6,8 +6,8 @@ import threading
 import pytest
 
 from echomq_django.core import Job, JobOptions, NewJob, PayloadError, Retention, Sweeper, Worker
-from echomq_django.core.job import MAX_LOG_LINE_CHARS, MAX_PROGRESS_BYTES
-from echomq_django.core.queue import now_ms
+from echomq_django.core.producing.queue import now_ms
+from echomq_django.core.protocol.job import MAX_LOG_LINE_CHARS, MAX_PROGRESS_BYTES
 from tests.helpers import kill_lock, take_jobs, wait_until
 
 

@@ -18,7 +18,7 @@ from echomq_django.core import (
     PayloadError,
     Queue,
 )
-from echomq_django.core.queue import now_ms
+from echomq_django.core.producing.queue import now_ms
 from tests.helpers import fetch, finish, finish_attempt, kill_lock, renew_lock, sweep, take_jobs
 
 
@@ -31,7 +31,7 @@ def test_add_generates_ids_and_queues_fifo(queue):
 
 
 def test_generated_ids_of_a_queue_with_a_long_name_are_readable(redis_client, prefix, scripts):
-    from echomq_django.core.keys import MAX_NAME_LENGTH
+    from echomq_django.core.protocol.keys import MAX_NAME_LENGTH
 
     long = Queue("L" * MAX_NAME_LENGTH, redis_client, prefix=prefix, scripts=scripts)  # a valid queue name
     job_id = long.add("work", {"n": 1})
@@ -57,7 +57,7 @@ def test_add_bulk_is_one_pipeline_and_validates_everything_first(queue):
 
 
 def test_add_bulk_keeps_order_across_calls_and_each_kind_of_job(queue):
-    from echomq_django.core.queue import JOBS_PER_CALL
+    from echomq_django.core.producing.queue import JOBS_PER_CALL
 
     plain = [NewJob("plain", {"n": n}) for n in range(JOBS_PER_CALL + 3)]  # spans two script calls
     mixed = [NewJob("later", opts=JobOptions(delay_ms=60_000)), NewJob("urgent", opts=JobOptions(priority=9)),

@@ -8,8 +8,8 @@ lost replies through a proxy.)
 import json
 
 from echomq_django.core import JobOptions, NewJob
-from echomq_django.core.queue import now_ms
-from echomq_django.core.scripts import CHANGE_RECORD_MS, change_token
+from echomq_django.core.producing.queue import now_ms
+from echomq_django.core.protocol.scripts import CHANGE_RECORD_MS, change_token
 from tests.helpers import fail_jobs, fetch, finish, renew_lock
 
 

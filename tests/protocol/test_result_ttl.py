@@ -1,7 +1,7 @@
 """A result TTL (issue 28, item 5): a completed job with opts resultTtl is removed once it passed, by a later finish."""
 
 from echomq_django.core import JobOptions
-from echomq_django.core.queue import now_ms
+from echomq_django.core.producing.queue import now_ms
 from tests.helpers import fetch, finish, finish_attempt
 
 

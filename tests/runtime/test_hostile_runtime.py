@@ -12,8 +12,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from echomq_django.core import JobOptions, Queue, Retention, Worker, connect, recent_minutes
-from echomq_django.core.metrics import MINUTE_MS
-from echomq_django.core.queue import now_ms
+from echomq_django.core.producing.queue import now_ms
+from echomq_django.core.reading.metrics import MINUTE_MS
 from tests.fault_proxy import FaultProxy
 from tests.helpers import finish_attempt, take_jobs, wait_until
 from tests.redis_servers import RedisServer

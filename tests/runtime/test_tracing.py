@@ -1,4 +1,4 @@
-"""OpenTelemetry tracing (core/tracing.py) on the threads pool: a send span per add, a process span per attempt.
+"""OpenTelemetry tracing (core/producing/tracing.py) on the threads pool: a send span per add, one per attempt.
 
 The spans go to the SDK's in-memory exporter, through a provider given to
 use_tracer_provider (the global one can be set once per process, and would
@@ -29,9 +29,9 @@ from echomq_django.core import (
     Schedule,
     Worker,
     run_now,
-    tracing,
     use_tracer_provider,
 )
+from echomq_django.core.producing import tracing
 from tests.conftest import current_redis_url
 
 # Every attribute of a process span but its id and attempt.
@@ -193,7 +193,8 @@ def test_without_opentelemetry_installed_jobs_run_and_nothing_is_imported(queue)
     script = textwrap.dedent(f"""
         import sys
         sys.modules["opentelemetry"] = None
-        from echomq_django.core import Queue, Worker, connect, tracing
+        from echomq_django.core import Queue, Worker, connect
+        from echomq_django.core.producing import tracing
         assert not tracing.INSTALLED and tracing.tracer() is None
         client = connect({current_redis_url()!r})
         queue = Queue("q", client, prefix={queue.keys.prefix!r})
@@ -216,7 +217,8 @@ def test_the_global_tracer_provider_turns_tracing_on_even_when_set_after_an_add(
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-        from echomq_django.core import Queue, connect, tracing
+        from echomq_django.core import Queue, connect
+        from echomq_django.core.producing import tracing
         queue = Queue("q", connect({current_redis_url()!r}), prefix={queue.keys.prefix!r})
         queue.add("before")
         assert tracing.tracer() is None

@@ -1,5 +1,5 @@
 """The two ways to a plain or Sentinel Redis behave alike: each thread's own connection (the fast path,
-core/own_connections.py) and the client's pool with redis-py's public API (ECHOMQ_OWN_CONNECTIONS=0).
+core/protocol/own_connections.py) and the client's pool with redis-py's public API (ECHOMQ_OWN_CONNECTIONS=0).
 
 Each test runs on both: batches and their re-sends after a SCRIPT FLUSH, a wait and the calls behind it, a
 cut that ends a wait for good, another thread's CLIENT UNBLOCK, and a worker's stop on top of them.
@@ -12,8 +12,8 @@ import pytest
 import redis
 
 from echomq_django.core import Queue, Scripts, Worker, connect
-from echomq_django.core.scripts import Wait, pairs
-from echomq_django.core.transport import OWN_CONNECTIONS_ENV, POOL_WAIT_STEP_S
+from echomq_django.core.protocol.scripts import Wait, pairs
+from echomq_django.core.protocol.transport import OWN_CONNECTIONS_ENV, POOL_WAIT_STEP_S
 from tests.helpers import blocked_connections, wait_until
 
 PATHS = pytest.mark.parametrize("own_connections", [True, False], ids=["own-connections", "pool"])

@@ -20,8 +20,8 @@ from echomq_django.core import (
     Worker,
     WorkflowError,
 )
-from echomq_django.core.handoff import deliver_handoffs
-from echomq_django.core.queue import now_ms
+from echomq_django.core.producing.handoff import deliver_handoffs
+from echomq_django.core.producing.queue import now_ms
 from tests.helpers import abandoned_await_ends, fetch, finish, kill_lock, sweep
 
 

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from echomq_django.core import Chain, Chord, Group, JobOptions, Member, Plan, Queue
-from echomq_django.core.handoff import deliver_handoffs
-from echomq_django.core.queue import now_ms
+from echomq_django.core.producing.handoff import deliver_handoffs
+from echomq_django.core.producing.queue import now_ms
 from tests.helpers import fetch, finish, sweep
 from tests.runtime.test_workflows import drain, ran, step
 

@@ -12,7 +12,7 @@ from django.urls import reverse
 
 from echomq_django.admin.bulk_runs import BACKGROUND_ABOVE
 from echomq_django.core import BULK_BATCH, Queue, Worker
-from echomq_django.core.registry import Heartbeat, WorkerInfo
+from echomq_django.core.protocol.registry import Heartbeat, WorkerInfo
 from echomq_django.jobs import run_job
 from tests.helpers import commands_run, fail_jobs, running, script_calls, wait_until
 from tests.redis_servers import redis_server

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from echomq_django.core import Queue, connect
-from echomq_django.core.queue import now_ms
+from echomq_django.core.producing.queue import now_ms
 from tests.helpers import wait_until
 from tests.redis_servers import RedisServer
 

@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from echomq_django.core import BULK_BATCH, STOPPING, NewJob, Queue, connect
-from echomq_django.core.lua import script_names, script_source
+from echomq_django.core.protocol.lua import script_names, script_source
 from tests.fault_proxy import FaultProxy
 from tests.helpers import fail_jobs, fetch, wait_until
 from tests.redis_servers import RedisServer

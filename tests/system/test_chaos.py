@@ -25,7 +25,7 @@ import redis
 
 from demo_project.demo_app.jobs import greet
 from echomq_django.core import Job, JobOptions, NewJob, Queue, Sweeper, Worker, connect
-from echomq_django.core.lua import script_names, script_source
+from echomq_django.core.protocol.lua import script_names, script_source
 from tests.fault_proxy import FaultProxy
 from tests.helpers import fetch, running, wait_until
 from tests.redis_servers import RedisServer

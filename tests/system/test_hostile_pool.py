@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from echomq_django.core import Cancel, InvalidNameError, JobOptions, NewJob, Queue, Retention, Worker, now_ms, pool
+from echomq_django.core import Cancel, InvalidNameError, JobOptions, NewJob, Queue, Retention, Worker, now_ms
 from echomq_django.core.defaults import WORKFLOW_REASON_BYTES
-from echomq_django.core.job import cut_text
-from echomq_django.core.keys import MAX_ID_LENGTH
+from echomq_django.core.protocol.job import cut_text
+from echomq_django.core.protocol.keys import MAX_ID_LENGTH
+from echomq_django.core.worker import pool
 from tests import hostile_pool_jobs as jobs
 from tests.helpers import Running, fetch, kill_lock, sweep, wait_until
 from tests.helpers import running as helpers_running

@@ -29,7 +29,7 @@ def test_the_runtime_passes_the_type_checker():
 
 @pytest.mark.timeout(360)
 def test_the_runtime_passes_the_type_checker_without_the_otel_extra(tmp_path):
-    """`otel` is an optional extra: core/tracing.py type-checks where opentelemetry is not installed too."""
+    """`otel` is an optional extra: core/producing/tracing.py type-checks where opentelemetry is not installed too."""
     python = environment_without(tmp_path / "venv", "opentelemetry")
     result = subprocess.run([sys.executable, "-m", "mypy", "--no-error-summary", "--python-executable", str(python),
                              "--cache-dir", str(tmp_path / "mypy-cache")],
@@ -89,7 +89,7 @@ def test_the_installed_wheel_loads_every_script_outside_the_repository(tmp_path,
         "import sys, echomq_django\n"
         "from echomq_django.core import connect\n"
         "from echomq_django.core import Scripts\n"
-        "from echomq_django.core.lua import script_names, script_source, scripts_dir\n"
+        "from echomq_django.core.protocol.lua import script_names, script_source, scripts_dir\n"
         f"assert str(scripts_dir()).startswith({str(env_dir)!r}), scripts_dir()\n"
         "client = connect(sys.argv[1])\n"
         "Scripts(client)\n"
@@ -168,10 +168,37 @@ def test_the_package_has_no_import_circle():
     except graphlib.CycleError as error:
         # graphlib lists the circle from each module to one that imports it: reversed, "a imports b imports ..."
         pytest.fail(f"an import circle: {' imports '.join(reversed(error.args[1]))}")
-    assert "echomq_django.core.keys" in order
+    assert "echomq_django.core.protocol.keys" in order
 
 
-# redis-py's internals: what only the fast path (core/own_connections.py, its class OwnConnections) may use.
+# The package's layers, bottom to top: a module may import its own layer and those below, never one above. The
+# Django app sits on core, and its entry points (the admin, the management commands, the URLs) on the app.
+LAYERS = [["echomq_django.core.defaults", "echomq_django.core.errors"], ["echomq_django.core.protocol"],
+          ["echomq_django.core.producing"], ["echomq_django.core.reading"], ["echomq_django.core.worker"],
+          ["echomq_django.core.schedules"], ["echomq_django.core"], ["echomq_django"],
+          ["echomq_django.admin", "echomq_django.management", "echomq_django.urls", "echomq_django.views"]]
+
+
+def layer_of(module: str) -> int:
+    """The layer of the longest entry of LAYERS that is module or a package holding it."""
+    entries = [(len(entry), index) for index, layer in enumerate(LAYERS) for entry in layer
+               if module == entry or module.startswith(entry + ".")]
+    return max(entries)[1]
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    """core's sub-packages are layers: the protocol knows nothing of queues, the producers nothing of workers, the
+    worker nothing of the scheduler, and nothing in core knows the Django app. An upward import is a layer that
+    cannot be read, tested or replaced without the one above it."""
+    upward = sorted(f"{module} imports {imported}" for module, imports in package_imports().items()
+                    for imported in imports if layer_of(imported) > layer_of(module))
+    assert upward == ["echomq_django.apps imports echomq_django.admin.bulk",
+                      "echomq_django.child imports echomq_django.management.commands._output"], \
+        "imports that run up a layer"
+    assert (layer_of("echomq_django.core.worker.pool"), layer_of("echomq_django.admin.bulk")) == (4, 8)
+
+
+# redis-py's internals: what only the fast path (core/protocol/own_connections.py, its class OwnConnections) may use.
 REDIS_INTERNALS = {"connection_kwargs", "connection_class", "send_packed_command", "send_command", "read_response",
                    "can_read", "register_connect_callback", "pack_command", "_sock"}
 FAST_PATH = ("own_connections.py", "OwnConnections")

@@ -1,6 +1,6 @@
 """Real runners and the real commands under bursts of SIGTERM and SIGINT, through run_until_signalled.
 
-The signals are handled in one place (core/signals.py): a handler that does
+The signals are handled in one place (core/worker/signals.py): a handler that does
 nothing, and stop() then abort() called by the main thread. Each case runs a
 process of its own and sends it real signals, in bursts that land inside
 stop(), inside the runners' waits and inside the ends of their run().
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from echomq_django.core import Queue, connect
-from echomq_django.core.metrics import totals
+from echomq_django.core.reading.metrics import totals
 from tests.redis_servers import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,8 +11,8 @@ import threading
 import time
 
 from echomq_django.core import Chain, Group, JobOptions, Member, Plan, Queue, connect
-from echomq_django.core.handoff import deliver_handoffs
-from echomq_django.core.queue import now_ms
+from echomq_django.core.producing.handoff import deliver_handoffs
+from echomq_django.core.producing.queue import now_ms
 from tests.helpers import fetch, finish
 from tests.redis_servers import RedisServer
 

@@ -1,7 +1,7 @@
 """docs/protocol.md's tables, the README's layout and links, CONTRIBUTING's markers, held to what they restate.
 
 The events table against the events the scripts emit, the job hash table
-against the fields the scripts write and core/job.py reads, and the meta row
+against the fields the scripts write and core/protocol/job.py reads, and the meta row
 of the keys table against the fields written to meta. The scripts are read as
 Redis runs them (includes spliced in, comments dropped), so a field written by
 an include counts for every script that includes it.
@@ -12,9 +12,9 @@ import re
 import tomllib
 from pathlib import Path
 
-from echomq_django.core.keys import SCRIPT_KEYS
-from echomq_django.core.lua import script_names, script_source
-from echomq_django.core.sweeper import LAST_SWEEP_FIELD
+from echomq_django.core.protocol.keys import SCRIPT_KEYS
+from echomq_django.core.protocol.lua import script_names, script_source
+from echomq_django.core.worker.sweeper import LAST_SWEEP_FIELD
 
 ROOT = Path(__file__).resolve().parents[2]
 PROTOCOL = ROOT / "docs" / "protocol.md"
@@ -176,8 +176,8 @@ def script_called(short: str) -> str:
 
 
 def fields_read_by_job_py() -> set[str]:
-    """The fields Job.from_hash reads: every `fields.get("...")` in core/job.py."""
-    tree = ast.parse((ROOT / "echomq_django" / "core" / "job.py").read_text())
+    """The fields Job.from_hash reads: every `fields.get("...")` in core/protocol/job.py."""
+    tree = ast.parse((ROOT / "echomq_django" / "core" / "protocol" / "job.py").read_text())
     return {node.args[0].value for node in ast.walk(tree)
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
             and isinstance(node.func.value, ast.Name) and node.func.value.id == "fields"
@@ -226,7 +226,7 @@ def test_the_job_hash_table_lists_exactly_the_fields_written_and_read():
             if target == "job":
                 written.setdefault(field, set()).add(script)
     assert set(documented) == set(written)
-    assert fields_read_by_job_py() <= set(written), "core/job.py reads a field no script writes"
+    assert fields_read_by_job_py() <= set(written), "core/protocol/job.py reads a field no script writes"
     for field, by in documented.items():
         assert by, f"the row of {field!r} names no script"
         for short in by:
@@ -247,13 +247,22 @@ def test_the_operations_list_gives_the_sweeps_keys_in_their_order():
 
 
 def test_the_readme_layout_names_every_module():
-    """Each module of the package and each benchmark is named in the README's layout table."""
+    """Each module of the package and each benchmark is named in the README's layout table, in the row of its own
+    folder: the row `echomq_django/core/worker/` names `pool`, and a `pool` named in another row does not count."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    layout = readme[readme.index("## Layout"):].split("\n\n")[1]  # the table, to the next blank line
+    table = readme[readme.index("## Layout"):].split("\n\n")[1]  # the table, to the next blank line
+    rows = {}
+    for line in table.splitlines()[2:]:
+        path, what = line.strip("|").split("|", 1)
+        rows[path.strip().strip("`")] = what
     modules = [path for folder in ("echomq_django", "bench") for path in (ROOT / folder).rglob("*.py")
                if path.stem != "__init__" and "migrations" not in path.parts]
-    missing = sorted(str(path.relative_to(ROOT)) for path in modules if f"`{path.stem}" not in layout)
-    assert not missing, f"the README's layout table does not name {missing}"
+    missing = sorted(str(path.relative_to(ROOT)) for path in modules
+                     if f"`{path.stem}`" not in rows.get(f"{path.parent.relative_to(ROOT)}/", "")
+                     and f"`{path.name}`" not in rows.get(f"{path.parent.relative_to(ROOT)}/", ""))
+    assert not missing, f"the README's layout table does not name {missing} in the row of its folder"
+    folders = {f"{path.parent.relative_to(ROOT)}/" for path in modules}
+    assert set(rows) >= folders, f"the layout table has no row for {sorted(folders - set(rows))}"
 
 
 def test_contributing_names_every_test_marker():

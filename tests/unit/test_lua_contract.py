@@ -6,7 +6,7 @@ import re
 import pytest
 
 from echomq_django.core import EncodedJob
-from echomq_django.core.keys import (
+from echomq_django.core.protocol.keys import (
     DERIVED_KEYS,
     SCRIPT_ARGV,
     SCRIPT_ARGV_EACH,
@@ -15,7 +15,7 @@ from echomq_django.core.keys import (
     script_argv,
     script_argv_each,
 )
-from echomq_django.core.lua import CONSTANTS, script_names, script_source, scripts_dir
+from echomq_django.core.protocol.lua import CONSTANTS, script_names, script_source, scripts_dir
 
 HEADER_KEY = re.compile(r"^\s*KEYS\[(\d+)\]\s+(\S+)", re.MULTILINE)
 # "ARGV[i] name", the name followed by two spaces (then what it is) or by the line's end.
@@ -126,7 +126,7 @@ def test_an_include_is_spliced_once_even_when_named_twice():
 
 
 def test_the_scripts_know_the_same_reserved_ids_as_python():
-    from echomq_django.core.keys import RESERVED_IDS
+    from echomq_django.core.protocol.keys import RESERVED_IDS
 
     text = script_source("cleanJobs-1")  # jobKey, which names the generated include "reservedIds"
     listed = text[text.index("local RESERVED_IDS = {"):text.index("}\n", text.index("local RESERVED_IDS = {"))]
@@ -134,7 +134,7 @@ def test_the_scripts_know_the_same_reserved_ids_as_python():
 
 
 def test_every_name_of_a_queue_key_is_refused_as_a_job_id():
-    from echomq_django.core.keys import RESERVED_IDS
+    from echomq_django.core.protocol.keys import RESERVED_IDS
 
     names = {name for keys in SCRIPT_KEYS.values() for name in keys} | set(DERIVED_KEYS)
     # A name with a placeholder or a ":" cannot be an id (ids hold no ":").
@@ -175,7 +175,7 @@ def test_the_scripts_take_the_shared_bounds_from_python_and_copy_none():
 
 
 def test_the_scripts_count_the_all_time_totals_python_reads():
-    from echomq_django.core.metrics import TOTALS
+    from echomq_django.core.reading.metrics import TOTALS
 
     [listed] = re.findall(r"^local TOTAL_FIELDS = \{(.*)\}$", script_source("moveToFinished-10"), re.MULTILINE)
     assert set(re.findall(r"(\w+) = true", listed)) == set(TOTALS)

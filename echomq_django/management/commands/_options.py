@@ -54,7 +54,7 @@ def connect_or_fail(warn: Callable[[str], None]) -> None:
 
 
 class CommandRunner:
-    """A runner for run_until_signalled (core/signals.py): `run` on a thread of its own, `runner`'s stop and abort.
+    """A runner for run_until_signalled (core/worker/signals.py): `run` on a thread of its own, the stop and abort.
 
     That thread's Django database connections are its own: they are closed when
     `run` ends (outside a transaction the caller holds, a test's, say).

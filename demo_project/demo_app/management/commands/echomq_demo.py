@@ -25,8 +25,8 @@ from demo_project.demo_app.jobs import API, HEAVY, QUEUE, STORY, add_up, call_ap
 from demo_project.demo_app.relay import Relay, SweepNarrator
 from echomq_django.conf import get_settings
 from echomq_django.core import connect
-from echomq_django.core.queue import now_ms
-from echomq_django.core.sweeper import last_sweep
+from echomq_django.core.producing.queue import now_ms
+from echomq_django.core.worker.sweeper import last_sweep
 from echomq_django.queues import get_queue
 from echomq_django.workflows import chord, group
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .connection import socket_timeout
-from .errors import JobFailedError, JobNotFinishedError, JobNotFoundError
+from ..errors import JobFailedError, JobNotFinishedError, JobNotFoundError
+from ..protocol.connection import socket_timeout
 
 # The events after which a waiter reads the job again: it ended, or left every state.
 _ENDS = frozenset({"completed", "failed", "removed", "cancelled"})

@@ -8,9 +8,9 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from .connection import UNREACHABLE
-from .keys import QueueKeys
-from .scripts import Scripts
+from ..protocol.connection import UNREACHABLE
+from ..protocol.keys import QueueKeys
+from ..protocol.scripts import Scripts
 from .slots import Events
 
 logger = logging.getLogger("echomq.worker")

@@ -28,9 +28,9 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import ClusterDownError, ConnectionError, MovedError, NoScriptError, ResponseError, TryAgainError
 
-from . import defaults
+from .. import defaults
+from ..errors import QueueStateError
 from .connection import UNREACHABLE, require_text_replies
-from .errors import QueueStateError
 from .lua import script_names, script_source
 from .own_connections import OwnConnections
 

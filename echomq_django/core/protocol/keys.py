@@ -13,8 +13,8 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
-from . import defaults
-from .errors import InvalidNameError
+from .. import defaults
+from ..errors import InvalidNameError
 
 MAX_NAME_LENGTH = 128
 # A generated id is "<queue>.<n>" (addJob): a queue name of MAX_NAME_LENGTH, a dot and a counter of up to 20 digits.
@@ -420,7 +420,7 @@ class QueueKeys:
         return self.base + "bulk-run:" + run_id
 
     def bulk_run_ids(self, run_id: str) -> str:
-        """The ids a bulk run changes, in order (LIST); see core/bulk_runs.py."""
+        """The ids a bulk run changes, in order (LIST); see core/reading/bulk_runs.py."""
         return self.base + "bulk-run:" + run_id + ":ids"
 
     def job(self, job_id: str) -> str:

@@ -24,9 +24,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .job import MAX_ATTEMPTS, MAX_COUNTER_CHARS, MAX_PRIORITY, MIN_PRIORITY, datetime_from_ms, decode_stored
-from .keys import is_name
-from .queue import JobRead, Queue, now_ms, read_jobs
+from ..producing.queue import JobRead, Queue, read_jobs
+from ..protocol.job import MAX_ATTEMPTS, MAX_COUNTER_CHARS, MAX_PRIORITY, MIN_PRIORITY, decode_stored
+from ..protocol.keys import is_name
+from ..protocol.times import datetime_from_ms, now_ms
 
 __all__ = [
     "FAIL", "MARK", "NOTHING", "RECOVER", "UNMARK", "DROP_MARK",

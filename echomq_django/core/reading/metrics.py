@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .keys import MINUTE_MS
-from .queue import Queue, now_ms
+from ..producing.queue import Queue
+from ..protocol.keys import MINUTE_MS
+from ..protocol.times import now_ms
 
 # The all-time counters (QueueKeys.metrics_total).
 TOTALS = ("completed", "failed", "retried", "recovered")

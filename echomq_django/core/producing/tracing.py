@@ -34,8 +34,8 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from .job import Job
-from .scripts import Finish
+from ..protocol.job import Job
+from ..protocol.scripts import Finish
 
 try:
     from opentelemetry import context as otel_context

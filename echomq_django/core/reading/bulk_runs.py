@@ -28,9 +28,10 @@ from typing import Any
 
 from redis.exceptions import WatchError
 
+from ..producing.queue import BULK_BATCH, BulkOutcome, Queue, batched
+from ..protocol.job import decode_stored
+from ..protocol.times import now_ms
 from .browse import state_ids
-from .job import decode_stored
-from .queue import BULK_BATCH, BulkOutcome, Queue, batched, now_ms
 
 logger = logging.getLogger("echomq.admin")
 

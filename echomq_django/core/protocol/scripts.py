@@ -1,6 +1,6 @@
 """One typed method per script: its arguments named as the script names them, its codes as exceptions.
 
-Each script's KEYS come from core/keys.py's SCRIPT_KEYS and its ARGV from
+Each script's KEYS come from core/protocol/keys.py's SCRIPT_KEYS and its ARGV from
 script_argv (SCRIPT_ARGV, in the order the script reads them); the calls go
 through ScriptClient (transport.py).
 """
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import defaults
-from .errors import JobLockedError, JobNotFoundError, LockLostError, QueueStateError
+from .. import defaults
+from ..errors import JobLockedError, JobNotFoundError, LockLostError, QueueStateError
 from .job import cut_text
 from .keys import COUNTED, LIST_STATES, SCRIPT_KEYS, QueueKeys, script_argv, script_argv_each
 from .transport import Call, Confirm, ScriptClient, Wait

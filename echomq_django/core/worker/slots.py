@@ -19,15 +19,15 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from .connection import UNREACHABLE
-from .errors import JobCancelled, LockLostError
-from .job import Job, Reporter
-from .keys import QueueKeys
+from ..errors import JobCancelled, LockLostError
+from ..producing.tracing import process_traced
+from ..protocol.connection import UNREACHABLE
+from ..protocol.job import Job, Reporter
+from ..protocol.keys import QueueKeys
+from ..protocol.scripts import Finish
+from ..protocol.times import now_ms
 from .pool import AbandonedThreads, ChildStartError, Handler, ProcessSlot, ThreadSlot
-from .queue import now_ms
-from .scripts import Finish
 from .stopping import TwoStages
-from .tracing import process_traced
 
 logger = logging.getLogger("echomq.worker")
 

@@ -29,19 +29,18 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from .. import __version__
-from . import defaults
-from .connection import UNREACHABLE, require_text_replies
-from .errors import InvalidNameError
+from .. import defaults
+from ..errors import InvalidNameError
+from ..protocol.connection import UNREACHABLE, require_text_replies
+from ..protocol.job import Job, JobOptions
+from ..protocol.keys import QueueKeys, validate_stored_id
+from ..protocol.registry import Heartbeat, WorkerInfo
+from ..protocol.scripts import Confirm, RateLimit, Scripts
+from ..protocol.times import now_ms
 from .fetching import FetchLoop, FetchOptions, RoundTrips
-from .job import Job, JobOptions
-from .keys import QueueKeys, validate_stored_id
 from .locks import LockRenewer
 from .marker import MarkerWaiter
 from .pool import POOLS, Handler
-from .queue import now_ms
-from .registry import Heartbeat, WorkerInfo
-from .scripts import Confirm, RateLimit, Scripts
 from .slots import AbandonedShown, Events, JobSlots, SlotOptions
 from .stopping import TwoStages
 
@@ -218,7 +217,7 @@ class Worker:
         """This worker as the workers registry shows it, as of now."""
         return WorkerInfo(
             id=self.worker_id, queue=self.keys.queue, host=socket.gethostname(), pid=os.getpid(),
-            queues=self.queues, pool=self.pool, concurrency=self.concurrency, version=__version__,
+            queues=self.queues, pool=self.pool, concurrency=self.concurrency, version=defaults.__version__,
             started_at_ms=self.started_at_ms, heartbeat_at_ms=now_ms(), done=self._trips.processed,
             failed=self._trips.failed, running=tuple(self._locks.running()))
 

@@ -24,15 +24,15 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 from redis.exceptions import ClusterDownError, OutOfMemoryError, ReadOnlyError, ResponseError, TryAgainError
 
-from . import defaults
-from .connection import UNREACHABLE, require_text_replies
-from .errors import EchoMQError, PayloadError
-from .job import MAX_DELAY_MS, JobOptions, encode_json
-from .keys import QueueKeys, script_argv, validate_job_id, validate_job_name, validate_name
-from .queue import now_ms
-from .scripts import Call, Scripts
-from .stopping import TwoStages
-from .tracing import send_traced, with_trace
+from .. import defaults
+from ..errors import EchoMQError, PayloadError
+from ..producing.tracing import send_traced, with_trace
+from ..protocol.connection import UNREACHABLE, require_text_replies
+from ..protocol.job import MAX_DELAY_MS, JobOptions, encode_json
+from ..protocol.keys import QueueKeys, script_argv, validate_job_id, validate_job_name, validate_name
+from ..protocol.scripts import Call, Scripts
+from ..protocol.times import now_ms, seconds_text
+from ..worker.stopping import TwoStages
 
 logger = logging.getLogger("echomq.beat")
 
@@ -169,11 +169,6 @@ class Schedule:
 
     def _local(self, at_ms: int) -> datetime:
         return datetime.fromtimestamp(at_ms / 1000, UTC).astimezone(zone(self.timezone))
-
-
-def seconds_text(ms: int) -> str:
-    """ms as seconds, as written in settings: "0.25", "30", "31536000" (never an exponent)."""
-    return f"{ms / 1000:.3f}".rstrip("0").rstrip(".")
 
 
 def _ms(moment: datetime) -> int:

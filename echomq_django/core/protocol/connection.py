@@ -26,8 +26,8 @@ from redis.exceptions import ConnectionError, RedisClusterException, TimeoutErro
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
-from . import defaults
-from .errors import EchoMQError
+from .. import defaults
+from ..errors import EchoMQError
 
 DEFAULT_REDIS_URL = defaults.REDIS_URL
 # What "Redis cannot be reached right now" looks like: a failed connection or

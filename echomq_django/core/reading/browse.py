@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .job import Job
-from .keys import LIST_STATES, STATES
-from .queue import Queue, read_jobs
+from ..producing.queue import Queue, read_jobs
+from ..protocol.job import Job
+from ..protocol.keys import LIST_STATES, STATES
 
 # The states the browser lists: the queue's state keys, and the marks of the sweep.
 BROWSABLE = (*STATES, "stalled")

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .errors import MAX_RETRY_AFTER_S
-from .queue import Queue, now_ms
-from .scripts import RateLimit
+from ..errors import MAX_RETRY_AFTER_S
+from ..producing.queue import Queue
+from ..protocol.scripts import RateLimit
+from ..protocol.times import now_ms
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from .keys import QueueKeys
-from .scripts import Scripts
+from ..protocol.keys import QueueKeys
+from ..protocol.scripts import Scripts
 
 logger = logging.getLogger("echomq.worker")
 

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, NoReturn, Protocol
 
-from . import defaults
-from .errors import InvalidNameError, PayloadError, Retry, SoftTimeLimitExceeded
+from .. import defaults
+from ..errors import InvalidNameError, PayloadError, Retry, SoftTimeLimitExceeded
 from .keys import validate_name
 
 # The bounds of the numbers a job may carry. The Lua scripts get them from
-# here (core/lua.py's generated include "constants"), so a value one side refuses
+# here (core/protocol/lua.py's generated include "constants"), so a value one side refuses
 # is never used by the other.
 MAX_ATTEMPTS = 1_000_000
 MIN_PRIORITY, MAX_PRIORITY = -100, 100  # higher runs first
@@ -247,7 +245,7 @@ class TooDeep(str):
 
 
 def _trace_of(opts: str | None) -> dict[str, str] | None:
-    """The trace context in an `opts` field (its `trace`, strings only), or None (core/tracing.py)."""
+    """The trace context in an `opts` field (its `trace`, strings only), or None (core/producing/tracing.py)."""
     if not opts or '"trace"' not in opts:
         return None
     value = _json(opts, None)
@@ -344,12 +342,12 @@ class Job:
     logs: list[str] = field(default_factory=list)  # its newest log lines, oldest first (read by Queue.get_job)
     log_count: int = 0  # how many log lines it keeps (Queue.get_job may read fewer)
     cancel_reason: str | None = None  # set when it was cancelled (Queue.cancel), also while it still runs
-    workflow_id: str | None = None  # the workflow it is a step of (core/workflow.py), and its home queue
+    workflow_id: str | None = None  # the workflow it is a step of (core/producing/workflow.py), and its home queue
     workflow_queue: str | None = None
     inputs_mode: str = ""  # "1": its workflow inputs come before its own arguments; "2": an error handler's
     workflow_args: list[Any] = field(default_factory=list)  # those arguments, read by the worker before it runs
     next_steps: str | None = None  # its workflow edges (`nxt`, JSON), read where it ends
-    # OpenTelemetry (core/tracing.py): the W3C context of the span that sent it (opts `trace`), and, while a
+    # OpenTelemetry (core/producing/tracing.py): the W3C context of the span that sent it (opts `trace`), and, while a
     # worker runs it, that of its attempt's process span, in which the handler runs (sent to a pool's child).
     trace: dict[str, str] | None = None
     running_trace: dict[str, str] | None = None
@@ -466,20 +464,6 @@ class Job:
         return cls.from_hash(queue, job_id, dict(zip(flat[::2], flat[1::2])), strict=strict)
 
 
-def delay_until(moment: datetime | None, from_ms: int) -> int:
-    """The delay (ms) from `from_ms` to `moment` (a run-after, an eta); 0 without one or once it has passed.
-
-    A naive datetime is refused (PayloadError): which zone it means is a guess, and a wrong guess is hours.
-    """
-    if moment is None:
-        return 0
-    if not isinstance(moment, datetime):
-        raise PayloadError(f"a time to run at is a datetime, not {moment!r}")
-    if moment.tzinfo is None or moment.utcoffset() is None:
-        raise PayloadError(f"a time to run at needs a time zone (an aware datetime), not {moment.isoformat()}")
-    return max(0, math.ceil(moment.timestamp() * 1000) - from_ms)
-
-
 def log_line(message: Any) -> str:
     """str() of `message` as a job's log keeps it: cut at MAX_LOG_LINE_CHARS, a lone surrogate as its escape.
 
@@ -499,16 +483,6 @@ def cut_text(text: str, limit: int) -> str:
     if len(encoded) <= limit:
         return text
     return encoded[:limit].decode("utf-8", "ignore") + f" [cut: {len(encoded)} bytes]"
-
-
-def datetime_from_ms(ms: int | None) -> datetime | None:
-    """An aware UTC datetime from a protocol timestamp (ms), or None."""
-    if not ms:
-        return None
-    try:
-        return datetime.fromtimestamp(ms / 1000, tz=UTC)
-    except (OverflowError, OSError, ValueError):  # out of datetime's range: a hash another client wrote
-        return None
 
 
 # (A delay other than 0 makes options of their own: the cache holds the latest few hundred.)

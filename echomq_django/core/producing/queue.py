@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import enum
 import re
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
-from . import defaults
-from .connection import require_text_replies
-from .errors import InvalidNameError, NotConfirmedError, PayloadError, QueueStateError
-from .handle import JobHandle
-from .handoff import deliver_handoffs
-from .job import MAX_DELAY_MS, MAX_TIMESTAMP_MS, Job, JobOptions, encode_json, whole_number
-from .keys import (
+from .. import defaults
+from ..errors import InvalidNameError, NotConfirmedError, PayloadError, QueueStateError
+from ..protocol.connection import require_text_replies
+from ..protocol.job import MAX_DELAY_MS, MAX_TIMESTAMP_MS, Job, JobOptions, encode_json, whole_number
+from ..protocol.keys import (
     ALPHABET,
     LIST_STATES,
     STATES,
@@ -25,8 +22,11 @@ from .keys import (
     validate_job_name,
     validate_stored_id,
 )
-from .registry import WorkerInfo, live_workers
-from .scripts import CHANGE_RECORD_MS, Call, Confirm, Scripts, change_token, pairs
+from ..protocol.registry import WorkerInfo, live_workers
+from ..protocol.scripts import CHANGE_RECORD_MS, Call, Confirm, Scripts, change_token, pairs
+from ..protocol.times import now_ms
+from .handle import JobHandle
+from .handoff import deliver_handoffs
 from .tracing import send_traced, with_trace
 
 T = TypeVar("T")
@@ -119,10 +119,6 @@ class EncodedJob(NamedTuple):
     dedupe_ms: int = 0
 
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 class Queue:
     """A named queue on one Redis: the producer's and the operator's handle.
 
@@ -152,7 +148,7 @@ class Queue:
     def encode(self, job: NewJob, trace: str = "") -> EncodedJob:
         """The job validated and encoded as an add sends it (PayloadError or InvalidNameError if it cannot be).
 
-        `trace`: the trace context its opts carry, as `send_traced` gives it (core/tracing.py).
+        `trace`: the trace context its opts carry, as `send_traced` gives it (core/producing/tracing.py).
         """
         validate_job_name(job.name)
         job_id = "" if job.job_id is None else validate_job_id(job.job_id)
@@ -182,7 +178,7 @@ class Queue:
         the job that holds the key, when one does).
 
         `timestamp_ms` is stored as the job's creation time (and a delay counts
-        from it); now by default. With tracing on, the add is a send span (core/tracing.py).
+        from it); now by default. With tracing on, the add is a send span (core/producing/tracing.py).
         """
         job = NewJob(name, data, opts, job_id, dedupe)
         [new_id] = send_traced(self.name, lambda trace: self._add([self.encode(job, trace)], timestamp_ms))
@@ -316,7 +312,7 @@ class Queue:
 
         Each job is answered once per token (a re-send answers as the first
         send did), for `record_ms`: a new token per round trip, or `token` for
-        every one (a caller that may run the same ids again, core/bulk_runs.py).
+        every one (a caller that may run the same ids again, core/reading/bulk_runs.py).
         """
         def sort(outcome: BulkOutcome, job_id: str, code: Any) -> None:
             outcome.add(job_id, {1: None, 0: GONE, -1: "it has no job hash to run (delete it)",

@@ -21,19 +21,19 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from .connection import UNREACHABLE, socket_timeout
-from .errors import JobNotFoundError, LockLostError, QueueStateError
-from .handoff import deliver_handoffs, hands_off
-from .job import Job, JobOptions, Reporter
-from .keys import QueueKeys
+from ..errors import JobNotFoundError, LockLostError, QueueStateError
+from ..producing.handoff import deliver_handoffs, hands_off
+from ..producing.workflow import read_inputs
+from ..protocol.connection import UNREACHABLE, socket_timeout
+from ..protocol.job import Job, JobOptions, Reporter
+from ..protocol.keys import QueueKeys
+from ..protocol.scripts import Confirm, Finish, RateLimit, Scripts, Wait
+from ..protocol.times import now_ms
 from .locks import RETRY_PAUSE_S, LockRenewer
 from .marker import MarkerWaiter
 from .pool import class_path
-from .queue import now_ms
-from .scripts import Confirm, Finish, RateLimit, Scripts, Wait
 from .slots import Events, JobSlots, Outcome
 from .stopping import TwoStages
-from .workflow import read_inputs
 
 logger = logging.getLogger("echomq.worker")
 # How often a worker that found its queue at MAX_ACTIVE looks again (a job of its own that ends wakes it sooner).
@@ -383,7 +383,7 @@ class RoundTrips:
         return taken, next_due
 
     def _hand_off(self) -> None:
-        """Deliver the ends of this queue's workflow members bound for other queues (core/workflow.py)."""
+        """Deliver the ends of this queue's workflow members bound for other queues (core/producing/workflow.py)."""
         try:
             deliver_handoffs(self.scripts, self.keys, now_ms())
         except (*UNREACHABLE, ResponseError) as error:  # they wait in the list, for the sweep or the next finish

@@ -21,11 +21,13 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .defaults import WORKFLOW_FAN_EDGES
-from .errors import EchoMQError, InvalidNameError
+from ..defaults import WORKFLOW_FAN_EDGES
+from ..errors import EchoMQError, InvalidNameError
+from ..protocol.job import Job, JobOptions, decode_stored, deeper_than
+from ..protocol.keys import QueueKeys, script_argv, script_argv_each, validate_job_name, validate_name
+from ..protocol.scripts import ADD_RECORD_MS
+from ..protocol.times import now_ms
 from .handle import awaited, deadline_of, sleep_unless
-from .job import Job, JobOptions, decode_stored, deeper_than
-from .keys import QueueKeys, script_argv, script_argv_each, validate_job_name, validate_name
 from .queue import (
     BULK_BATCH,
     CALL_BYTES,
@@ -37,10 +39,8 @@ from .queue import (
     batched,
     batched_by_size,
     encoded_bytes,
-    now_ms,
     text_bytes,
 )
-from .scripts import ADD_RECORD_MS
 from .tracing import send_traced, with_trace
 
 # Deeper nesting than this is refused: no real workflow comes close, and the

@@ -12,14 +12,14 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from . import defaults
-from .connection import UNREACHABLE, require_text_replies
-from .errors import QueueStateError
-from .handoff import deliver_handoffs
-from .job import decode_stored
-from .keys import QueueKeys
-from .queue import now_ms
-from .scripts import Scripts
+from .. import defaults
+from ..errors import QueueStateError
+from ..producing.handoff import deliver_handoffs
+from ..protocol.connection import UNREACHABLE, require_text_replies
+from ..protocol.job import decode_stored
+from ..protocol.keys import QueueKeys
+from ..protocol.scripts import Scripts
+from ..protocol.times import now_ms
 from .stopping import TwoStages
 
 logger = logging.getLogger("echomq.sweeper")

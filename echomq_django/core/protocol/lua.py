@@ -16,8 +16,8 @@ import importlib.resources
 import re
 from pathlib import Path
 
-from . import defaults
-from .errors import MAX_RETRY_AFTER_S
+from .. import defaults
+from ..errors import MAX_RETRY_AFTER_S
 from .job import MAX_ATTEMPTS, MAX_COUNTER_CHARS, MAX_DELAY_MS, MAX_PRIORITY, MIN_PRIORITY
 from .keys import MAX_NAME_LENGTH, MINUTE_MS, NAME_FIRST, NAME_REST, RESERVED_IDS
 
@@ -59,7 +59,7 @@ def scripts_dir() -> Path:
     packaged = importlib.resources.files("echomq_django") / "lua"
     if packaged.is_dir():
         return Path(str(packaged))
-    checkout = Path(__file__).resolve().parents[2] / "lua"
+    checkout = Path(__file__).resolve().parents[3] / "lua"
     if checkout.is_dir():
         return checkout
     raise FileNotFoundError(

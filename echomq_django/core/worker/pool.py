@@ -39,8 +39,7 @@ from dataclasses import replace
 from multiprocessing.connection import Connection, wait
 from typing import Any, cast
 
-from .beat import seconds_text
-from .errors import (
+from ..errors import (
     JobCancelled,
     LockLostError,
     PayloadError,
@@ -50,10 +49,11 @@ from .errors import (
     TimeLimitExceeded,
     is_final,
 )
-from .job import Job, Reporter, encode_json
-from .scripts import Finish
+from ..producing.tracing import run_traced
+from ..protocol.job import Job, Reporter, encode_json
+from ..protocol.scripts import Finish
+from ..protocol.times import seconds_text
 from .signals import SOFT_LIMIT_SIGNAL, leave_stop_signals_to_the_parent, on_soft_limit_signal
-from .tracing import run_traced
 
 logger = logging.getLogger("echomq.worker")
 
