@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import redis  # noqa: E402
 
-from echomq_django.core import NewJob, Queue, Retention, Worker, connect  # noqa: E402
+from echomq_django.core import NewJob, Queue, Retention, Worker, WorkerOptions, connect  # noqa: E402
 from tests.redis_servers import ClusterServers  # noqa: E402
 
 PREFIX = "bench"
@@ -35,8 +35,8 @@ PREFIX = "bench"
 
 def drain(url: str, name: str, concurrency: int, start: multiprocessing.Event) -> None:
     client = connect(url)
-    worker = Worker(name, lambda job: None, client, prefix=PREFIX, concurrency=concurrency,
-                    keep_completed=Retention(count=0))
+    worker = Worker(name, lambda job: None, client, WorkerOptions(prefix=PREFIX, concurrency=concurrency,
+                                                                  keep_completed=Retention(count=0)))
     start.wait()
     worker.run(burst=True)
 

@@ -113,9 +113,9 @@ def echomq_add_bulk_rate(url: str, jobs: int) -> tuple[float, float]:
 
 _ECHOMQ_WORKER = """
 import sys, time
-from echomq_django.core import Worker, connect
+from echomq_django.core import Worker, WorkerOptions, connect
 url, prefix, jobs, concurrency = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-worker = Worker("work", lambda job: None, connect(url), prefix=prefix, concurrency=concurrency)
+worker = Worker("work", lambda job: None, connect(url), WorkerOptions(prefix=prefix, concurrency=concurrency))
 started = time.perf_counter()
 done = worker.run(burst=True)
 elapsed = time.perf_counter() - started

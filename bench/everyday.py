@@ -263,7 +263,12 @@ import importlib, sys
 sys.path.insert(0, sys.argv[1])
 tasks = importlib.import_module(sys.argv[2])
 from echomq_django.core import Worker, connect, run_until_signalled
-worker = Worker("q", tasks.handle, connect(tasks.URL), prefix=tasks.TAG, concurrency=int(sys.argv[3]))
+try:
+    from echomq_django.core import WorkerOptions
+    def options(**given): return {"options": WorkerOptions(**given)}
+except ImportError:  # a tree from before WorkerOptions: Worker took them as keyword arguments
+    def options(**given): return given
+worker = Worker("q", tasks.handle, connect(tasks.URL), **options(prefix=tasks.TAG, concurrency=int(sys.argv[3])))
 run_until_signalled(worker)
 """
 

@@ -42,7 +42,12 @@ import sys, time
 from echomq_django.core import Queue, Worker, connect
 url, prefix, jobs, concurrency = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 client = connect(url)
-worker = Worker("work", lambda job: None, client, prefix=prefix, concurrency=concurrency)
+try:
+    from echomq_django.core import WorkerOptions
+    def options(**given): return {"options": WorkerOptions(**given)}
+except ImportError:  # a tree from before WorkerOptions: Worker took them as keyword arguments
+    def options(**given): return given
+worker = Worker("work", lambda job: None, client, **options(prefix=prefix, concurrency=concurrency))
 started = time.perf_counter()
 done = worker.run(burst=True)
 elapsed = time.perf_counter() - started

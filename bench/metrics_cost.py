@@ -210,10 +210,10 @@ def script_costs(client, prefix: str, rounds: int, jobs: int, before: Before | N
 
 _WORKER = """
 import sys, time
-from echomq_django.core import Worker, connect
+from echomq_django.core import Worker, WorkerOptions, connect
 url, prefix, jobs, concurrency, minutes = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-worker = Worker("work", lambda job: None, connect(url), prefix=prefix, concurrency=concurrency,
-                metrics_minutes=minutes)
+worker = Worker("work", lambda job: None, connect(url),
+                WorkerOptions(prefix=prefix, concurrency=concurrency, metrics_minutes=minutes))
 started = time.perf_counter()
 done = worker.run(burst=True)
 elapsed = time.perf_counter() - started

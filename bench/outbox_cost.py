@@ -53,7 +53,7 @@ def main() -> None:
     from django.test.utils import override_settings
 
     from demo_project.demo_app.jobs import greet
-    from echomq_django.core import Worker
+    from echomq_django.core import Worker, WorkerOptions
     from echomq_django.outbox import RELAY_AFTER_S
     from echomq_django.queues import get_queue
     from echomq_django.relay import Relay
@@ -108,7 +108,7 @@ def main() -> None:
         starts[job.data["args"][0]] = time.time()
 
     queue = get_queue("demo", long_running=True)
-    worker = Worker("demo", handler, queue.client, prefix=queue.keys.prefix, scripts=queue.scripts)
+    worker = Worker("demo", handler, queue.client, WorkerOptions(prefix=queue.keys.prefix), scripts=queue.scripts)
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
 

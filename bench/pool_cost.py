@@ -175,10 +175,10 @@ _ECHOMQ_WORKER = """
 import sys, time
 sys.path.insert(0, sys.argv[1])
 import pool_cost
-from echomq_django.core import Worker, connect
+from echomq_django.core import Worker, WorkerOptions, connect
 url, prefix, pool, concurrency, handler = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6]
-worker = Worker("work", getattr(pool_cost, handler), connect(url), prefix=prefix, concurrency=concurrency,
-                pool=pool)
+worker = Worker("work", getattr(pool_cost, handler), connect(url),
+                WorkerOptions(prefix=prefix, concurrency=concurrency, pool=pool))
 pool_cost._say(f"RUN {time.time()}")
 done = worker.run(burst=True)
 pool_cost._say(f"DONE {time.time()} {done}")

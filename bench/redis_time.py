@@ -90,6 +90,16 @@ class Phase:
                          for name, value in stats.items()}
 
 
+def bench_worker(client: Any, **options: Any) -> Worker:
+    """A no-op worker of the tree measured: its options in a WorkerOptions, or, in a tree from before
+    WorkerOptions (a --baseline), as the keyword arguments Worker took then."""
+    try:
+        from echomq_django.core import WorkerOptions
+    except ImportError:
+        return Worker("bench", lambda job: None, client, **options)
+    return Worker("bench", lambda job: None, client, WorkerOptions(**options))
+
+
 def one_run(url: str, jobs: int, concurrency: int) -> dict[str, float]:
     client = connect(url)
     prefix = f"rt{uuid.uuid4().hex[:8]}"
@@ -104,8 +114,7 @@ def one_run(url: str, jobs: int, concurrency: int) -> dict[str, float]:
                         queue.add("noop")
                 else:
                     queue.add_bulk(NewJob("noop") for _ in range(jobs))
-            worker = Worker("bench", lambda job: None, client, prefix=prefix, concurrency=concurrency,
-                            block_timeout_s=0.2)
+            worker = bench_worker(client, prefix=prefix, concurrency=concurrency, block_timeout_s=0.2)
             with Phase(client, jobs) as life:
                 done = worker.run(burst=True)
             if done != jobs:

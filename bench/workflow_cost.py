@@ -46,6 +46,7 @@ from echomq_django.core import (  # noqa: E402
     Queue,
     Retention,
     Worker,
+    WorkerOptions,
     connect,
 )
 from echomq_django.core.producing.queue import now_ms  # noqa: E402
@@ -103,8 +104,9 @@ def longest_calls(client, members: int) -> None:
                     Plan.of(Chord(Group(member(queue, n) for n in range(members)), member(queue, -1))).add()
                 else:
                     queue.add_bulk([NewJob("noop", {"n": n}, JobOptions(attempts=1)) for n in range(members + 1)])
-                Worker("q", lambda job: 1, client, prefix=queue.keys.prefix, concurrency=8,
-                       keep_completed=Retention(count=1000), block_timeout_s=0.1).run(burst=True)
+                Worker("q", lambda job: 1, client, WorkerOptions(prefix=queue.keys.prefix, concurrency=8,
+                                                                 keep_completed=Retention(count=1000),
+                                                                 block_timeout_s=0.1)).run(burst=True)
 
             with slowlog_on(client):
                 spent, _ = script_time(client, run)
@@ -125,8 +127,9 @@ def callback_latency(client, rounds: int, members: int = 1000) -> list[float]:
         try:
             plan = Plan.of(Chord(Group(member(queue, n) for n in range(members)), member(queue, -1)))
             plan.add()
-            Worker("q", lambda job: 1, client, prefix=queue.keys.prefix, concurrency=8, keep_completed=Retention(),
-                   block_timeout_s=0.1).run(burst=True)
+            options = WorkerOptions(prefix=queue.keys.prefix, concurrency=8, keep_completed=Retention(),
+                                    block_timeout_s=0.1)
+            Worker("q", lambda job: 1, client, options).run(burst=True)
             pipe = client.pipeline(transaction=False)
             for step in plan.steps:
                 pipe.hmget(queue.keys.job(step.id), "finishedOn", "processedOn")

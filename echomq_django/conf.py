@@ -51,6 +51,7 @@ from .core import (
     RateLimit,
     RedisURLError,
     Retention,
+    WorkerOptions,
     defaults,
     delay_until,
     parse_redis_url,
@@ -168,6 +169,26 @@ class QueueConfig:
     def job_options(self) -> JobOptions:
         """The options of this queue's jobs where a job gives none of its own (attempts, backoff, result TTL)."""
         return JobOptions(attempts=self.attempts, backoff=self.backoff, result_ttl_ms=self.result_ttl_ms)
+
+    def worker_options(self, top: EchoMQSettings, **overrides: Any) -> WorkerOptions:
+        """What a worker of this queue is told: its settings and `top`'s that every queue shares, with `overrides`
+        (WorkerOptions fields; None keeps the setting). ValueError for an override that cannot be.
+
+        On threads the children's settings (recycling, `child_init`) are left out, as they do not apply.
+        """
+        fields: dict[str, Any] = dict(
+            prefix=top.prefix, concurrency=self.concurrency, lock_duration_ms=self.lock_duration_ms,
+            renew_interval_ms=self.renew_interval_ms, default_attempts=self.attempts,
+            keep_completed=self.keep_completed, keep_failed=self.keep_failed, confirm=top.confirm,
+            metrics_minutes=top.metrics_minutes, max_log_lines=self.max_log_lines, pool=self.pool,
+            time_limit_ms=self.time_limit_ms, soft_time_limit_ms=self.soft_time_limit_ms,
+            max_jobs_per_child=self.max_jobs_per_child, max_memory_per_child_kb=self.max_memory_per_child_mb * 1024,
+            rate_limit=self.rate_limit, max_active=self.max_active, group_max_active=self.group_max_active,
+            trace_as_child=top.trace_as_child)
+        fields.update((key, value) for key, value in overrides.items() if value is not None)
+        if fields["pool"] != "processes":
+            fields.update(max_jobs_per_child=0, max_memory_per_child_kb=0, child_init=None)
+        return WorkerOptions(**fields)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from redis.retry import Retry
 
 from . import child
 from .conf import get_settings
-from .core import Confirm, Handler, Queue, Scripts, Sweeper, SweepTarget, Worker, connect
+from .core import Confirm, Handler, Queue, Scripts, Sweeper, SweepTarget, Worker, WorkerOptions, connect
 
 
 @functools.cache
@@ -125,53 +125,26 @@ def make_sweeper(names: Iterable[str], *, long_running: bool = True, **overrides
     return Sweeper(client, targets, prefix=settings.prefix, scripts=scripts, metrics_minutes=settings.metrics_minutes)
 
 
-def make_worker(name: str, handler: Handler, **overrides: Any) -> Worker:
+def make_worker(name: str, handler: Handler, *, queues: tuple[str, ...] = (), **overrides: Any) -> Worker:
     """A worker on `name` with that queue's pool, lock, concurrency, time limit and retention settings.
 
-    `overrides`: Worker keyword arguments that replace the configured values
-    (None keeps them), as worker_options takes them.
+    `overrides`: WorkerOptions fields that replace the configured values (None keeps them), as
+    worker_options takes them; `queues`: every queue the worker's process serves.
     """
     client, scripts = _runtime(get_settings(), long_running=True)
-    return Worker(name, handler, client, scripts=scripts, **worker_options(name, **overrides))
+    return Worker(name, handler, client, worker_options(name, **overrides), scripts=scripts, queues=queues)
 
 
-def worker_options(name: str, **overrides: Any) -> dict[str, Any]:
-    """The Worker keyword arguments of queue `name`'s settings, with `overrides` (None: keep the setting).
+def worker_options(name: str, **overrides: Any) -> WorkerOptions:
+    """The WorkerOptions of queue `name`'s settings, with `overrides` (as QueueConfig.worker_options takes them).
 
-    Time limits go in ms and child memory in KB. A worker on the processes pool
-    gets child.setup as what its children run first (Django, the jobs modules);
-    on threads the children's recycling is left out (0), as it does not apply.
+    A worker on the processes pool gets child.setup as what its children run first (Django, the jobs
+    modules), unless the overrides give a `child_init` of their own.
     """
     settings = get_settings()
-    config = settings.queue(name)
-    options: dict[str, Any] = {
-        "prefix": settings.prefix,
-        "concurrency": config.concurrency,
-        "lock_duration_ms": config.lock_duration_ms,
-        "renew_interval_ms": config.renew_interval_ms,
-        "default_attempts": config.attempts,
-        "keep_completed": config.keep_completed,
-        "keep_failed": config.keep_failed,
-        "confirm": settings.confirm,
-        "metrics_minutes": settings.metrics_minutes,
-        "max_log_lines": config.max_log_lines,
-        "pool": config.pool,
-        "time_limit_ms": config.time_limit_ms,
-        "soft_time_limit_ms": config.soft_time_limit_ms,
-        "max_jobs_per_child": config.max_jobs_per_child,
-        "max_memory_per_child_kb": config.max_memory_per_child_mb * 1024,
-        "child_init": None,
-        "rate_limit": config.rate_limit,
-        "max_active": config.max_active,
-        "group_max_active": config.group_max_active,
-        "trace_as_child": settings.trace_as_child,
-    }
-    options.update({key: value for key, value in overrides.items() if value is not None})
-    if options["pool"] == "processes":
-        options["child_init"] = options["child_init"] or child.setup
-    else:
-        options.update(max_jobs_per_child=0, max_memory_per_child_kb=0, child_init=None)
-    return options
+    overrides.setdefault("child_init", None)
+    overrides["child_init"] = overrides["child_init"] or child.setup
+    return settings.queue(name).worker_options(settings, **overrides)
 
 
 @receiver(setting_changed)

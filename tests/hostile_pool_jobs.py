@@ -34,6 +34,7 @@ from echomq_django.core import (
     SoftTimeLimitExceeded,
     TimeLimitExceeded,
     Worker,
+    WorkerOptions,
     connect,
     run_until_signalled,
 )
@@ -310,9 +311,10 @@ def main() -> None:
     from tests import hostile_pool_jobs as jobs  # pickled by this name, not as __main__'s
 
     child_init = getattr(jobs, args.child_init) if args.child_init else None
-    worker = Worker(args.queue, jobs.HANDLERS[args.handler], connect(args.url), prefix=args.prefix, pool=args.pool,
-                    concurrency=args.concurrency, lock_duration_ms=args.lock_ms, block_timeout_s=0.2,
-                    keep_completed=Retention(), time_limit_ms=args.time_limit_ms, child_init=child_init)
+    worker = Worker(args.queue, jobs.HANDLERS[args.handler], connect(args.url),
+                    WorkerOptions(prefix=args.prefix, pool=args.pool, concurrency=args.concurrency,
+                                  lock_duration_ms=args.lock_ms, block_timeout_s=0.2, keep_completed=Retention(),
+                                  time_limit_ms=args.time_limit_ms, child_init=child_init))
     print("ready", flush=True)
     run_until_signalled(worker)
     sys.stdout.flush()

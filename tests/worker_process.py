@@ -25,7 +25,17 @@ import random
 import time
 import uuid
 
-from echomq_django.core import UNREACHABLE, Job, RateLimit, RateLimited, Retention, Worker, connect, run_until_signalled
+from echomq_django.core import (
+    UNREACHABLE,
+    Job,
+    RateLimit,
+    RateLimited,
+    Retention,
+    Worker,
+    WorkerOptions,
+    connect,
+    run_until_signalled,
+)
 
 
 def main() -> None:
@@ -72,9 +82,11 @@ def main() -> None:
         return {"pid": os.getpid()}
 
     # Keep every completed job: the tests count them.
-    worker = Worker(queue, handler, client, prefix=prefix, concurrency=concurrency,
-                    lock_duration_ms=lock_ms, block_timeout_s=args.block_timeout, keep_completed=Retention(),
-                    rate_limit=args.rate, max_active=args.max_active, group_max_active=args.group_max_active)
+    worker = Worker(queue, handler, client, WorkerOptions(prefix=prefix, concurrency=concurrency,
+                                                          lock_duration_ms=lock_ms, block_timeout_s=args.block_timeout,
+                                                          keep_completed=Retention(), rate_limit=args.rate,
+                                                          max_active=args.max_active,
+                                                          group_max_active=args.group_max_active))
     print("ready", flush=True)
     run_until_signalled(Announced(worker))
 

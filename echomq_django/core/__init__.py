@@ -99,13 +99,14 @@ from .schedules.beat import (
     transient,
     zone,
 )
+from .worker.options import Retention, WorkerOptions
 from .worker.pool import POOLS, Handler, class_path
 from .worker.signals import SECOND_STOP_GRACE_S, RecordedSignals, Runner, run_until_signalled
 from .worker.sweeper import Sweeper, SweepReport, SweepTarget, last_sweep
-from .worker.worker import Retention, Worker, abandoned_threads
+from .worker.worker import Worker, abandoned_threads
 
 __all__ = [
-    "__version__",
+    "__version__", "WorkerOptions",
     "ALPHABET", "BROWSABLE", "MAX_SCHEDULE_NAME", "MIN_EVERY_MS", "COUNTED", "DEFAULT_REDIS_URL", "MAX_ATTEMPTS",
     "MAX_DELAY_MS", "MAX_RATE_WINDOW_MS", "OWN_CONNECTIONS_ENV", "own_connections_wanted", "POOLS", "STATES",
     "UNREACHABLE", "Backoff", "Beat", "Cancel", "Confirm", "EncodedJob", "Firing",

@@ -10,7 +10,7 @@ from django.test import Client
 from django.urls import reverse
 
 from echomq_django.admin.bulk_runs import BACKGROUND_ABOVE
-from echomq_django.core import Worker
+from echomq_django.core import Worker, WorkerOptions
 from echomq_django.core.reading.bulk_runs import STEP_JOBS
 from echomq_django.jobs import run_job
 from echomq_django.models import FailedJob
@@ -31,7 +31,7 @@ def root(echomq_settings) -> Client:
 
 
 def worker_of(queue) -> Worker:
-    return Worker(queue.name, run_job, queue.client, prefix=queue.keys.prefix, block_timeout_s=0.2)
+    return Worker(queue.name, run_job, queue.client, WorkerOptions(prefix=queue.keys.prefix, block_timeout_s=0.2))
 
 
 def test_a_large_action_with_no_worker_for_its_queue_changes_nothing_and_says_why(root, queue):

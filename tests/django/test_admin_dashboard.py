@@ -17,6 +17,7 @@ from echomq_django.core import (
     NewJob,
     RateLimit,
     Worker,
+    WorkerOptions,
     fail_for_good,
     now_ms,
     recent_minutes,
@@ -110,8 +111,8 @@ def run_jobs(queue, completed: int, failed: int) -> None:
             fail_for_good("planned failure")
         return "ok"
 
-    worker = Worker(queue.name, handler, queue.client, prefix=queue.keys.prefix, scripts=queue.scripts,
-                    block_timeout_s=0.2)
+    worker = Worker(queue.name, handler, queue.client, WorkerOptions(prefix=queue.keys.prefix, block_timeout_s=0.2),
+                    scripts=queue.scripts)
     assert worker.run(burst=True) == completed + failed
     assert queue.counts()["completed"] == completed and queue.counts()["failed"] == failed
 

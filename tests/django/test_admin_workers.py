@@ -9,7 +9,7 @@ from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from django.test import Client
 
-from echomq_django.core import NewJob, Worker, now_ms
+from echomq_django.core import NewJob, Worker, WorkerOptions, now_ms
 from echomq_django.queues import make_sweeper
 from tests.django.test_prometheus import scrape, value
 from tests.helpers import running, wait_until
@@ -28,9 +28,10 @@ def staff(username: str, *codenames: str) -> Client:
     return client
 
 
-def make_worker(queue, handler, **options) -> Worker:
-    return Worker(queue.name, handler, queue.client, prefix=queue.keys.prefix, block_timeout_s=0.2,
-                  renew_interval_ms=100, lock_duration_ms=5000, **options)
+def make_worker(queue, handler, worker_id=None, **options) -> Worker:
+    options = WorkerOptions(prefix=queue.keys.prefix, block_timeout_s=0.2, renew_interval_ms=100, lock_duration_ms=5000,
+                            **options)
+    return Worker(queue.name, handler, queue.client, options, worker_id=worker_id)
 
 
 def page(client: Client, url: str) -> str:

@@ -28,7 +28,7 @@ def test_each_option_is_read_in_its_unit_and_reaches_the_worker():
     assert (a.rate_limit, a.max_active, a.group_max_active) == (RateLimit(10, 500), 3, 2)
     with override_settings(ECHOMQ={"QUEUES": {"a": queue}}):
         options = worker_options("a")
-        assert (options["rate_limit"], options["max_active"], options["group_max_active"]) == (RateLimit(10, 500), 3, 2)
+        assert (options.rate_limit, options.max_active, options.group_max_active) == (RateLimit(10, 500), 3, 2)
         assert describe(options).endswith("at most 10 jobs started per 0.5 s, 3 running at once, 2 per group")
 
 

@@ -1,6 +1,7 @@
 """The pool and time-limit settings of a queue: parsing, the checks, what the worker gets, the command's flags."""
 
 import functools
+from dataclasses import replace
 from io import StringIO
 
 import pytest
@@ -11,6 +12,7 @@ from django.test import override_settings
 from demo_project.demo_app import jobs as demo
 from echomq_django import backends, child, jobs
 from echomq_django.conf import get_settings, parse_settings
+from echomq_django.core import WorkerOptions
 from echomq_django.management.commands.echomq_worker import describe
 from echomq_django.queues import worker_options
 from echomq_django.tasks_compat import InvalidTask, task_backends
@@ -179,31 +181,31 @@ def test_the_worker_gets_the_queues_pool_and_limits_in_its_units(settings):
                 "MAX_JOBS_PER_CHILD": 100, "MAX_MEMORY_PER_CHILD": 512},
         "io": {"TIME_LIMIT": 2, "MAX_JOBS_PER_CHILD": 100, "MAX_MEMORY_PER_CHILD": 512}}}
     cpu = worker_options("cpu")
-    assert (cpu["pool"], cpu["concurrency"], cpu["time_limit_ms"], cpu["soft_time_limit_ms"]) == \
+    assert (cpu.pool, cpu.concurrency, cpu.time_limit_ms, cpu.soft_time_limit_ms) == \
         ("processes", 4, 30_000, 25_500)
-    assert (cpu["max_jobs_per_child"], cpu["max_memory_per_child_kb"]) == (100, 512 * 1024)
-    assert cpu["child_init"] is child.setup
+    assert (cpu.max_jobs_per_child, cpu.max_memory_per_child_kb) == (100, 512 * 1024)
+    assert cpu.child_init is child.setup
     io = worker_options("io")
-    assert (io["pool"], io["time_limit_ms"], io["child_init"]) == ("threads", 2000, None)
-    assert (io["max_jobs_per_child"], io["max_memory_per_child_kb"]) == (0, 0), "children of no pool"
+    assert (io.pool, io.time_limit_ms, io.child_init) == ("threads", 2000, None)
+    assert (io.max_jobs_per_child, io.max_memory_per_child_kb) == (0, 0), "children of no pool"
     overridden = worker_options("io", pool="processes", max_jobs_per_child=0, max_memory_per_child_kb=None)
-    assert (overridden["pool"], overridden["max_jobs_per_child"], overridden["max_memory_per_child_kb"]) == \
+    assert (overridden.pool, overridden.max_jobs_per_child, overridden.max_memory_per_child_kb) == \
         ("processes", 0, 512 * 1024), "0 overrides, None keeps the setting"
-    assert overridden["child_init"] is child.setup
+    assert overridden.child_init is child.setup
     init = functools.partial(child.setup, verbosity=2)
-    assert worker_options("cpu", child_init=init)["child_init"] is init
-    assert worker_options("cpu", pool="threads", child_init=init)["child_init"] is None
+    assert worker_options("cpu", child_init=init).child_init is init
+    assert worker_options("cpu", pool="threads", child_init=init).child_init is None
 
 
 def test_the_start_up_line_names_the_pool_and_the_limits():
-    options = {"pool": "processes", "concurrency": 4, "time_limit_ms": 30_000, "soft_time_limit_ms": 25_500,
-               "max_jobs_per_child": 100, "max_memory_per_child_kb": 512 * 1024}
+    options = WorkerOptions(pool="processes", concurrency=4, time_limit_ms=30_000, soft_time_limit_ms=25_500,
+                            max_jobs_per_child=100, max_memory_per_child_kb=512 * 1024)
     assert describe(options) == ("processes x4, time limit 30 s, soft time limit 25.5 s, "
                                  "a child replaced after 100 jobs or 512 MB")
-    assert describe({**options, "max_jobs_per_child": 0}).endswith("a child replaced after 512 MB")
-    assert describe({**options, "time_limit_ms": 0, "soft_time_limit_ms": 0, "max_jobs_per_child": 0,
-                     "max_memory_per_child_kb": 0}) == "processes x4, no queue time limit"
-    threads = {**options, "pool": "threads", "concurrency": 1, "soft_time_limit_ms": 0}
+    assert describe(replace(options, max_jobs_per_child=0)).endswith("a child replaced after 512 MB")
+    assert describe(replace(options, time_limit_ms=0, soft_time_limit_ms=0, max_jobs_per_child=0,
+                             max_memory_per_child_kb=0)) == "processes x4, no queue time limit"
+    threads = replace(options, pool="threads", concurrency=1, soft_time_limit_ms=0)
     assert describe(threads).startswith("threads x1, time limit 30 s (a thread is not killed: echomq.W017)")
 
 

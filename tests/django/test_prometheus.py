@@ -10,7 +10,7 @@ from django.test import Client
 from django.urls import reverse
 from prometheus_client.parser import text_string_to_metric_families
 
-from echomq_django.core import COUNTED, JobOptions, Queue, Worker
+from echomq_django.core import COUNTED, JobOptions, Queue, Worker, WorkerOptions
 from echomq_django.queues import make_sweeper
 from tests.helpers import fetch, kill_lock
 from tests.redis_servers import free_port
@@ -45,8 +45,8 @@ def run_known_jobs(queue: Queue) -> str:
             raise RuntimeError("doomed")
         return job.data
 
-    worker = Worker(queue.name, handler, queue.client, prefix=queue.keys.prefix, scripts=queue.scripts,
-                    block_timeout_s=0.2)
+    worker = Worker(queue.name, handler, queue.client, WorkerOptions(prefix=queue.keys.prefix, block_timeout_s=0.2),
+                    scripts=queue.scripts)
     assert worker.run(burst=True) == 7
     queue.add("abandoned")
     [(job_id, _)] = fetch(queue)

@@ -8,7 +8,7 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 
-from echomq_django.core import COUNTED, JobOptions, Worker, now_ms
+from echomq_django.core import COUNTED, JobOptions, Worker, WorkerOptions, now_ms
 from echomq_django.status import describe_sweep, queue_status
 from tests import hostile_pool_jobs
 from tests.django.test_prometheus import run_known_jobs
@@ -109,8 +109,10 @@ def test_slots_held_by_threads_past_their_limit_are_shown_until_the_threads_end(
     go, count = f"{queue.keys.prefix}:go", f"{queue.keys.prefix}:running"
     hung = queue.add("counted", {"url": redis_url, "running": count, "go": go, "seconds": 60},
                      opts=JobOptions(attempts=1, time_limit_ms=300))
-    worker = Worker(queue.name, hostile_pool_jobs.counted, queue.client, prefix=queue.keys.prefix, pool="threads",
-                    lock_duration_ms=2000, block_timeout_s=0.2)
+    worker = Worker(queue.name, hostile_pool_jobs.counted, queue.client, WorkerOptions(prefix=queue.keys.prefix,
+                                                                                       pool="threads",
+                                                                                       lock_duration_ms=2000,
+                                                                                       block_timeout_s=0.2))
     with running(worker):
         assert wait_until(lambda: queue_status("q")["abandoned_threads"], 15), "the worker showed its held slot"
         assert queue_status("q")["abandoned_threads"] == [{"worker": worker.worker_id, "job": hung}]

@@ -34,7 +34,7 @@ def exporter():
 @pytest.mark.parametrize("as_child", [False, True])
 def test_trace_as_child_is_the_workers_option(echomq_settings, as_child):
     echomq_settings.ECHOMQ = {**echomq_settings.ECHOMQ, "TRACE_AS_CHILD": as_child}
-    assert worker_options("q")["trace_as_child"] is as_child
+    assert worker_options("q").trace_as_child is as_child
 
 
 @pytest.mark.django_db(transaction=True)  # the outbox sends on a real commit

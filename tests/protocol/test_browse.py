@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from echomq_django.core import BROWSABLE, Cancel, JobOptions, NewJob, Worker, browse
+from echomq_django.core import BROWSABLE, Cancel, JobOptions, NewJob, Worker, WorkerOptions, browse
 from echomq_django.core.producing.queue import now_ms
 from echomq_django.core.reading.browse import MAX_PAGE
 from tests.helpers import finish_attempt, kill_lock, sweep, take_jobs, wait_until
@@ -12,7 +12,7 @@ from tests.helpers import finish_attempt, kill_lock, sweep, take_jobs, wait_unti
 
 def make_worker(queue, handler, **options) -> Worker:
     options.setdefault("block_timeout_s", 0.2)
-    return Worker(queue.name, handler, queue.client, prefix=queue.keys.prefix, **options)
+    return Worker(queue.name, handler, queue.client, WorkerOptions(prefix=queue.keys.prefix, **options))
 
 
 def ids_of(page) -> list[str]:

@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from echomq_django.core import JobOptions, NewJob, RateLimit, RateLimited, Worker
+from echomq_django.core import JobOptions, NewJob, RateLimit, RateLimited, Worker, WorkerOptions
 from echomq_django.core.producing.queue import now_ms
 from echomq_django.core.protocol.scripts import Finish
 from tests.helpers import kill_lock, running, sweep, wait_until
@@ -147,7 +147,7 @@ def test_a_worker_runs_a_rate_limited_job_again_after_the_pause_without_using_an
         return {"runs": len(runs)}
 
     job_id = queue.add("call-api", opts=JobOptions(attempts=1))
-    worker = Worker(queue.name, handler, queue.client, prefix=queue.keys.prefix, block_timeout_s=5)
+    worker = Worker(queue.name, handler, queue.client, WorkerOptions(prefix=queue.keys.prefix, block_timeout_s=5))
     with running(worker):
         assert wait_until(lambda: queue.get_state(job_id) == "completed", 10), queue.counts()
     job = queue.get_job(job_id)
@@ -170,7 +170,7 @@ def test_a_rate_limit_is_whole_jobs_per_a_window_of_a_day_at_most(bad):
 
 def test_a_worker_refuses_a_negative_cap(queue):
     with pytest.raises(ValueError, match="max_active"):
-        Worker(queue.name, lambda job: None, queue.client, max_active=-1)
+        Worker(queue.name, lambda job: None, queue.client, WorkerOptions(max_active=-1))
 
 
 def test_a_job_id_added_again_after_its_job_is_gone_counts_as_a_new_start(queue):
@@ -210,8 +210,8 @@ def test_starts_scored_ahead_of_redis_hold_a_worker_a_window_at_most_reported_on
     assert broken == [f"{queue.keys.limiter} holds starts scored after Redis's clock (another client's): they "
                       "count against the rate limit until they are removed"]
     done: list[str] = []
-    worker = Worker(queue.name, lambda job: done.append(job.id), queue.client, prefix=queue.keys.prefix,
-                    block_timeout_s=0.1, rate_limit=rate)
+    worker = Worker(queue.name, lambda job: done.append(job.id), queue.client,
+                    WorkerOptions(prefix=queue.keys.prefix, block_timeout_s=0.1, rate_limit=rate))
     with caplog.at_level(logging.ERROR, logger="echomq.worker"), running(worker):
         for _ in range(3):  # three fetches, each seen by the start it drops from the window
             queue.client.zadd(queue.keys.limiter, {"left the window": 1})

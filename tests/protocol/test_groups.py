@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from echomq_django.core import JobOptions, NewJob, PayloadError, Worker
+from echomq_django.core import JobOptions, NewJob, PayloadError, Worker, WorkerOptions
 from echomq_django.core.producing.queue import now_ms
 from tests.helpers import finish, kill_lock, running, sweep, wait_until
 
@@ -211,7 +211,8 @@ def worker_of(queue, done, **options):
             gate.wait(30)
         done.append(job.id)
 
-    return Worker(queue.name, handler, queue.client, prefix=queue.keys.prefix, block_timeout_s=0.1, **options)
+    return Worker(queue.name, handler, queue.client, WorkerOptions(prefix=queue.keys.prefix, block_timeout_s=0.1,
+                                                                   **options))
 
 
 def reports(caplog, words):

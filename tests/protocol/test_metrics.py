@@ -17,6 +17,7 @@ from echomq_django.core import (
     Retention,
     Sweeper,
     Worker,
+    WorkerOptions,
     connect,
     oldest_waiting_age_ms,
     recent_minutes,
@@ -35,7 +36,7 @@ ZERO_TOTALS = {"completed": 0, "failed": 0, "retried": 0, "recovered": 0}
 
 def make_worker(queue, handler, **options) -> Worker:
     options.setdefault("block_timeout_s", 0.2)
-    return Worker(queue.name, handler, queue.client, prefix=queue.keys.prefix, **options)
+    return Worker(queue.name, handler, queue.client, WorkerOptions(prefix=queue.keys.prefix, **options))
 
 
 def make_sweeper(queue, **options) -> Sweeper:
@@ -488,8 +489,8 @@ def test_worker_threads_on_separate_clients_count_every_job_exactly_once(queue, 
     started = now_ms()
     queue.add_bulk([NewJob("ok") for _ in range(jobs_n)])
     clients = [connect(redis_url) for _ in range(4)]
-    workers = [Worker(queue.name, handler, client, prefix=queue.keys.prefix, concurrency=2, block_timeout_s=0.2,
-                      keep_completed=Retention()) for client in clients]
+    options = WorkerOptions(prefix=queue.keys.prefix, concurrency=2, block_timeout_s=0.2, keep_completed=Retention())
+    workers = [Worker(queue.name, handler, client, options) for client in clients]
     barrier = threading.Barrier(len(workers))
 
     def run(worker):

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from echomq_django.core import Job, JobOptions, NewJob, PayloadError, Retention, Sweeper, Worker
+from echomq_django.core import Job, JobOptions, NewJob, PayloadError, Retention, Sweeper, Worker, WorkerOptions
 from echomq_django.core.producing.queue import now_ms
 from echomq_django.core.protocol.job import MAX_LOG_LINE_CHARS, MAX_PROGRESS_BYTES
 from tests.helpers import kill_lock, take_jobs, wait_until
@@ -13,7 +13,7 @@ from tests.helpers import kill_lock, take_jobs, wait_until
 
 def make_worker(queue, handler, **options) -> Worker:
     options.setdefault("block_timeout_s", 0.2)
-    return Worker(queue.name, handler, queue.client, prefix=queue.keys.prefix, **options)
+    return Worker(queue.name, handler, queue.client, WorkerOptions(prefix=queue.keys.prefix, **options))
 
 
 def start(worker: Worker, **run_options) -> threading.Thread:

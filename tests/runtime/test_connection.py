@@ -200,10 +200,11 @@ def test_a_client_without_retries_adds_again_after_redis_closed_its_idle_connect
 
 def test_a_client_that_returns_bytes_is_refused_before_it_strands_a_job(redis_url, prefix):
     """With bytes for replies no id or token matches: a worker would take each job and leave it to the sweeper."""
-    from echomq_django.core import Beat, Sweeper, Worker
+    from echomq_django.core import Beat, Sweeper, Worker, WorkerOptions
 
     def makers(raw):
-        return (lambda: Queue("q", raw, prefix=prefix), lambda: Worker("q", lambda job: None, raw, prefix=prefix),
+        return (lambda: Queue("q", raw, prefix=prefix), lambda: Worker("q", lambda job: None, raw,
+                                                                       WorkerOptions(prefix=prefix)),
                 lambda: Sweeper(raw, ["q"], prefix=prefix), lambda: Beat(raw, list, prefix=prefix))
 
     # Bytes; and text decoded strictly, which one byte of another client's that is not UTF-8 made a worker raise.

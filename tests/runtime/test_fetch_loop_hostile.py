@@ -25,6 +25,7 @@ from echomq_django.core import (
     RateLimit,
     RateLimited,
     Worker,
+    WorkerOptions,
     connect,
 )
 from tests.helpers import blocked_connections, fetch, kill_lock, running, sweep, wait_until
@@ -87,7 +88,7 @@ class Runs:
 
 def make_worker(queue, client, handler, **options) -> Worker:
     options.setdefault("block_timeout_s", BLOCK_S)
-    return Worker(queue.name, handler, client, prefix=queue.keys.prefix, **options)
+    return Worker(queue.name, handler, client, WorkerOptions(prefix=queue.keys.prefix, **options))
 
 
 def idle(queue, name: str, count: int = 1) -> bool:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from echomq_django.core import JobFailedError, JobNotFinishedError, JobNotFoundError, JobOptions, Worker
+from echomq_django.core import JobFailedError, JobNotFinishedError, JobNotFoundError, JobOptions, Worker, WorkerOptions
 from tests.helpers import wait_until
 
 
@@ -33,7 +33,8 @@ def later(queue):
 
 
 def work(queue, handler) -> None:
-    Worker(queue.name, handler, queue.client, prefix=queue.keys.prefix, block_timeout_s=0.1).run(burst=True)
+    options = WorkerOptions(prefix=queue.keys.prefix, block_timeout_s=0.1)
+    Worker(queue.name, handler, queue.client, options).run(burst=True)
 
 
 def test_a_handle_is_the_id(queue):

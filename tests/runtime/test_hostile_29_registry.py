@@ -40,15 +40,16 @@ def test_a_stranger_record_is_skipped_and_the_good_one_listed(queue, text):
 
 def test_a_worker_whose_clock_is_behind_stays_listed_when_another_writes(queue):
     """Each beat prunes the index by its own clock: a live worker of a host two lock durations behind stays."""
-    from echomq_django.core import Worker
+    from echomq_django.core import Worker, WorkerOptions
     from tests.helpers import running, wait_until
 
     lock_ms = 2000
     behind = now_ms() - 3 * lock_ms  # its clock: it scores its record as lapsing one lock duration after that
     queue.client.set(queue.keys.worker("behind"), record(id="behind", heartbeat_at_ms=behind), px=60_000)
     queue.client.zadd(queue.keys.workers, {"behind": behind + lock_ms})
-    worker = Worker(queue.name, lambda job: None, queue.client, prefix=queue.keys.prefix, worker_id="here",
-                    lock_duration_ms=lock_ms, renew_interval_ms=100, block_timeout_s=0.2)
+    options = WorkerOptions(prefix=queue.keys.prefix, lock_duration_ms=lock_ms, renew_interval_ms=100,
+                            block_timeout_s=0.2)
+    worker = Worker(queue.name, lambda job: None, queue.client, options, worker_id="here")
     with running(worker):
         assert wait_until(lambda: "here" in [w.id for w in queue.workers()], 10)
         # (Not the key's PTTL: each beat sets the same PX, so a later one need not read higher.)

@@ -8,7 +8,7 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from echomq_django.core import Retention, Worker, use_tracer_provider
+from echomq_django.core import Retention, Worker, WorkerOptions, use_tracer_provider
 from tests.helpers import running, wait_until
 
 
@@ -58,8 +58,9 @@ def test_a_broken_provider_neither_fails_an_add_nor_runs_a_job_twice(queue, brok
     # An add raised the provider's error: at "end" after the job was in Redis, so a caller that tries again
     # adds it twice; an attempt's end was lost, so the sweeper ran the job again (or, at "start", never once).
     ids = [queue.add("x", {"n": n}) for n in range(3)]
-    worker = Worker(queue.name, handler, queue.client, prefix=queue.keys.prefix, block_timeout_s=0.1,
-                    keep_completed=Retention(), lock_duration_ms=2000, renew_interval_ms=200)
+    worker = Worker(queue.name, handler, queue.client, WorkerOptions(prefix=queue.keys.prefix, block_timeout_s=0.1,
+                                                                     keep_completed=Retention(), lock_duration_ms=2000,
+                                                                     renew_interval_ms=200))
     with running(worker):
         assert wait_until(lambda: queue.counts()["completed"] == 3, 10), queue.counts()
     assert sorted(ran) == sorted(ids)  # each once: none left active for the sweeper to run again
@@ -80,8 +81,8 @@ def test_a_job_whose_trace_is_malformed_runs(queue):
             opts = json.loads(queue.client.hget(queue.keys.job(job_id), "opts"))
             queue.client.hset(queue.keys.job(job_id), "opts", json.dumps({**opts, "trace": trace}))
             ids.append(job_id)
-        Worker(queue.name, lambda job: "ok", queue.client, prefix=queue.keys.prefix, block_timeout_s=0.1,
-               keep_completed=Retention()).run(burst=True)
+        Worker(queue.name, lambda job: "ok", queue.client, WorkerOptions(prefix=queue.keys.prefix, block_timeout_s=0.1,
+                                                                         keep_completed=Retention())).run(burst=True)
         assert queue.counts()["completed"] == len(ids)
     finally:
         use_tracer_provider(None)

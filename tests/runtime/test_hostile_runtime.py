@@ -11,7 +11,7 @@ import pytest
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from echomq_django.core import JobOptions, Queue, Retention, Worker, connect, recent_minutes
+from echomq_django.core import JobOptions, Queue, Retention, Worker, WorkerOptions, connect, recent_minutes
 from echomq_django.core.producing.queue import now_ms
 from echomq_django.core.reading.metrics import MINUTE_MS
 from tests.fault_proxy import FaultProxy
@@ -39,8 +39,8 @@ def test_promoting_a_delayed_id_without_a_hash_runs_nothing(queue):
     queue.client.delete(queue.keys.job(job_id))  # the hash went (another client, eviction)
     queue.promote(job_id)
     ran = []
-    Worker(queue.name, lambda job: ran.append(job.id), queue.client, prefix=queue.keys.prefix,
-           block_timeout_s=0.2).run(burst=True)
+    Worker(queue.name, lambda job: ran.append(job.id), queue.client, WorkerOptions(prefix=queue.keys.prefix,
+                                                                                   block_timeout_s=0.2)).run(burst=True)
     assert ran == [], "the handler ran a job that does not exist"
     assert queue.get_state(job_id) in (None, "failed")
 
@@ -49,8 +49,9 @@ def test_a_huge_metrics_minutes_strands_no_job(queue):
     ids = [queue.add("ok") for _ in range(3)]
     ran = []
     try:
-        worker = Worker(queue.name, lambda job: ran.append(job.id), queue.client, prefix=queue.keys.prefix,
-                        block_timeout_s=0.2, metrics_minutes=10**15, keep_completed=Retention())
+        worker = Worker(queue.name, lambda job: ran.append(job.id), queue.client,
+                        WorkerOptions(prefix=queue.keys.prefix, block_timeout_s=0.2, metrics_minutes=10**15,
+                                      keep_completed=Retention()))
     except ValueError:
         return  # refused up front: fine
     worker.run(burst=True)
@@ -115,8 +116,8 @@ def test_an_outage_the_worker_rides_out_does_not_fail_a_job_that_reports(report)
         job_id = queue.add("x", opts=JobOptions(attempts=1))
         # A client that gives up quickly, so a short outage outlasts its own retries (as a real
         # client's ~17 s of retries are outlasted by a longer one); the lock (30 s) outlasts the outage.
-        worker = Worker("q", handler, connect(proxy.url, retry=Retry(NoBackoff(), 1)), prefix="hostile-outage",
-                        lock_duration_ms=30_000, block_timeout_s=0.2)
+        worker = Worker("q", handler, connect(proxy.url, retry=Retry(NoBackoff(), 1)),
+                        WorkerOptions(prefix="hostile-outage", lock_duration_ms=30_000, block_timeout_s=0.2))
         thread = threading.Thread(target=worker.run, daemon=True)
         thread.start()
         assert started.wait(10)

@@ -28,6 +28,7 @@ from echomq_django.core import (
     Retention,
     Schedule,
     Worker,
+    WorkerOptions,
     run_now,
     use_tracer_provider,
 )
@@ -66,8 +67,8 @@ def handler(job):
 
 
 def drain(queue, **options) -> None:
-    Worker(queue.name, handler, queue.client, prefix=queue.keys.prefix, block_timeout_s=0.1,
-           keep_completed=Retention(), **options).run(burst=True)
+    Worker(queue.name, handler, queue.client, WorkerOptions(prefix=queue.keys.prefix, block_timeout_s=0.1,
+                                                            keep_completed=Retention(), **options)).run(burst=True)
 
 
 def spans_of(exporter, kind):
@@ -193,13 +194,14 @@ def test_without_opentelemetry_installed_jobs_run_and_nothing_is_imported(queue)
     script = textwrap.dedent(f"""
         import sys
         sys.modules["opentelemetry"] = None
-        from echomq_django.core import Queue, Worker, connect
+        from echomq_django.core import Queue, Worker, WorkerOptions, connect
         from echomq_django.core.producing import tracing
         assert not tracing.INSTALLED and tracing.tracer() is None
         client = connect({current_redis_url()!r})
         queue = Queue("q", client, prefix={queue.keys.prefix!r})
         job_id = queue.add("ok")
-        Worker("q", lambda job: job.id, client, prefix={queue.keys.prefix!r}, block_timeout_s=0.1).run(burst=True)
+        options = WorkerOptions(prefix={queue.keys.prefix!r}, block_timeout_s=0.1)
+        Worker("q", lambda job: job.id, client, options).run(burst=True)
         assert queue.get_state(job_id) == "completed", queue.get_state(job_id)
         assert client.hget(queue.keys.job(job_id), "opts") == '{{"attempts":3}}'
         assert not [name for name in sys.modules if name.startswith("opentelemetry.")]

@@ -11,7 +11,7 @@ import time
 import pytest
 import redis
 
-from echomq_django.core import Queue, Scripts, Worker, connect
+from echomq_django.core import Queue, Scripts, Worker, WorkerOptions, connect
 from echomq_django.core.protocol.scripts import Wait, pairs
 from echomq_django.core.protocol.transport import OWN_CONNECTIONS_ENV, POOL_WAIT_STEP_S
 from tests.helpers import blocked_connections, wait_until
@@ -153,7 +153,7 @@ def test_a_stopped_idle_worker_leaves_soon_and_takes_nothing_added_after(named, 
     scripts = waiting_scripts(named, own_connections)
     client, name = named
     queue = Queue("q", client, prefix=prefix, scripts=scripts)
-    worker = Worker("q", lambda job: None, client, prefix=prefix, scripts=scripts, block_timeout_s=30)
+    worker = Worker("q", lambda job: None, client, WorkerOptions(prefix=prefix, block_timeout_s=30), scripts=scripts)
     thread, outcome = in_thread(worker.run)
     assert wait_until(lambda: blocked_connections(client, name, queue.keys.marker) == 1, 5)
     stopped_at = time.monotonic()

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from echomq_django.core import Backoff, Confirm, JobOptions, NewJob, Worker, connect
+from echomq_django.core import Backoff, Confirm, JobOptions, NewJob, Worker, WorkerOptions, connect
 from tests.helpers import blocked_connections, kill_lock, redis_now_ms, sweep, wait_until
 
 
@@ -19,7 +19,7 @@ def start(worker: Worker, **run_options) -> threading.Thread:
 
 def make_worker(queue, handler, client=None, **options) -> Worker:
     options.setdefault("block_timeout_s", 0.2)
-    return Worker(queue.name, handler, client or queue.client, prefix=queue.keys.prefix, **options)
+    return Worker(queue.name, handler, client or queue.client, WorkerOptions(prefix=queue.keys.prefix, **options))
 
 
 @pytest.fixture
@@ -289,9 +289,9 @@ def test_max_jobs_stops_after_that_many(queue):
 
 def test_bad_configuration_is_refused():
     with pytest.raises(ValueError, match="shorter than the lock"):
-        Worker("q", print, None, lock_duration_ms=1000, renew_interval_ms=1000)
+        Worker("q", print, None, WorkerOptions(lock_duration_ms=1000, renew_interval_ms=1000))
     with pytest.raises(ValueError, match="concurrency"):
-        Worker("q", print, None, concurrency=0)
+        Worker("q", print, None, WorkerOptions(concurrency=0))
 
 
 def test_a_job_refetched_while_its_lost_attempt_still_runs_keeps_its_new_lock(queue, caplog):
@@ -526,8 +526,8 @@ def test_an_idle_worker_fetches_once_per_job_at_light_load(queue, concurrency):
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     done: list[str] = []
-    worker = Worker(queue.name, lambda job: done.append(job.id), queue.client, prefix=queue.keys.prefix,
-                    concurrency=concurrency, block_timeout_s=30)
+    worker = Worker(queue.name, lambda job: done.append(job.id), queue.client,
+                    WorkerOptions(prefix=queue.keys.prefix, concurrency=concurrency, block_timeout_s=30))
     try:
         with running(worker):
             assert wait_until(lambda: fetches, 10), "the worker's first fetch"

@@ -5,13 +5,14 @@ import socket
 import threading
 
 from echomq_django import __version__
-from echomq_django.core import JobOptions, NewJob, Queue, Worker
+from echomq_django.core import JobOptions, NewJob, Queue, Worker, WorkerOptions
 from tests.helpers import running, wait_until
 
 
-def make_worker(queue: Queue, handler, **options) -> Worker:
+def make_worker(queue: Queue, handler, worker_id=None, queues=(), **options) -> Worker:
     options.setdefault("block_timeout_s", 0.2)
-    return Worker(queue.name, handler, queue.client, prefix=queue.keys.prefix, **options)
+    return Worker(queue.name, handler, queue.client, WorkerOptions(prefix=queue.keys.prefix, **options),
+                  worker_id=worker_id, queues=queues)
 
 
 def test_a_running_worker_is_listed_with_its_jobs_and_leaves_on_a_clean_stop(queue):

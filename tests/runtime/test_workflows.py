@@ -18,6 +18,7 @@ from echomq_django.core import (
     Queue,
     Retention,
     Worker,
+    WorkerOptions,
     WorkflowError,
 )
 from echomq_django.core.producing.handoff import deliver_handoffs
@@ -59,8 +60,8 @@ def drain(*queues: Queue, rounds: int = 8, concurrency: int = 4, **options) -> N
     """Run each queue's workers in bursts until every queue is empty (hand-offs take a round each)."""
     for _ in range(rounds):
         for queue in queues:
-            Worker(queue.name, handler, queue.client, prefix=queue.keys.prefix, block_timeout_s=0.1,
-                   concurrency=concurrency, **options).run(burst=True)
+            Worker(queue.name, handler, queue.client, WorkerOptions(prefix=queue.keys.prefix, block_timeout_s=0.1,
+                                                                    concurrency=concurrency, **options)).run(burst=True)
         counts = [queue.counts() for queue in queues]
         if all(c["wait"] + c["active"] + c["prioritized"] + c["delayed"] == 0 for c in counts) and not any(
                 queue.client.llen(queue.keys.handoff) for queue in queues):

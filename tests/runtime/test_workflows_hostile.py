@@ -105,7 +105,7 @@ def test_members_cancelled_and_removed_while_real_workers_run_them(queue, other)
     import random
     import threading
 
-    from echomq_django.core import JobLockedError, Worker
+    from echomq_django.core import JobLockedError, Worker, WorkerOptions
     from tests.helpers import wait_until
     from tests.runtime.test_workflows import handler
 
@@ -114,7 +114,8 @@ def test_members_cancelled_and_removed_while_real_workers_run_them(queue, other)
     plan = Plan.of(Chord(Group(*members), step(queue, "echo"), on_error=step(other, "echo")))
     plan.add()
     workflow = plan.handle()
-    workers = [Worker(q.name, handler, q.client, prefix=q.keys.prefix, block_timeout_s=0.1, concurrency=4)
+    workers = [Worker(q.name, handler, q.client,
+                      WorkerOptions(prefix=q.keys.prefix, block_timeout_s=0.1, concurrency=4))
                for q in (queue, other)]
     threads = [threading.Thread(target=w.run) for w in workers]
     for thread in threads:

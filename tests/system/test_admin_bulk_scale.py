@@ -11,7 +11,7 @@ from django.test import Client
 from django.urls import reverse
 
 from echomq_django.admin.bulk_runs import BACKGROUND_ABOVE
-from echomq_django.core import BULK_BATCH, Queue, Worker
+from echomq_django.core import BULK_BATCH, Queue, Worker, WorkerOptions
 from echomq_django.core.protocol.registry import Heartbeat, WorkerInfo
 from echomq_django.jobs import run_job
 from tests.helpers import commands_run, fail_jobs, running, script_calls, wait_until
@@ -92,7 +92,7 @@ def test_a_bulk_retry_of_100000_failed_jobs_asks_the_request_for_a_constant_few_
         assert sum(ran.values()) < 30 and ran.get("evalsha") == 1, f"the request ran {ran}"
         assert client.zcard(queue.keys.failed) == LARGE
         run_page = response["Location"]
-        worker = Worker("q", run_job, client, prefix="bulk", block_timeout_s=0.2)
+        worker = Worker("q", run_job, client, WorkerOptions(prefix="bulk", block_timeout_s=0.2))
         started = time.monotonic()
         with running(worker):
             assert wait_until(lambda: "Done:" in root.get(run_page).content.decode(), 500)

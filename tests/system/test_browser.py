@@ -127,7 +127,7 @@ def test_the_lists_fit_a_1400_px_window_with_every_column_in_sight(browser, live
 
 def run_a_known_day(queue) -> dict[str, list[str]]:
     """Jobs that report progress and log, some that fail, a sweep's sample, and some still waiting."""
-    from echomq_django.core import JobOptions, Worker
+    from echomq_django.core import JobOptions, Worker, WorkerOptions
     from echomq_django.queues import make_sweeper
 
     def handler(job):
@@ -141,7 +141,7 @@ def run_a_known_day(queue) -> dict[str, list[str]]:
 
     done = [queue.add("import_rows", {"n": n}) for n in range(6)]
     doomed = [queue.add("doomed", opts=JobOptions(attempts=1)) for _ in range(2)]
-    worker = Worker(queue.name, handler, queue.client, prefix=queue.keys.prefix, block_timeout_s=0.2)
+    worker = Worker(queue.name, handler, queue.client, WorkerOptions(prefix=queue.keys.prefix, block_timeout_s=0.2))
     assert worker.run(burst=True) == 8
     waiting = [queue.add("later", {"n": n}) for n in range(3)]
     sweeper = make_sweeper([queue.name], long_running=False)

@@ -24,7 +24,7 @@ import pytest
 import redis
 
 from demo_project.demo_app.jobs import greet
-from echomq_django.core import Job, JobOptions, NewJob, Queue, Sweeper, Worker, connect
+from echomq_django.core import Job, JobOptions, NewJob, Queue, Sweeper, Worker, WorkerOptions, connect
 from echomq_django.core.protocol.lua import script_names, script_source
 from tests.fault_proxy import FaultProxy
 from tests.helpers import fetch, running, wait_until
@@ -335,8 +335,8 @@ def test_the_marker_thread_survives_losing_redis_right_after_a_wake_up():
     # No retries: an error reaches the worker's own code at once. The marker thread waits while a job
     # runs and a slot is free (an idle worker's loop waits itself).
     worker = Worker("q", lambda job: release.wait(10) if job.name == "long" else None,
-                    connect(proxy.url, retry=None, retry_on_error=[]), prefix="marker", concurrency=2,
-                    block_timeout_s=2)
+                    connect(proxy.url, retry=None, retry_on_error=[]),
+                    WorkerOptions(prefix="marker", concurrency=2, block_timeout_s=2))
     existing = set(threading.enumerate())
     running = threading.Thread(target=worker.run, name="worker-run", daemon=True)
     queue = Queue("q", direct, prefix="marker")
@@ -395,8 +395,8 @@ class BehindProxy:
             return handler(job)
 
         # No retries in the client: the worker's own loop meets the outage at once.
-        self.worker = Worker("q", counted, connect(self.proxy.url, retry=None, retry_on_error=[]), prefix="outage",
-                             lock_duration_ms=lock_ms, block_timeout_s=0.2)
+        self.worker = Worker("q", counted, connect(self.proxy.url, retry=None, retry_on_error=[]),
+                             WorkerOptions(prefix="outage", lock_duration_ms=lock_ms, block_timeout_s=0.2))
         self.sweeper = Sweeper(connect(self.proxy.url), ["q"], prefix="outage", interval_ms=200,
                                lock_duration_ms=lock_ms, max_stalled_count=5)
 

@@ -26,6 +26,7 @@ from echomq_django.core import (
     Sweeper,
     SweepTarget,
     Worker,
+    WorkerOptions,
     connect,
 )
 from tests.helpers import wait_until
@@ -63,9 +64,11 @@ class Load:
         self.not_confirmed = 0
         self.runs: Counter[tuple[str, str]] = Counter()
         self.stopping = threading.Event()
-        self.workers = [Worker(name, self._handle(name), self.client, prefix=prefix, concurrency=4,
-                               lock_duration_ms=LOCK_MS, block_timeout_s=0.5, confirm=self.confirm,
-                               keep_completed=Retention())
+        self.workers = [Worker(name, self._handle(name), self.client, WorkerOptions(prefix=prefix, concurrency=4,
+                                                                                    lock_duration_ms=LOCK_MS,
+                                                                                    block_timeout_s=0.5,
+                                                                                    confirm=self.confirm,
+                                                                                    keep_completed=Retention()))
                         for name in names]
         self.sweeper = Sweeper(self.client, [SweepTarget(name, interval_ms=500) for name in names], prefix=prefix)
         self.threads = [threading.Thread(target=self._produce, args=(queue,), daemon=True) for queue in self.queues]
@@ -216,8 +219,8 @@ def test_fifty_workers_on_five_queues_are_listed_per_queue_on_a_cluster(own_pref
     try:
         client = connect(servers.url)
         names = servers.queues_on_each_master(client, own_prefix, per_master=2)[:5]  # every master owns one or two
-        workers = {name: [Worker(name, lambda job: None, client, prefix=own_prefix, worker_id=f"{name}-w{n}",
-                                 lock_duration_ms=LOCK_MS, block_timeout_s=0.5) for n in range(10)]
+        options = WorkerOptions(prefix=own_prefix, lock_duration_ms=LOCK_MS, block_timeout_s=0.5)
+        workers = {name: [Worker(name, lambda job: None, client, options, worker_id=f"{name}-w{n}") for n in range(10)]
                    for name in names}
         threads = [threading.Thread(target=worker.run, daemon=True) for each in workers.values() for worker in each]
         for thread in threads:

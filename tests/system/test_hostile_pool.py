@@ -16,7 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from echomq_django.core import Cancel, InvalidNameError, JobOptions, NewJob, Queue, Retention, Worker, now_ms
+from echomq_django.core import (
+    Cancel,
+    InvalidNameError,
+    JobOptions,
+    NewJob,
+    Queue,
+    Retention,
+    Worker,
+    WorkerOptions,
+    now_ms,
+)
 from echomq_django.core.defaults import WORKFLOW_REASON_BYTES
 from echomq_django.core.protocol.job import cut_text
 from echomq_django.core.protocol.keys import MAX_ID_LENGTH
@@ -56,7 +66,7 @@ def pid_of(entry: str) -> int:
 def make(queue: Queue, handler, **options) -> Worker:
     settings = {"pool": "processes", "concurrency": 1, "lock_duration_ms": 2000, "block_timeout_s": 0.2,
                 "keep_completed": Retention(), **options}
-    return Worker(queue.name, handler, queue.client, prefix=queue.keys.prefix, **settings)
+    return Worker(queue.name, handler, queue.client, WorkerOptions(prefix=queue.keys.prefix, **settings))
 
 
 # helpers.running, with a second stop only after 15 s (a child asked to leave may take 5).

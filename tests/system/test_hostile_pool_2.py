@@ -9,7 +9,7 @@ says the defect it found, fixed since; the others checked something that held.
 import pytest
 import redis
 
-from echomq_django.core import JobOptions, Queue, Worker
+from echomq_django.core import JobOptions, Queue, Worker, WorkerOptions
 from tests import hostile_pool_jobs as jobs
 from tests.helpers import Running, wait_until
 from tests.system import hostile_pool_jobs_2 as jobs2
@@ -77,8 +77,9 @@ def test_a_report_the_worker_cannot_write_never_leaves_the_child_running_its_job
         Worker(queue.name, jobs2.by_name, redis.Redis.from_url(redis_url, decode_responses=True))
     client = redis.Redis.from_url(redis_url, decode_responses=True, encoding_errors="replace")
     first = queue.add("surrogate_log", data(queue, redis_url, go=go, seconds=10), opts=JobOptions(attempts=1))
-    worker = Worker(queue.name, jobs2.by_name, client, prefix=queue.keys.prefix, pool="processes", concurrency=1,
-                    lock_duration_ms=2000, block_timeout_s=0.2)
+    worker = Worker(queue.name, jobs2.by_name, client, WorkerOptions(prefix=queue.keys.prefix, pool="processes",
+                                                                     concurrency=1, lock_duration_ms=2000,
+                                                                     block_timeout_s=0.2))
     run = Running(worker).start()
     try:
         assert wait_until(lambda: records(queue, "start"), 15)

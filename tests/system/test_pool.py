@@ -30,6 +30,7 @@ from echomq_django.core import (
     Retention,
     Sweeper,
     Worker,
+    WorkerOptions,
     connect,
     now_ms,
 )
@@ -49,7 +50,8 @@ def make_worker(queue: Queue, pool: str, handler=pool_jobs.by_name, client=None,
     options.setdefault("block_timeout_s", 0.2)
     options.setdefault("lock_duration_ms", LOCK_MS)
     options.setdefault("keep_completed", Retention())
-    return Worker(queue.name, handler, client or queue.client, prefix=queue.keys.prefix, pool=pool, **options)
+    return Worker(queue.name, handler, client or queue.client, WorkerOptions(prefix=queue.keys.prefix, pool=pool,
+                                                                             **options))
 
 
 # -- what the jobs recorded ---------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 import redis
 from django.core.management import CommandError, call_command
 
-from echomq_django.core import Backoff, JobOptions, NewJob, PayloadError, Queue, Sweeper, Worker, connect
+from echomq_django.core import Backoff, JobOptions, NewJob, PayloadError, Queue, Sweeper, Worker, WorkerOptions, connect
 from tests.helpers import fetch, kill_lock, wait_until
 from tests.redis_servers import RedisServer, redis_server
 
@@ -23,7 +23,8 @@ def full_round(url: str, prefix: str = "sec") -> None:
     client = connect(url)
     queue = Queue("q", client, prefix=prefix)
     queue.add_bulk([NewJob("work", {"n": n}) for n in range(5)])
-    assert Worker("q", lambda job: job.data["n"], client, prefix=prefix, block_timeout_s=0.2).run(burst=True) == 5
+    options = WorkerOptions(prefix=prefix, block_timeout_s=0.2)
+    assert Worker("q", lambda job: job.data["n"], client, options).run(burst=True) == 5
     stalled = queue.add("work")
     fetch(queue)
     kill_lock(queue, stalled)
@@ -87,7 +88,7 @@ def test_a_stop_ends_an_idle_workers_wait_over_tls_and_the_worker_leaves_cleanly
         queue = Queue("q", client, prefix="tls")
         runs = 60  # the stop lands at random while the reply is on its way (one run in ten failed so)
         for n in range(runs):
-            worker = Worker("q", lambda job: None, client, prefix="tls", block_timeout_s=5)
+            worker = Worker("q", lambda job: None, client, WorkerOptions(prefix="tls", block_timeout_s=5))
             outcome: list[object] = []
 
             def run(worker: Worker = worker, outcome: list[object] = outcome) -> None:
@@ -132,8 +133,8 @@ def test_a_pickle_written_into_redis_is_never_unpickled(queue):
     job = queue.get_job(job_id)
     assert isinstance(job.data, str), "shown as text, not decoded"
     seen = []
-    Worker("q", lambda j: seen.append(type(j.data)) or "ran", queue.client, prefix=queue.keys.prefix,
-           block_timeout_s=0.2).run(burst=True)
+    Worker("q", lambda j: seen.append(type(j.data)) or "ran", queue.client, WorkerOptions(prefix=queue.keys.prefix,
+                                                                                          block_timeout_s=0.2)).run(burst=True)
     assert seen == [], "a job whose data is not JSON never reaches a handler"
     assert queue.get_state(job_id) == "failed"
     assert "the job's data is not JSON" in queue.get_job(job_id).failed_reason

@@ -49,7 +49,8 @@ def output_of(script: str, *args: str, timeout_s: float = 20) -> tuple[str, str]
 # A script's own runner, run by run_until_signalled, and a burst of its own signals (one alone: the first stage).
 RUNNER_CHILD = textwrap.dedent("""
     import os, random, signal, sys, threading, time
-    from echomq_django.core import Beat, Queue, RecordedSignals, Sweeper, Worker, connect, run_until_signalled
+    from echomq_django.core import (Beat, Queue, RecordedSignals, Sweeper, Worker, WorkerOptions, connect,
+                                    run_until_signalled)
 
     url, prefix, kind, name, count = sys.argv[1:6]
     client = connect(url)
@@ -57,8 +58,8 @@ RUNNER_CHILD = textwrap.dedent("""
     seconds = 0.5 if count == "1" else 30  # one signal: the running job finishes; a burst: it is left
     if kind.startswith("worker"):
         queue = Queue(name, client, prefix=prefix)
-        runner = Worker(name, lambda job: started.set() or time.sleep(seconds), client, prefix=prefix,
-                        concurrency=int(kind[-1]))
+        runner = Worker(name, lambda job: started.set() or time.sleep(seconds), client,
+                        WorkerOptions(prefix=prefix, concurrency=int(kind[-1])))
         queue.add("long")
     elif kind == "sweeper":
         runner = Sweeper(client, [name], prefix=prefix, interval_ms=30_000)
@@ -118,7 +119,7 @@ def test_one_signal_lets_the_running_job_finish(redis_url, prefix, kind):
 # it is raised, and the worker's renewals end, so that the jobs it left are recovered by the sweeper.
 CTRL_C_CHILD = textwrap.dedent("""
     import os, signal, sys, threading, time
-    from echomq_django.core import Queue, Worker, connect
+    from echomq_django.core import Queue, Worker, WorkerOptions, connect
 
     url, prefix, concurrency = sys.argv[1], sys.argv[2], int(sys.argv[3])
     client = connect(url)
@@ -126,8 +127,8 @@ CTRL_C_CHILD = textwrap.dedent("""
     for _ in range(concurrency):
         queue.add("long")
     running = threading.Semaphore(0)
-    worker = Worker("q", lambda job: running.release() or time.sleep(5), client, prefix=prefix,
-                    concurrency=concurrency, lock_duration_ms=400)
+    worker = Worker("q", lambda job: running.release() or time.sleep(5), client,
+                    WorkerOptions(prefix=prefix, concurrency=concurrency, lock_duration_ms=400))
 
     def ctrl_c():
         for _ in range(concurrency):

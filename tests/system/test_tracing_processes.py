@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from echomq_django.core import Backoff, JobOptions, Retention, Worker, use_tracer_provider
+from echomq_django.core import Backoff, JobOptions, Retention, Worker, WorkerOptions, use_tracer_provider
 from tests.system import tracing_jobs
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
@@ -40,8 +40,9 @@ def test_each_attempt_in_a_child_is_a_process_span_and_the_jobs_spans_are_its_ch
     monkeypatch.setenv(tracing_jobs.SPANS_FILE_ENV, str(spans_file))  # the children inherit it
     ok = queue.add("ok")
     flaky = queue.add("flaky", opts=JobOptions(attempts=2, backoff=Backoff("fixed", 0)))
-    Worker(queue.name, tracing_jobs.handler, queue.client, prefix=queue.keys.prefix, pool="processes",
-           child_init=tracing_jobs.child_init, block_timeout_s=0.2, keep_completed=Retention()).run(burst=True)
+    options = WorkerOptions(prefix=queue.keys.prefix, pool="processes", child_init=tracing_jobs.child_init,
+                            block_timeout_s=0.2, keep_completed=Retention())
+    Worker(queue.name, tracing_jobs.handler, queue.client, options).run(burst=True)
     assert (queue.get_state(ok), queue.get_state(flaky)) == ("completed", "completed")
 
     sends = {span.attributes["messaging.message.id"]: span for span in exporter.get_finished_spans()

@@ -43,3 +43,23 @@ def test_stored_json_is_decoded_in_one_place():
                         and any(alias.name in ("loads", "load", "JSONDecoder") for alias in node.names))):
                 calls.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
     assert calls == [], "decode stored JSON with decode_stored, whose only error is ValueError"
+
+
+def test_a_worker_is_told_its_options_in_one_object():
+    """Worker takes one WorkerOptions, not a keyword argument per option: what the settings hand the core is
+    one typed, frozen object that mypy checks and that is checked whole when made."""
+    import dataclasses
+    import inspect
+
+    import pytest
+
+    from echomq_django.core import Worker, WorkerOptions
+
+    parameters = inspect.signature(Worker).parameters
+    assert len(parameters) <= 8, list(parameters)
+    assert parameters["options"].annotation in (WorkerOptions, "WorkerOptions")
+    options = WorkerOptions()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.concurrency = 2  # type: ignore[misc]
+    with pytest.raises(ValueError, match="renewal every 1000 ms must be shorter than the lock duration of 1000 ms"):
+        WorkerOptions(lock_duration_ms=1000, renew_interval_ms=1000)

@@ -32,16 +32,17 @@ from redis.exceptions import ResponseError
 from .. import defaults
 from ..errors import InvalidNameError
 from ..protocol.connection import UNREACHABLE, require_text_replies
-from ..protocol.job import Job, JobOptions
+from ..protocol.job import Job
 from ..protocol.keys import QueueKeys, validate_stored_id
 from ..protocol.registry import Heartbeat, WorkerInfo
-from ..protocol.scripts import Confirm, RateLimit, Scripts
+from ..protocol.scripts import Scripts
 from ..protocol.times import now_ms
-from .fetching import FetchLoop, FetchOptions, RoundTrips
+from .fetching import FetchLoop, RoundTrips
 from .locks import LockRenewer
 from .marker import MarkerWaiter
-from .pool import POOLS, Handler
-from .slots import AbandonedShown, Events, JobSlots, SlotOptions
+from .options import DEFAULTS, WorkerOptions
+from .pool import Handler
+from .slots import AbandonedShown, Events, JobSlots
 from .stopping import TwoStages
 
 logger = logging.getLogger("echomq.worker")
@@ -78,14 +79,6 @@ class _Reporter:
             return False
 
 
-@dataclass(frozen=True)
-class Retention:
-    """How many finished jobs a set keeps: `count` newest (-1 = all), none older than `age_ms` (0 = any)."""
-
-    count: int = -1
-    age_ms: int = 0
-
-
 def abandoned_threads(client: Any, keys: QueueKeys, now: int | None = None) -> list[tuple[str, str]]:
     """(worker id, job id) of each job thread past its hard limit that still runs and holds a slot of its worker.
 
@@ -105,7 +98,7 @@ def abandoned_threads(client: Any, keys: QueueKeys, now: int | None = None) -> l
 
 
 class Worker:
-    """Runs the jobs of one queue, `concurrency` at a time, until stopped.
+    """Runs the jobs of one queue, `concurrency` at a time, until stopped; what it is told is one WorkerOptions.
 
     One loop does the worker's Redis work in batches: each round trip writes
     the results of every job that ended since the last one and takes new jobs
@@ -149,63 +142,37 @@ class Worker:
     the jobs still running are left to their lapsing locks and the sweeper.
     """
 
-    def __init__(
-        self, queue: str, handler: Handler, client: Any, *, prefix: str = defaults.PREFIX,
-        concurrency: int = defaults.CONCURRENCY, lock_duration_ms: int = defaults.LOCK_DURATION_MS,
-        renew_interval_ms: int | None = None, block_timeout_s: float = 1.0,
-        default_attempts: int = defaults.ATTEMPTS,
-        keep_completed: Retention = Retention(count=defaults.KEEP_COMPLETED_COUNT),
-        keep_failed: Retention = Retention(),
-        worker_id: str | None = None, scripts: Scripts | None = None, confirm: Confirm | None = None,
-        metrics_minutes: int = defaults.METRICS_MINUTES, max_log_lines: int = defaults.MAX_LOG_LINES,
-        pool: str = "threads", time_limit_ms: int = 0, soft_time_limit_ms: int = 0,
-        max_jobs_per_child: int = 0, max_memory_per_child_kb: int = 0,
-        child_init: Callable[[], None] | None = None, rate_limit: RateLimit | None = None, max_active: int = 0,
-        group_max_active: int = 0, queues: tuple[str, ...] = (), trace_as_child: bool = False,
-    ) -> None:
-        slot_options = SlotOptions(pool, time_limit_ms, soft_time_limit_ms, max_jobs_per_child,
-                                   max_memory_per_child_kb, child_init, trace_as_child)
-        renew_interval_ms = _checked(concurrency, slot_options, max_active, group_max_active, max_log_lines,
-                                     lock_duration_ms, renew_interval_ms)
-        self.keys = QueueKeys(queue, prefix)
+    def __init__(self, queue: str, handler: Handler, client: Any, options: WorkerOptions = DEFAULTS, *,
+                 scripts: Scripts | None = None, worker_id: str | None = None, queues: tuple[str, ...] = ()) -> None:
+        """`queues`: every queue the worker's process serves, as the registry shows it (default: `queue`)."""
+        self.options = options
+        self.keys = QueueKeys(queue, options.prefix)
         self.handler = handler
         require_text_replies(client)
         self.client = client
         self.scripts = scripts or Scripts(client)
-        self.confirm = confirm
-        self.concurrency = concurrency
-        self.lock_duration_ms = lock_duration_ms
-        self.renew_interval_ms = renew_interval_ms
-        self.block_timeout_s = block_timeout_s
-        self.default_attempts = default_attempts
-        self.keep_completed = keep_completed
-        self.keep_failed = keep_failed
-        self.metrics_minutes = metrics_minutes
-        self.rate_limit, self.max_active, self.group_max_active = rate_limit, max_active, group_max_active
-        self.pool, self.time_limit_ms, self.soft_time_limit_ms = pool, time_limit_ms, soft_time_limit_ms
-        self._reporter = _Reporter(self.scripts, self.keys, max_log_lines)
+        self.concurrency, self.pool = options.concurrency, options.pool
+        self.lock_duration_ms, self.renew_interval_ms = options.lock_duration_ms, options.renew_ms
+        self._reporter = _Reporter(self.scripts, self.keys, options.max_log_lines)
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.queues = queues or (queue,)  # every queue its process serves, as the registry shows it
+        self.queues = queues or (queue,)
         self.started_at_ms = now_ms()
         self._stages = TwoStages()  # what stop() and abort() set
         self._events: Events = Events()  # the parts' one queue: the loop reads it
         # Why run() may return: "ended" (the loop), "aborted" (abort()), or the loop's error.
         self._returned: threadqueue.SimpleQueue[str | BaseException] = threadqueue.SimpleQueue()
-        self._slots = JobSlots(handler, self._reporter, concurrency, slot_options, self._events, self._stages,
-                               self.worker_id, on_abandoned=self._abandoned_changed, lead=self._lead)
-        self._shown = AbandonedShown(client, self.keys, self._slots.abandoned, lock_duration_ms, self.worker_id)
-        self._heartbeat = Heartbeat(client, self.keys, self.describe, lock_duration_ms)
-        self._locks = LockRenewer(self.scripts, self.keys, lock_duration_ms, renew_interval_ms, self.worker_id,
+        self._slots = JobSlots(handler, self._reporter, options.concurrency, options.slots(), self._events,
+                               self._stages, self.worker_id, on_abandoned=self._abandoned_changed, lead=self._lead)
+        lock_ms = options.lock_duration_ms
+        self._shown = AbandonedShown(client, self.keys, self._slots.abandoned, lock_ms, self.worker_id)
+        self._heartbeat = Heartbeat(client, self.keys, self.describe, lock_ms)
+        self._locks = LockRenewer(self.scripts, self.keys, lock_ms, options.renew_ms, self.worker_id,
                                   on_stop=self._slots.stop_attempt, beside=self._each_round)
         self._marker = MarkerWaiter(client, self.scripts, self.keys, self._events, self.worker_id)
-        self._trips = RoundTrips(
-            self.scripts, self.keys, self.worker_id,
-            FetchOptions(lock_duration_ms, default_attempts,
-                         (keep_completed.count, keep_completed.age_ms), (keep_failed.count, keep_failed.age_ms),
-                         metrics_minutes, confirm, rate_limit, max_active, group_max_active),
-            locks=self._locks, stages=self._stages, reporter=self._reporter)
+        self._trips = RoundTrips(self.scripts, self.keys, self.worker_id, options.fetching(), locks=self._locks,
+                                 stages=self._stages, reporter=self._reporter)
         self._fetch = FetchLoop(client, self._trips, slots=self._slots, marker=self._marker, events=self._events,
-                                stages=self._stages, block_timeout_s=block_timeout_s,
+                                stages=self._stages, block_timeout_s=options.block_timeout_s,
                                 on_end=lambda: self._returned.put("ended"))
 
     @property
@@ -333,26 +300,3 @@ class Worker:
         self._locks.renew_soon()  # whose round goes on to AbandonedShown.show
         self._events.put(None)
 
-
-def _checked(concurrency: int, slots: SlotOptions, max_active: int, group_max_active: int, max_log_lines: int,
-             lock_duration_ms: int, renew_interval_ms: int | None) -> int:
-    """Check a worker's options (ValueError says which is wrong); the lock renewal interval."""
-    if concurrency < 1:
-        raise ValueError(f"concurrency must be at least 1, not {concurrency}")
-    if slots.pool not in POOLS:
-        raise ValueError(f"pool must be one of {', '.join(POOLS)}, not {slots.pool!r}")
-    JobOptions(time_limit_ms=slots.time_limit_ms, soft_time_limit_ms=slots.soft_time_limit_ms)  # the same bounds
-    if slots.max_jobs_per_child < 0 or slots.max_memory_per_child_kb < 0:
-        raise ValueError("max_jobs_per_child and max_memory_per_child_kb must be 0 (no limit) or more")
-    if max_active < 0 or group_max_active < 0:
-        raise ValueError(f"max_active and group_max_active must be 0 (no cap) or more, not {max_active} "
-                         f"and {group_max_active}")
-    if max_log_lines < 1:
-        raise ValueError(f"a job must keep at least 1 log line, not {max_log_lines}")
-    renew_interval_ms = renew_interval_ms or lock_duration_ms // 2
-    if not 0 < renew_interval_ms < lock_duration_ms:
-        raise ValueError(
-            f"lock renewal every {renew_interval_ms} ms must be shorter than the "
-            f"lock duration of {lock_duration_ms} ms"
-        )
-    return renew_interval_ms

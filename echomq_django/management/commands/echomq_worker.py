@@ -14,6 +14,7 @@ from echomq_django.core import (
     Job,
     RecordedSignals,
     Worker,
+    WorkerOptions,
     run_until_signalled,
     seconds_text,
 )
@@ -93,39 +94,39 @@ class Command(BaseCommand):
                 f"{queue} {count} job attempt(s)" for queue, count in sorted(processed.items())))
 
 
-def refuse_recycling_on_threads(configured: dict[str, dict[str, Any]], max_jobs_per_child: int | None,
+def refuse_recycling_on_threads(configured: dict[str, WorkerOptions], max_jobs_per_child: int | None,
                                 max_memory_per_child: int | None) -> None:
     """ValueError when --max-jobs-per-child or --max-memory-per-child is given for a queue that runs on threads."""
     given = [flag for flag, value in (("--max-jobs-per-child", max_jobs_per_child),
                                       ("--max-memory-per-child", max_memory_per_child)) if value is not None]
-    on_threads = [name for name, options in configured.items() if options["pool"] != "processes"]
+    on_threads = [name for name, options in configured.items() if options.pool != "processes"]
     if given and on_threads:
         raise ValueError(f"{' and '.join(given)} recycle the child processes of the processes pool, but queue(s) "
                          f"{', '.join(on_threads)} run on threads: add --pool processes, or set their POOL")
 
 
-def describe(options: dict[str, Any]) -> str:
+def describe(options: WorkerOptions) -> str:
     """A worker's pool and limits, as its start-up line gives them: "processes x4, time limit 30 s, ..."."""
-    parts = [f"{options['pool']} x{options['concurrency']}"]
-    if options["time_limit_ms"]:
-        parts.append(f"time limit {seconds_text(options['time_limit_ms'])} s"
-                     + (" (a thread is not killed: echomq.W017)" if options["pool"] == "threads" else ""))
+    parts = [f"{options.pool} x{options.concurrency}"]
+    if options.time_limit_ms:
+        parts.append(f"time limit {seconds_text(options.time_limit_ms)} s"
+                     + (" (a thread is not killed: echomq.W017)" if options.pool == "threads" else ""))
     else:
         parts.append("no queue time limit")
-    if options["soft_time_limit_ms"]:
-        parts.append(f"soft time limit {seconds_text(options['soft_time_limit_ms'])} s")
-    jobs = options["max_jobs_per_child"]
+    if options.soft_time_limit_ms:
+        parts.append(f"soft time limit {seconds_text(options.soft_time_limit_ms)} s")
+    jobs = options.max_jobs_per_child
     recycle = [f"{jobs} job{'' if jobs == 1 else 's'}" if jobs else "",
-               f"{options['max_memory_per_child_kb'] / 1024:g} MB" if options["max_memory_per_child_kb"] else ""]
+               f"{options.max_memory_per_child_kb / 1024:g} MB" if options.max_memory_per_child_kb else ""]
     if any(recycle):
         parts.append("a child replaced after " + " or ".join(filter(None, recycle)))
-    if rate := options.get("rate_limit"):
+    if rate := options.rate_limit:
         parts.append(f"at most {rate.max} job{'' if rate.max == 1 else 's'} started per "
                      f"{seconds_text(rate.duration_ms)} s")
-    if options.get("max_active"):
-        parts.append(f"{options['max_active']} running at once")
-    if options.get("group_max_active"):
-        parts.append(f"{options['group_max_active']} per group")
+    if options.max_active:
+        parts.append(f"{options.max_active} running at once")
+    if options.group_max_active:
+        parts.append(f"{options.group_max_active} per group")
     return ", ".join(parts)
 
 
