@@ -32,7 +32,7 @@ from django.utils import timezone as django_timezone
 from django.utils.module_loading import import_string
 
 from . import outbox
-from .conf import delay_to, get_settings, own_time_limits_ms, settings_readable, unserved_queue
+from .conf import get_settings, settings_readable, unserved_queue
 from .core import (
     MAX_PRIORITY,
     MIN_PRIORITY,
@@ -50,12 +50,14 @@ from .core import (
     class_path,
     datetime_from_ms,
     decode_stored,
+    delay_until,
     encode_json,
     fail_for_good,
     now_ms,
     validate_job_id,
     validate_name,
 )
+from .job_options import naive_zone, own_time_limits_ms
 from .queues import get_queue
 from .signatures import Signature
 from .tasks_compat import (
@@ -188,7 +190,7 @@ class EchoMQBackend(BaseTaskBackend):
         super().validate_task(task)
         if task.run_after is not None:  # the job's delay has a limit (ten years): refuse it here, not at enqueue
             try:
-                JobOptions(delay_ms=delay_to(task.run_after, now_ms()))
+                JobOptions(delay_ms=delay_until(task.run_after, now_ms(), naive_zone()))
             except PayloadError as error:
                 raise InvalidTask(f"run_after {task.run_after.isoformat()} is too far ahead: {error}.") from None
         attempts = getattr(task, "attempts", None)
@@ -260,7 +262,7 @@ class EchoMQBackend(BaseTaskBackend):
         payload = self.job_data(task, args, kwargs, queue.max_payload_bytes)
         opts = queue.default_opts.overridden(attempts=getattr(task, "attempts", None),
                                              backoff=getattr(task, "backoff", None),
-                                             delay_ms=delay_to(task.run_after, timestamp_ms),
+                                             delay_ms=delay_until(task.run_after, timestamp_ms, naive_zone()),
                                              priority=task.priority, **own_time_limits_ms(task),
                                              group=getattr(task, "group", ""))
         return queue, payload, opts

@@ -9,19 +9,12 @@ from django.conf import settings
 from django.core import checks
 from django.db import DatabaseError
 
-from .conf import (
-    Problem,
-    get_settings,
-    settings_problems,
-    settings_readable,
-    short_token_problem,
-    threads_time_limit_warning,
-    unserved_queue,
-)
+from .conf import get_settings, settings_problems, settings_readable, unserved_queue
 from .core import OWN_CONNECTIONS_ENV, own_connections_wanted
 from .jobs import discover_jobs, registered_jobs
 from .outbox import outbox_in_use, outbox_state
 from .schedules import schedules_problems
+from .settings_values import Problem, short_token_problem, threads_time_limit_warning
 
 
 def as_check(problem: Problem) -> checks.CheckMessage:

@@ -25,38 +25,30 @@ settings raises ImproperlyConfigured with the first.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
-from django.utils import timezone
 
+from . import settings_values as read
 from .core import (
     ALPHABET,
     MAX_ATTEMPTS,
-    MAX_DELAY_MS,
-    MAX_RATE_WINDOW_MS,
-    POOLS,
     Backoff,
     Confirm,
     InvalidNameError,
     JobOptions,
-    PayloadError,
     RateLimit,
-    RedisURLError,
     Retention,
     WorkerOptions,
     defaults,
-    delay_until,
-    parse_redis_url,
     validate_name,
 )
+from .settings_values import Parse, Problem, threads_time_limit_warning
 
 # The runtime's defaults (core/defaults.py, in ms) in the settings' units (seconds),
 # so that a value left out means the same with or without Django.
@@ -118,25 +110,6 @@ QUEUE_DEFAULTS: dict[str, Any] = {
     "GROUP_MAX_ACTIVE": None,
     "OUTBOX": None,  # True or False: this queue's enqueues in a transaction go through the outbox; None: ECHOMQ's
 }
-
-
-# The most log lines a job may keep: at 10,000 characters a line, a job's log stays under 1 GB.
-MAX_LOG_LINES = 100_000
-# A metrics token shorter than this is easy to guess.
-MIN_TOKEN_LENGTH = 24
-
-# The longest duration a setting may give, as for a job's delay (nan fails every comparison).
-MAX_SECONDS = MAX_DELAY_MS // 1000
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with the settings, as a system check reports it."""
-
-    id: str
-    message: str
-    hint: str
-    warning: bool = False
 
 
 @dataclass(frozen=True)
@@ -220,121 +193,6 @@ class EchoMQSettings:
         return config
 
 
-def _seconds_to_ms(value: Any, where: str, problems: list[Problem], *, allow_none: bool = False,
-                   most_s: float = MAX_SECONDS, most: str = f"{MAX_SECONDS:,} (ten years)",
-                   hint: str = "") -> int | None:
-    """Seconds (fractions allowed, at most `most_s`, said as `most`) in ms; None, and a problem, when wrong."""
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= most_s:
-        hint = hint or "Use a number such as 30 or 0.5" + (", or None." if allow_none else ".")
-        problems.append(Problem("echomq.E005", f"{where} must be a positive number of seconds up to "
-                                f"{most}, not {value!r}.", hint))
-        return None
-    return max(1, round(value * 1000))
-
-
-def _limit_ms(value: Any, where: str, problems: list[Problem]) -> int | None:
-    """A time limit in ms, 0 for None (no limit); None when it is wrong."""
-    if value is None:
-        return 0
-    return _seconds_to_ms(value, where, problems, allow_none=True)
-
-
-def _rate_limit(value: Any, where: str, problems: list[Problem]) -> RateLimit | None:
-    if value is None:
-        return None
-    hint = 'Use {"MAX": jobs, "DURATION": seconds}, e.g. {"MAX": 10, "DURATION": 1} for 10 jobs a second.'
-    if not isinstance(value, dict) or set(value) != {"MAX", "DURATION"}:
-        problems.append(Problem("echomq.E006", f"{where} must be a dict with MAX and DURATION, not {value!r}.", hint))
-        return None
-    jobs = _count(value["MAX"], f"{where}['MAX']", problems, minimum=1)
-    window_ms = _seconds_to_ms(value["DURATION"], f"{where}['DURATION']", problems,
-                               most_s=MAX_RATE_WINDOW_MS / 1000, most=f"a day ({MAX_RATE_WINDOW_MS // 1000:,})",
-                               hint="The window keeps a record of every start in it; for a daily quota use 86400.")
-    if jobs is None or window_ms is None:
-        return None
-    return RateLimit(jobs, window_ms)
-
-
-def _flag(value: Any, where: str, problems: list[Problem], *, allow_none: bool = False) -> bool | None:
-    if value is None and allow_none:
-        return None
-    if not isinstance(value, bool):
-        problems.append(Problem("echomq.E006", f"{where} must be True or False{' or None' if allow_none else ''}, "
-                                f"not {value!r}.", "Use True or False."))
-        return None
-    return value
-
-
-def _pool(value: Any, where: str, problems: list[Problem]) -> str:
-    if not isinstance(value, str) or value not in POOLS:
-        problems.append(Problem("echomq.E006", f"{where} must be one of {', '.join(map(repr, POOLS))}, "
-                                f"not {value!r}.",
-                                '"threads" (the default) runs jobs on threads of the worker; "processes" in '
-                                "child processes, which use every core and can be killed at a time limit."))
-    return value
-
-
-def _count(value: Any, where: str, problems: list[Problem], *, minimum: int, maximum: int | None = None,
-           allow_none: bool = False) -> int | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum and value > maximum):
-        bounds = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum:,}"
-        problems.append(Problem("echomq.E005", f"{where} must be a whole number {bounds}, not {value!r}.",
-                                "Use a whole number."))
-        return None
-    return value
-
-
-def _retention(value: Any, where: str, problems: list[Problem], *, fallback: dict[str, Any]) -> Retention:
-    if not isinstance(value, dict) or set(value) - {"COUNT", "AGE"}:
-        problems.append(Problem("echomq.E006", f"{where} must be a dict with COUNT and/or AGE.",
-                                'For example {"COUNT": 1000, "AGE": 86400}; None means no limit.'))
-        return Retention()  # a wrong value: the caller falls back to the default
-    # A limit left out keeps its default (KEEP_COMPLETED's COUNT is 1000); None says "no limit".
-    count = _count(value.get("COUNT", fallback["COUNT"]), f"{where}['COUNT']", problems, minimum=0, allow_none=True)
-    age_ms = _seconds_to_ms(value.get("AGE", fallback["AGE"]), f"{where}['AGE']", problems, allow_none=True)
-    return Retention(count=-1 if count is None else count, age_ms=age_ms or 0)
-
-
-def _backoff(value: Any, where: str, problems: list[Problem]) -> Backoff:
-    hint = 'Use {"TYPE": "fixed" or "exponential", "DELAY": seconds}.'
-    if not isinstance(value, dict) or set(value) - {"TYPE", "DELAY"}:
-        problems.append(Problem("echomq.E006", f"{where} must be a dict with TYPE and DELAY.", hint))
-        return Backoff()
-    delay = value.get("DELAY", 0)
-    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= MAX_SECONDS:
-        problems.append(Problem("echomq.E005", f"{where}['DELAY'] must be seconds from 0 to {MAX_SECONDS:,} "
-                                f"(ten years), not {delay!r}.", hint))
-        delay = 0
-    try:
-        return Backoff(str(value.get("TYPE", "fixed")), round(delay * 1000))
-    except ValueError as error:
-        problems.append(Problem("echomq.E006", f"{where}: {error}.", hint))
-        return Backoff()
-
-
-# How one option is read: (value, where, problems) -> the resolved value; a wrong
-# value adds to `problems`.
-Parse = Callable[[Any, str, list[Problem]], Any]
-
-
-def _option(values: dict[str, Any], known: dict[str, Any], key: str, where: str, problems: list[Problem],
-            parse: Parse) -> Any:
-    """The option `key` of `values`, parsed; a wrong value is reported and its default used instead.
-
-    A value with only warnings (a short token) is reported and kept.
-    """
-    found: list[Problem] = []
-    value = parse(values[key], f"{where}[{key!r}]", found)
-    problems += found
-    if all(problem.warning for problem in found):
-        return value
-    return parse(known[key], f"{where}[{key!r}]", [])
-
-
 def _queue_config(name: str, raw: Any) -> tuple[QueueConfig, list[Problem]]:
     problems: list[Problem] = []
     where = f"ECHOMQ['QUEUES'][{name!r}]"
@@ -348,10 +206,10 @@ def _queue_config(name: str, raw: Any) -> tuple[QueueConfig, list[Problem]]:
     values = {**QUEUE_DEFAULTS, **raw}
 
     def option(key: str, parse: Parse) -> Any:
-        return _option(values, QUEUE_DEFAULTS, key, where, problems, parse)
+        return read.option(values, QUEUE_DEFAULTS, key, where, problems, parse)
 
-    lock_ms = option("LOCK_DURATION", _seconds_to_ms)
-    renew_ms = option("LOCK_RENEW_INTERVAL", functools.partial(_seconds_to_ms, allow_none=True)) or lock_ms // 2
+    lock_ms = option("LOCK_DURATION", read.seconds_to_ms)
+    renew_ms = option("LOCK_RENEW_INTERVAL", functools.partial(read.seconds_to_ms, allow_none=True)) or lock_ms // 2
     if not 0 < renew_ms < lock_ms:  # a lock of 1 ms has no shorter whole interval: the worker refuses it
         problems.append(Problem(
             "echomq.E004", f"{where}: the lock is renewed every {renew_ms / 1000:g} s, which is not between 0 "
@@ -361,23 +219,23 @@ def _queue_config(name: str, raw: Any) -> tuple[QueueConfig, list[Problem]]:
         name=name,
         lock_duration_ms=lock_ms,
         renew_interval_ms=renew_ms,
-        sweep_interval_ms=option("SWEEP_INTERVAL", _seconds_to_ms),
-        max_stalled_count=option("MAX_STALLED_COUNT", functools.partial(_count, minimum=0)),
-        attempts=option("ATTEMPTS", functools.partial(_count, minimum=1, maximum=MAX_ATTEMPTS)),
-        backoff=option("BACKOFF", _backoff),
-        concurrency=option("CONCURRENCY", functools.partial(_count, minimum=1)),
-        keep_completed=option("KEEP_COMPLETED", functools.partial(_retention,
+        sweep_interval_ms=option("SWEEP_INTERVAL", read.seconds_to_ms),
+        max_stalled_count=option("MAX_STALLED_COUNT", functools.partial(read.count, minimum=0)),
+        attempts=option("ATTEMPTS", functools.partial(read.count, minimum=1, maximum=MAX_ATTEMPTS)),
+        backoff=option("BACKOFF", read.backoff),
+        concurrency=option("CONCURRENCY", functools.partial(read.count, minimum=1)),
+        keep_completed=option("KEEP_COMPLETED", functools.partial(read.retention,
                                                                   fallback=QUEUE_DEFAULTS["KEEP_COMPLETED"])),
-        keep_failed=option("KEEP_FAILED", functools.partial(_retention, fallback=QUEUE_DEFAULTS["KEEP_FAILED"])),
-        max_log_lines=option("MAX_LOG_LINES", _max_log_lines),
-        pool=option("POOL", _pool),
-        max_jobs_per_child=option("MAX_JOBS_PER_CHILD", functools.partial(_count, minimum=0)),
-        max_memory_per_child_mb=option("MAX_MEMORY_PER_CHILD", functools.partial(_count, minimum=0)),
-        rate_limit=option("RATE_LIMIT", _rate_limit),
-        max_active=option("MAX_ACTIVE", functools.partial(_count, minimum=1, allow_none=True)) or 0,
-        group_max_active=option("GROUP_MAX_ACTIVE", functools.partial(_count, minimum=1, allow_none=True)) or 0,
-        outbox=option("OUTBOX", functools.partial(_flag, allow_none=True)),
-        result_ttl_ms=option("RESULT_TTL", functools.partial(_seconds_to_ms, allow_none=True)) or 0,
+        keep_failed=option("KEEP_FAILED", functools.partial(read.retention, fallback=QUEUE_DEFAULTS["KEEP_FAILED"])),
+        max_log_lines=option("MAX_LOG_LINES", read.max_log_lines),
+        pool=option("POOL", read.pool),
+        max_jobs_per_child=option("MAX_JOBS_PER_CHILD", functools.partial(read.count, minimum=0)),
+        max_memory_per_child_mb=option("MAX_MEMORY_PER_CHILD", functools.partial(read.count, minimum=0)),
+        rate_limit=option("RATE_LIMIT", read.rate_limit),
+        max_active=option("MAX_ACTIVE", functools.partial(read.count, minimum=1, allow_none=True)) or 0,
+        group_max_active=option("GROUP_MAX_ACTIVE", functools.partial(read.count, minimum=1, allow_none=True)) or 0,
+        outbox=option("OUTBOX", functools.partial(read.flag, allow_none=True)),
+        result_ttl_ms=option("RESULT_TTL", functools.partial(read.seconds_to_ms, allow_none=True)) or 0,
         **_time_limits(option, where, problems),
     )
     if config.pool == "threads" and config.time_limit_ms:
@@ -388,7 +246,7 @@ def _queue_config(name: str, raw: Any) -> tuple[QueueConfig, list[Problem]]:
 
 def _time_limits(option: Callable[[str, Parse], Any], where: str, problems: list[Problem]) -> dict[str, int]:
     """TIME_LIMIT and SOFT_TIME_LIMIT in ms (0: none); a soft limit not under the hard one is an error."""
-    hard, soft = option("TIME_LIMIT", _limit_ms), option("SOFT_TIME_LIMIT", _limit_ms)
+    hard, soft = option("TIME_LIMIT", read.limit_ms), option("SOFT_TIME_LIMIT", read.limit_ms)
     if hard and soft >= hard:
         problems.append(Problem(
             "echomq.E022", f"{where}: the SOFT_TIME_LIMIT of {soft / 1000:g} s is not shorter than the TIME_LIMIT "
@@ -397,83 +255,6 @@ def _time_limits(option: Callable[[str, Parse], Any], where: str, problems: list
             "or leave one of them None."))
         hard = soft = 0  # a wrong pair falls back to the defaults, as a wrong value does
     return {"time_limit_ms": hard, "soft_time_limit_ms": soft}
-
-
-def threads_time_limit_warning(what: str, queue: str) -> Problem:
-    """echomq.W017: `what` (a hard time limit) applies on `queue`, whose jobs run on threads, which cannot be killed."""
-    return Problem(
-        "echomq.W017", f"{what}, but queue {queue!r} runs its jobs on threads (POOL \"threads\"), and a thread "
-        "cannot be killed.",
-        "At the limit the worker fails the attempt (retried per its attempts) and stops renewing its lock, but the "
-        "thread runs on, keeping its worker slot taken, until the job returns (or checks current_job()). Set the "
-        "queue's POOL to \"processes\" (or run echomq_worker --pool processes) to enforce the limit.",
-        warning=True)
-
-
-def _redis_url(value: Any, where: str, problems: list[Problem]) -> str:
-    try:
-        parse_redis_url(value)
-    except RedisURLError as error:
-        problems.append(Problem("echomq.E002", f"{where} is wrong: {error}.",
-                                "Use redis://host:port/db (rediss:// for TLS, unix:///path.sock), "
-                                "redis+cluster://host:port,host:port or redis+sentinel://host:port/service."))
-    return value
-
-
-def _prefix(value: Any, where: str, problems: list[Problem]) -> str:
-    try:
-        validate_name(value, where)
-    except InvalidNameError as error:
-        problems.append(Problem("echomq.E003", f"{error}.", f"Use {ALPHABET}."))
-    return value
-
-
-def _max_log_lines(value: Any, where: str, problems: list[Problem]) -> int | None:
-    lines = _count(value, where, problems, minimum=1)
-    if lines is not None and lines > MAX_LOG_LINES:
-        problems.append(Problem("echomq.E005", f"{where} must be at most {MAX_LOG_LINES:,}, not {lines!r}.",
-                                "The default, 1000, keeps a job's newest 1,000 lines."))
-        return None
-    return lines
-
-
-def _metrics_minutes(value: Any, where: str, problems: list[Problem]) -> int | None:
-    minutes = _count(value, where, problems, minimum=0)
-    if minutes is not None and minutes > defaults.MAX_METRICS_MINUTES:
-        # (the scripts keep no more, whatever they are asked)
-        problems.append(Problem("echomq.E005", f"{where} must be at most {defaults.MAX_METRICS_MINUTES:,} (a year), "
-                                f"not {minutes!r}.", "The default, 1440, keeps a day."))
-        return None
-    return minutes
-
-
-def _token(value: Any, where: str, problems: list[Problem]) -> str | None:
-    # `env.str("METRICS_TOKEN", default="")` is the natural way to read it: empty or blank means none,
-    # never a token that an empty "Authorization: Bearer" header would match.
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return None
-    if not isinstance(value, str) or not value.isascii() or not value.isprintable() or " " in value:
-        problems.append(Problem("echomq.E015", f"{where} must be None or a token of printable ASCII without "
-                                "spaces (the scraper sends it as 'Authorization: Bearer <token>').",
-                                "Generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'."))
-        return None
-    return value
-
-
-def short_token_problem(token: str | None, *, debug: bool) -> Problem | None:
-    """The problem of a METRICS_TOKEN too short to be safe: a warning under DEBUG, an error in production.
-
-    Read apart from the settings (DEBUG can change without ECHOMQ changing): the
-    check reports it, and the metrics view refuses such a token in production.
-    """
-    if token is None or len(token) >= MIN_TOKEN_LENGTH:
-        return None
-    hint = "Generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'."
-    message = f"ECHOMQ['METRICS_TOKEN'] is {len(token)} characters long; a token shorter than {MIN_TOKEN_LENGTH} " \
-              "is easy to guess"
-    if debug:
-        return Problem("echomq.W015", f"{message}.", hint, warning=True)
-    return Problem("echomq.E023", f"{message}, and with DEBUG = False /echomq/metrics/ refuses it.", hint)
 
 
 def parse_settings(raw: Any) -> tuple[EchoMQSettings, list[Problem]]:
@@ -489,20 +270,20 @@ def parse_settings(raw: Any) -> tuple[EchoMQSettings, list[Problem]]:
     values = {**TOP_LEVEL_DEFAULTS, **raw}
 
     def option(key: str, parse: Parse) -> Any:
-        return _option(values, TOP_LEVEL_DEFAULTS, key, "ECHOMQ", problems, parse)
+        return read.option(values, TOP_LEVEL_DEFAULTS, key, "ECHOMQ", problems, parse)
 
-    url = option("REDIS_URL", _redis_url)
-    prefix = option("PREFIX", _prefix)
-    max_payload = option("MAX_PAYLOAD_BYTES", functools.partial(_count, minimum=1))
-    replicas = option("CONFIRM_REPLICAS", functools.partial(_count, minimum=0))
-    confirm_ms = option("CONFIRM_TIMEOUT", _seconds_to_ms)
-    enqueue_timeout_ms = option("ENQUEUE_TIMEOUT", _seconds_to_ms)
-    metrics_minutes = option("METRICS_MINUTES", _metrics_minutes)
-    metrics_token = option("METRICS_TOKEN", _token)
-    outbox = option("OUTBOX", _flag)
-    outbox_max_age_ms = option("OUTBOX_MAX_AGE", _seconds_to_ms)
-    workflow_ttl_ms = option("WORKFLOW_TTL", _seconds_to_ms)
-    trace_as_child = option("TRACE_AS_CHILD", _flag)
+    url = option("REDIS_URL", read.redis_url)
+    prefix = option("PREFIX", read.prefix)
+    max_payload = option("MAX_PAYLOAD_BYTES", functools.partial(read.count, minimum=1))
+    replicas = option("CONFIRM_REPLICAS", functools.partial(read.count, minimum=0))
+    confirm_ms = option("CONFIRM_TIMEOUT", read.seconds_to_ms)
+    enqueue_timeout_ms = option("ENQUEUE_TIMEOUT", read.seconds_to_ms)
+    metrics_minutes = option("METRICS_MINUTES", read.metrics_minutes)
+    metrics_token = option("METRICS_TOKEN", read.token)
+    outbox = option("OUTBOX", read.flag)
+    outbox_max_age_ms = option("OUTBOX_MAX_AGE", read.seconds_to_ms)
+    workflow_ttl_ms = option("WORKFLOW_TTL", read.seconds_to_ms)
+    trace_as_child = option("TRACE_AS_CHILD", read.flag)
     queues: dict[str, QueueConfig] = {}
     raw_queues = values["QUEUES"]
     if not isinstance(raw_queues, dict) or not raw_queues:
@@ -536,35 +317,6 @@ def settings_problems() -> list[Problem]:
     return _cached()[1]
 
 
-_NO_TIME_LIMITS: dict[str, int | None] = {"time_limit_ms": None, "soft_time_limit_ms": None}
-
-
-def time_limits_ms(time_limit: Any, soft_time_limit: Any) -> dict[str, int | None]:
-    """A job's own time limits, given in seconds, as JobOptions.overridden takes them (None: the queue's).
-
-    PayloadError for a limit that is not a positive number of seconds up to ten
-    years, or a soft limit not shorter than the hard one.
-    """
-    if time_limit is None and soft_time_limit is None:
-        return _NO_TIME_LIMITS  # most jobs: nothing to check (callers only unpack it)
-    limits: dict[str, int | None] = {}
-    for key, what, seconds in (("time_limit_ms", "time_limit", time_limit),
-                               ("soft_time_limit_ms", "soft_time_limit", soft_time_limit)):
-        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
-                                    or not 0 < seconds <= MAX_DELAY_MS / 1000 or not math.isfinite(seconds)):
-            raise PayloadError(f"{what} must be a positive number of seconds up to ten years, or None, "
-                               f"not {seconds!r}")
-        limits[key] = None if seconds is None else max(1, round(seconds * 1000))
-    JobOptions(time_limit_ms=limits["time_limit_ms"] or 0,
-               soft_time_limit_ms=limits["soft_time_limit_ms"] or 0)  # the soft limit is the shorter
-    return limits
-
-
-def own_time_limits_ms(target: Any) -> dict[str, int | None]:
-    """The time limits (ms, for JobOptions.overridden) a @job function or an EchoMQTask sets for its jobs."""
-    return time_limits_ms(getattr(target, "time_limit", None), getattr(target, "soft_time_limit", None))
-
-
 def unserved_queue(queue: str) -> str | None:
     """Why jobs sent to `queue` would never run (it is not in ECHOMQ["QUEUES"]), or None when they would."""
     if queue in get_settings().queues:
@@ -592,30 +344,4 @@ def _reload(*, setting: str, **kwargs: Any) -> None:
     if setting == "ECHOMQ":
         _cached.cache_clear()
 
-
-def delay_to(moment: datetime | None, from_ms: int) -> int:
-    """The delay (ms) from `from_ms` to `moment` (an eta, a run_after); 0 without one or once past.
-
-    A naive datetime means TIME_ZONE when USE_TZ is False (as Django reads one); with USE_TZ it is refused.
-    """
-    if isinstance(moment, datetime) and timezone.is_naive(moment) and not settings.USE_TZ:
-        moment = timezone.make_aware(moment)
-    return delay_until(moment, from_ms)
-
-
-def expiry_ms(expires: float | timedelta | datetime | None, from_ms: int) -> int:
-    """ms from `from_ms` (the job's creation) past which it never starts: `expires` in seconds, a timedelta, or a
-    datetime (as for an eta); 0 for None. PayloadError for anything not ahead of `from_ms`."""
-    if expires is None:
-        return 0
-    if isinstance(expires, datetime):
-        ms = delay_to(expires, from_ms)
-        if ms <= 0:
-            raise PayloadError(f"expires {expires.isoformat()} is in the past: the job could never run")
-        return ms
-    seconds = expires.total_seconds() if isinstance(expires, timedelta) else expires
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_SECONDS:
-        raise PayloadError(f"expires is a positive number of seconds (up to ten years), a timedelta or a datetime, "
-                           f"not {expires!r}")
-    return math.ceil(seconds * 1000)
 

@@ -36,7 +36,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections
 
 from . import outbox
-from .conf import delay_to, expiry_ms, own_time_limits_ms, time_limits_ms, unserved_queue
+from .conf import unserved_queue
 from .core import (
     Backoff,
     Dedupe,
@@ -48,10 +48,12 @@ from .core import (
     NewJob,
     PayloadError,
     UnrecoverableError,
+    delay_until,
     fail_for_good,
     now_ms,
 )
 from .discovery import discover_jobs  # noqa: F401  (public here: echomq_django.jobs.discover_jobs)
+from .job_options import expiry_ms, naive_zone, own_time_limits_ms, time_limits_ms
 from .queues import get_queue
 from .signatures import Signature
 
@@ -167,7 +169,7 @@ class JobFunction:
         if eta is not None:
             if delay_ms:
                 raise PayloadError("give a job delay_ms or eta, not both")
-            delay_ms = delay_to(eta, timestamp)
+            delay_ms = delay_until(eta, timestamp, naive_zone())
         queue = get_queue(self.queue)
         opts = queue.default_opts.overridden(attempts=self.attempts, backoff=self.backoff, delay_ms=delay_ms,
                                              priority=self.priority if priority is None else priority,

@@ -26,15 +26,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from .conf import (
-    MAX_SECONDS,
-    Problem,
-    expiry_ms,
-    get_settings,
-    own_time_limits_ms,
-    settings_problems,
-    unserved_queue,
-)
+from .conf import get_settings, settings_problems, unserved_queue
 from .core import (
     ALPHABET,
     MAX_PRIORITY,
@@ -53,7 +45,9 @@ from .core import (
     zone,
 )
 from .discovery import discover_jobs
+from .job_options import expiry_ms, own_time_limits_ms
 from .jobs import JobFunction, registered_jobs
+from .settings_values import MAX_SECONDS, Problem
 
 logger = logging.getLogger("echomq.beat")
 

@@ -24,9 +24,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from redis.exceptions import ResponseError
 
-from .conf import get_settings, short_token_problem
+from .conf import get_settings
 from .core import COUNTED, UNREACHABLE, QueueStateError, last_sweep, oldest_waiting_age_ms, totals
 from .queues import get_queue
+from .settings_values import short_token_problem
 from .status import read_outbox, seconds_since
 
 logger = logging.getLogger("echomq.metrics")

@@ -8,7 +8,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
-from echomq_django.conf import MIN_TOKEN_LENGTH, get_settings, parse_settings
+from echomq_django.conf import get_settings, parse_settings
+from echomq_django.settings_values import MIN_TOKEN_LENGTH
 from tests.redis_servers import free_port, redis_server
 
 

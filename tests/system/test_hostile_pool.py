@@ -666,7 +666,8 @@ def test_two_sigterms_to_the_command_kill_the_child_and_leave_no_process(queue, 
 # -- docs/execution.md ----------------------------------------------------------
 
 def test_the_docs_example_settings_and_job_limits_are_valid():
-    from echomq_django.conf import parse_settings, time_limits_ms
+    from echomq_django.conf import parse_settings
+    from echomq_django.job_options import time_limits_ms
 
     config, problems = parse_settings({"QUEUES": {
         "reports": {"POOL": "processes", "CONCURRENCY": 4, "TIME_LIMIT": 300, "SOFT_TIME_LIMIT": 270}}})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 
 from ..errors import PayloadError
 
@@ -19,15 +19,18 @@ def seconds_text(ms: int) -> str:
     return f"{ms / 1000:.3f}".rstrip("0").rstrip(".")
 
 
-def delay_until(moment: datetime | None, from_ms: int) -> int:
+def delay_until(moment: datetime | None, from_ms: int, naive_zone: tzinfo | None = None) -> int:
     """The delay (ms) from `from_ms` to `moment` (a run-after, an eta); 0 without one or once it has passed.
 
-    A naive datetime is refused (PayloadError): which zone it means is a guess, and a wrong guess is hours.
+    A naive datetime is taken in `naive_zone` when one is given (Django's TIME_ZONE, when USE_TZ is False);
+    without one it is refused (PayloadError): which zone it means is a guess, and a wrong guess is hours.
     """
     if moment is None:
         return 0
     if not isinstance(moment, datetime):
         raise PayloadError(f"a time to run at is a datetime, not {moment!r}")
+    if naive_zone is not None and (moment.tzinfo is None or moment.utcoffset() is None):
+        moment = moment.replace(tzinfo=naive_zone)
     if moment.tzinfo is None or moment.utcoffset() is None:
         raise PayloadError(f"a time to run at needs a time zone (an aware datetime), not {moment.isoformat()}")
     return max(0, math.ceil(moment.timestamp() * 1000) - from_ms)
