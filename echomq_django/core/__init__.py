@@ -21,41 +21,25 @@ from .errors import (
     PayloadError,
     QueueStateError,
     RateLimited,
+    RedisURLError,
     Retry,
     SoftTimeLimitExceeded,
     TimeLimitExceeded,
     UnrecoverableError,
+    WorkflowError,
     fail_for_good,
 )
 from .producing.handle import JobHandle
-from .producing.queue import BULK_BATCH, GONE, STOPPING, BulkOutcome, Cancel, Dedupe, EncodedJob, NewJob, Queue
+from .producing.new_jobs import Dedupe, EncodedJob, NewJob
+from .producing.outcomes import BULK_BATCH, GONE, STOPPING, BulkOutcome, Cancel
+from .producing.queue import Queue
 from .producing.tracing import send_traced, use_tracer_provider
-from .producing.workflow import (
-    MAX_DEPTH,
-    Chain,
-    Chord,
-    Group,
-    Member,
-    Plan,
-    WorkflowError,
-    WorkflowHandle,
-    read_tree,
-    tree_nodes,
-)
-from .protocol.connection import DEFAULT_REDIS_URL, UNREACHABLE, RedisURLError, connect, parse_redis_url, redacted_url
-from .protocol.job import (
-    MAX_ATTEMPTS,
-    MAX_DELAY_MS,
-    MAX_PRIORITY,
-    MIN_PRIORITY,
-    Backoff,
-    Job,
-    JobOptions,
-    TooDeep,
-    decode_stored,
-    encode_json,
-    log_line,
-)
+from .producing.workflow import Chain, Chord, Group, Member, Plan
+from .producing.workflow_handle import WorkflowHandle
+from .producing.workflow_tree import MAX_DEPTH, read_tree, tree_nodes
+from .protocol.codec import TooDeep, decode_stored, encode_json, log_line
+from .protocol.connection import DEFAULT_REDIS_URL, UNREACHABLE, connect, parse_redis_url, redacted_url
+from .protocol.job import Job
 from .protocol.keys import (
     ALPHABET,
     COUNTED,
@@ -67,6 +51,7 @@ from .protocol.keys import (
     validate_name,
     validate_stored_id,
 )
+from .protocol.options import MAX_ATTEMPTS, MAX_DELAY_MS, MAX_PRIORITY, MIN_PRIORITY, Backoff, JobOptions
 from .protocol.registry import WorkerInfo
 from .protocol.scripts import MAX_RATE_WINDOW_MS, Confirm, RateLimit, Scripts
 from .protocol.times import datetime_from_ms, delay_until, now_ms, seconds_text

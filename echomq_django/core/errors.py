@@ -142,3 +142,11 @@ class NotConfirmedError(EchoMQError):
     def __init__(self, message: str, job_ids: list[str]) -> None:
         super().__init__(message)
         self.job_ids = job_ids
+
+
+class RedisURLError(EchoMQError, ValueError):
+    """A Redis URL that names no server this package can connect to."""
+
+
+class WorkflowError(EchoMQError, ValueError):
+    """A workflow that cannot be added as given (empty, too deep, too large, an unknown job), or has no result."""

@@ -13,7 +13,7 @@ from django.test import Client
 from django.urls import reverse
 
 from echomq_django.core import JobOptions, Queue, connect, now_ms
-from echomq_django.core.protocol.job import MAX_JSON_DEPTH, MAX_LOG_LINE_CHARS
+from echomq_django.core.protocol.codec import MAX_JSON_DEPTH, MAX_LOG_LINE_CHARS
 from tests.helpers import commands_run, finish_attempt, take_jobs
 from tests.redis_servers import redis_server
 

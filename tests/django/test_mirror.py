@@ -5,7 +5,7 @@ from django.utils import timezone
 
 from echomq_django.core import JobOptions, NewJob
 from echomq_django.core.producing.queue import now_ms
-from echomq_django.core.protocol.job import TOO_DEEP_CHARS
+from echomq_django.core.protocol.codec import TOO_DEEP_CHARS
 from echomq_django.mirror import sync_queue
 from echomq_django.models import FailedJob, JobRecord, MirrorCursor, StalledJob
 from tests.helpers import fetch, finish, finish_attempt, kill_lock, sweep

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from echomq_django.core import JobOptions, PayloadError
-from echomq_django.core.protocol.job import MAX_DELAY_MS
+from echomq_django.core.protocol.options import MAX_DELAY_MS
 
 
 def _written(queue, redis_client) -> list[str]:

@@ -7,7 +7,8 @@ import pytest
 
 from echomq_django.core import Job, JobOptions, NewJob, PayloadError, Retention, Sweeper, Worker, WorkerOptions
 from echomq_django.core.producing.queue import now_ms
-from echomq_django.core.protocol.job import MAX_LOG_LINE_CHARS, MAX_PROGRESS_BYTES
+from echomq_django.core.protocol.codec import MAX_LOG_LINE_CHARS
+from echomq_django.core.protocol.job import MAX_PROGRESS_BYTES
 from tests.helpers import kill_lock, take_jobs, wait_until
 
 

@@ -8,7 +8,8 @@ import pytest
 import redis
 
 from echomq_django.core import Queue
-from echomq_django.core.protocol.connection import RedisURLError, connect, parse_redis_url
+from echomq_django.core.errors import RedisURLError
+from echomq_django.core.protocol.connection import connect, parse_redis_url
 from tests.helpers import wait_until
 from tests.redis_servers import RedisServer, free_port
 

@@ -15,8 +15,10 @@ import pytest
 from echomq_django.core import Chain, Chord, Group, JobOptions, Member, Plan, Queue, WorkflowError, WorkflowHandle
 from echomq_django.core.defaults import WORKFLOW_DELIVERIES_PER_CALL, WORKFLOW_FAN_EDGES, WORKFLOW_REASON_BYTES
 from echomq_django.core.producing.handoff import deliver_handoffs
-from echomq_django.core.producing.queue import CALL_BYTES, NewJob, now_ms
-from echomq_django.core.producing.workflow import MAX_TREE_DEPTH
+from echomq_django.core.producing.new_jobs import NewJob
+from echomq_django.core.producing.outcomes import CALL_BYTES
+from echomq_django.core.producing.queue import now_ms
+from echomq_django.core.producing.workflow_tree import MAX_TREE_DEPTH
 from tests.helpers import fetch, finish
 from tests.runtime.test_workflows import drain, ran, step
 

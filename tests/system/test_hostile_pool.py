@@ -28,7 +28,7 @@ from echomq_django.core import (
     now_ms,
 )
 from echomq_django.core.defaults import WORKFLOW_REASON_BYTES
-from echomq_django.core.protocol.job import cut_text
+from echomq_django.core.protocol.codec import cut_text
 from echomq_django.core.protocol.keys import MAX_ID_LENGTH
 from echomq_django.core.worker import pool
 from tests import hostile_pool_jobs as jobs

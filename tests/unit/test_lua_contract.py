@@ -6,16 +6,9 @@ import re
 import pytest
 
 from echomq_django.core import EncodedJob
-from echomq_django.core.protocol.keys import (
-    DERIVED_KEYS,
-    SCRIPT_ARGV,
-    SCRIPT_ARGV_EACH,
-    SCRIPT_KEYS,
-    QueueKeys,
-    script_argv,
-    script_argv_each,
-)
+from echomq_django.core.protocol.keys import DERIVED_KEYS, SCRIPT_KEYS, QueueKeys
 from echomq_django.core.protocol.lua import CONSTANTS, script_names, script_source, scripts_dir
+from echomq_django.core.protocol.script_args import SCRIPT_ARGV, SCRIPT_ARGV_EACH, script_argv, script_argv_each
 
 HEADER_KEY = re.compile(r"^\s*KEYS\[(\d+)\]\s+(\S+)", re.MULTILINE)
 # "ARGV[i] name", the name followed by two spaces (then what it is) or by the line's end.

@@ -28,10 +28,10 @@ def test_no_class_is_longer_than_300_lines():
 def test_stored_json_is_decoded_in_one_place():
     """JSON read back from Redis or a row may be anyone's, nested past Python's decoder: json.loads raises
     RecursionError there, which no `except ValueError` catches (a hand-off list, a worker's record and a
-    workflow's tree each broke on it). Outside job.py, every decode goes through core.decode_stored."""
+    workflow's tree each broke on it). Outside codec.py, every decode goes through core.decode_stored."""
     calls = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        if path == PACKAGE / "core" / "protocol" / "job.py":
+        if path == PACKAGE / "core" / "protocol" / "codec.py":
             continue
         tree = ast.parse(path.read_text(), filename=str(path))
         names = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)

@@ -21,8 +21,9 @@ from typing import Any
 from redis.client import NEVER_DECODE
 
 from ..defaults import WORKFLOW_DELIVERIES_PER_CALL
-from ..protocol.job import decode_stored
-from ..protocol.keys import QueueKeys, script_argv, script_argv_each
+from ..protocol.codec import decode_stored
+from ..protocol.keys import QueueKeys
+from ..protocol.script_args import script_argv, script_argv_each
 from ..protocol.scripts import Scripts
 
 # Ends read from a handoff list, and delivered, per step.

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import enum
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple, TypeVar
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from .. import defaults
 from ..errors import InvalidNameError, NotConfirmedError, PayloadError, QueueStateError
+from ..protocol.codec import encode_json
 from ..protocol.connection import require_text_replies
-from ..protocol.job import MAX_DELAY_MS, MAX_TIMESTAMP_MS, Job, JobOptions, encode_json, whole_number
+from ..protocol.job import Job
 from ..protocol.keys import (
     ALPHABET,
     LIST_STATES,
@@ -22,101 +21,29 @@ from ..protocol.keys import (
     validate_job_name,
     validate_stored_id,
 )
+from ..protocol.options import MAX_TIMESTAMP_MS, JobOptions, whole_number
 from ..protocol.registry import WorkerInfo, live_workers
 from ..protocol.scripts import CHANGE_RECORD_MS, Call, Confirm, Scripts, change_token, pairs
 from ..protocol.times import now_ms
 from .handle import JobHandle
 from .handoff import deliver_handoffs
+from .new_jobs import Dedupe, EncodedJob, NewJob
+from .outcomes import (
+    BULK_BATCH,
+    GONE,
+    STOPPING,
+    BulkOutcome,
+    Cancel,
+    JobRead,
+    batched,
+    batched_by_size,
+    text_bytes,
+)
 from .tracing import send_traced, with_trace
 
-T = TypeVar("T")
 # Jobs per addJob call in add_bulk: large enough that per-call costs vanish, small
 # enough that one call never blocks Redis for long (about a millisecond).
 JOBS_PER_CALL = 500
-# And at most this many bytes of the jobs' names, data and options per call (a larger job goes
-# alone): 200 jobs of 400 KB go in 20 calls of 4 MB, not one of 80 MB that holds Redis 200 ms.
-CALL_BYTES = 4 * 1024 * 1024
-# Jobs per pipelined round trip of a bulk change (retry_many, remove_many, cancel_many): each job is a
-# script call of its own, which touches that job alone, so no call walks a whole state.
-BULK_BATCH = 500
-
-
-# The longest dedupe key (it becomes part of a Redis key, dedupe:<key>).
-MAX_DEDUPE_KEY = 200
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def _encodable(text: str) -> bool:
-    """Whether `text` is valid Unicode (a lone surrogate is not: redis-py could not send it)."""
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-@dataclass(frozen=True)
-class Dedupe:
-    """How an add is deduplicated by `key` (lua/includes/dedupe.lua).
-
-    By default, while a job added with the key is waiting, delayed or active, an add with the key adds
-    nothing and answers with that job's id. `ttl_ms`: the key holds that long whatever the job does (a
-    throttle). `debounce_ms`: the job waits that window, and an add within it pushes its start back to a
-    window from then, with the new data (`keep_first`: the first data stays).
-    """
-
-    key: str
-    ttl_ms: int = 0
-    debounce_ms: int = 0
-    keep_first: bool = False
-
-    def __post_init__(self) -> None:
-        if (not isinstance(self.key, str) or not 1 <= len(self.key) <= MAX_DEDUPE_KEY or _CONTROL.search(self.key)
-                or not _encodable(self.key)):
-            raise PayloadError(f"a dedupe key is text of 1 to {MAX_DEDUPE_KEY} characters without control "
-                               f"characters, not {self.key!r:.80}")
-        whole_number(self.ttl_ms, "dedupe TTL (ms)", 0, MAX_DELAY_MS)
-        whole_number(self.debounce_ms, "debounce window (ms)", 0, MAX_DELAY_MS)
-        if self.ttl_ms and self.debounce_ms:
-            raise PayloadError("a dedupe key is held until the job ends, for a TTL, or for a debounce window: "
-                               "give a TTL or a debounce window, not both")
-        if self.keep_first and not self.debounce_ms:
-            raise PayloadError("keep_first is for a debounce (debounce_ms)")
-
-    @property
-    def mode(self) -> str:
-        if self.ttl_ms:
-            return "ttl"
-        if self.debounce_ms:
-            return "debounce-keep" if self.keep_first else "debounce"
-        return ""
-
-
-@dataclass(frozen=True)
-class NewJob:
-    """One job to add with `Queue.add_bulk`."""
-
-    name: str
-    data: Any = None
-    opts: JobOptions | None = None
-    job_id: str | None = None
-    dedupe: Dedupe | None = None
-
-
-class EncodedJob(NamedTuple):
-    """A job validated and encoded as addJob takes it, its fields in the order of its ARGV (Queue.encode)."""
-
-    job_id: str  # "" for an id Redis generates
-    name: str
-    data: str  # JSON
-    opts: str  # JSON
-    delay_ms: int
-    priority: int
-    group: str
-    expires_ms: int = 0  # 0: never expires
-    dedupe: str = ""  # the dedupe key ("": none), its mode and its ms (see Dedupe)
-    dedupe_mode: str = ""
-    dedupe_ms: int = 0
 
 
 class Queue:
@@ -441,63 +368,12 @@ def bulk_calls(queue: Queue, job_ids: Iterable[str], batch: int, call: Callable[
     return outcome
 
 
-class Cancel(enum.Enum):
-    """What Queue.cancel did; true when the job is cancelled or being stopped."""
-
-    CANCELLED = "cancelled"  # it had not started, and is in failed now
-    STOPPING = "stopping"  # it is running: its worker stops it within a lock renewal
-    FINISHED = "finished"  # it had already completed or failed: nothing changed
-    NOT_FOUND = "not found"  # no such job: nothing changed
-
-    def __bool__(self) -> bool:
-        return self in (Cancel.CANCELLED, Cancel.STOPPING)
-
-
-# Why a bulk change left a job alone, when the job had simply moved on: it is no longer in the state the change
-# was for (retried, taken, finished or removed meanwhile). A running job being cancelled: its worker stops it.
-GONE = "no longer there (it moved on or was removed meanwhile)"
-STOPPING = "running: its worker stops it at its next lock renewal"
-
-
-@dataclass
-class BulkOutcome:
-    """What a bulk change did: the ids it changed (`done`), and every other id under why it was not."""
-
-    done: list[str] = field(default_factory=list)
-    other: dict[str, list[str]] = field(default_factory=dict)
-
-    def add(self, job_id: str, why: str | None) -> None:
-        if why is None:
-            self.done.append(job_id)
-        else:
-            self.other.setdefault(why, []).append(job_id)
-
-    def merge(self, more: BulkOutcome) -> None:
-        self.done += more.done
-        for why, ids in more.other.items():
-            self.other.setdefault(why, []).extend(ids)
-
-    @property
-    def gone(self) -> list[str]:
-        """The ids no longer in the state the change was for."""
-        return self.other.get(GONE, [])
-
-
 def _refused(code: Any) -> str:
     """Why for a reply that is no code of the script: the error Redis answered."""
     return f"Redis refused it: {code}" if isinstance(code, Exception) else f"the script answered {code!r}"
 
 
 _CANCEL_CODES = {1: Cancel.CANCELLED, 2: Cancel.STOPPING, 3: Cancel.FINISHED}
-
-
-@dataclass(frozen=True)
-class JobRead:
-    """One job hash as read, or why there is none (`problem`)."""
-
-    job_id: str
-    job: Job | None
-    problem: str | None = None
 
 
 def read_jobs(queue: Queue, job_ids: Iterable[str]) -> list[JobRead]:
@@ -515,40 +391,6 @@ def read_jobs(queue: Queue, job_ids: Iterable[str]) -> list[JobRead]:
         else:
             reads.append(JobRead(job_id, Job.from_hash(queue.name, job_id, fields)))
     return reads
-
-
-def batched(items: Iterable[T], size: int) -> Iterator[list[T]]:
-    """Lists of at most `size` items, in order (itertools.batched needs Python 3.12)."""
-    batch: list[T] = []
-    for item in items:
-        batch.append(item)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
-def batched_by_size(items: Iterable[T], count: int, size_of: Callable[[T], int], max_bytes: int = CALL_BYTES, *,
-                    first_bytes: int = 0) -> Iterator[list[T]]:
-    """Lists of at most `count` items and `max_bytes` (`size_of` each; the first list holds `first_bytes` more),
-    in order; an item larger than `max_bytes` goes alone."""
-    batch: list[T] = []
-    used = first_bytes
-    for item in items:
-        size = size_of(item)
-        if batch and (len(batch) == count or used + size > max_bytes):
-            yield batch
-            batch, used = [], 0
-        batch.append(item)
-        used += size
-    if batch:
-        yield batch
-
-
-def text_bytes(text: str) -> int:
-    """How many bytes `text` takes in Redis (UTF-8)."""
-    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
 def encoded_bytes(job: EncodedJob) -> int:

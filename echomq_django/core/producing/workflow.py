@@ -14,40 +14,26 @@ however often it is delivered. docs/workflows.md describes the whole design.
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..defaults import WORKFLOW_FAN_EDGES
-from ..errors import EchoMQError, InvalidNameError
-from ..protocol.job import Job, JobOptions, decode_stored, deeper_than
-from ..protocol.keys import QueueKeys, script_argv, script_argv_each, validate_job_name, validate_name
+from ..errors import WorkflowError
+from ..protocol.keys import validate_job_name
+from ..protocol.options import JobOptions
+from ..protocol.script_args import script_argv, script_argv_each
 from ..protocol.scripts import ADD_RECORD_MS
 from ..protocol.times import now_ms
-from .handle import awaited, deadline_of, sleep_unless
-from .queue import (
-    BULK_BATCH,
-    CALL_BYTES,
-    JOBS_PER_CALL,
-    STOPPING,
-    EncodedJob,
-    NewJob,
-    Queue,
-    batched,
-    batched_by_size,
-    encoded_bytes,
-    text_bytes,
-)
+from .new_jobs import EncodedJob, NewJob
+from .outcomes import CALL_BYTES, batched_by_size, text_bytes
+from .queue import JOBS_PER_CALL, Queue, encoded_bytes
 from .tracing import send_traced, with_trace
+from .workflow_handle import WorkflowHandle
+from .workflow_tree import MAX_DEPTH, MAX_JOBS
 
-# Deeper nesting than this is refused: no real workflow comes close, and the
-# plan and every step's inputs are built recursively.
-MAX_DEPTH = 32
-# The most jobs one workflow may have (a chord of 10,000 members fits).
-MAX_JOBS = 100_000
 # And edges: a chain into a group of 100,000 has as many, but a group after a group has the
 # product of their sizes.
 MAX_EDGES = 1_000_000
@@ -55,16 +41,8 @@ MAX_EDGES = 1_000_000
 # JOBS_PER_CALL keeps one call no longer than an addJob call (bench/workflow_cost.py); and, as
 # addJob's, at most CALL_BYTES of jobs (the record's tree counts in the first call).
 ADD_JOBS_PER_CALL = JOBS_PER_CALL // 2
-# A tree that Plan._tree made nests at most this deep (two lists a level, one for a step); a deeper
-# one is another client's, and is not walked (its workflow is still found from its queues and ids).
-MAX_TREE_DEPTH = 2 * MAX_DEPTH + 1
 # How long a finished workflow's record and results are kept (WORKFLOW_TTL), by default.
 DEFAULT_TTL_MS = 86_400_000
-STATUSES = ("waiting", "running", "succeeded", "failed")
-
-
-class WorkflowError(EchoMQError, ValueError):
-    """A workflow that cannot be added as given (empty, too deep, too large, an unknown job)."""
 
 
 @dataclass(frozen=True)
@@ -384,222 +362,3 @@ def _resolve(node: Any, members: dict[int, Member], depth: int) -> None:
         _resolve(node.on_error, members, depth + 1)
 
 
-@dataclass(frozen=True)
-class TreeNode:
-    """One node of a workflow's tree (Plan._tree's shape), as `tree_nodes` walks it."""
-
-    depth: int
-    label: str  # "header" or "callback" in a chord, "on error" for a handler, else ""
-    kind: str = ""  # "chain", "group" or "chord"; "" for a step
-    queue: str = ""  # a step's queue and job id
-    job_id: str | None = None
-
-
-def tree_nodes(tree: Any, *, handlers: bool = True) -> Iterator[TreeNode]:
-    """Every node of a record's tree, depth first, in order (a scope's error handler after its parts); a node
-    of another shape (a record another client wrote) is left out."""
-
-    def walk(node: Any, depth: int, label: str) -> Iterator[TreeNode]:
-        if isinstance(node, list) and len(node) == 2 and all(isinstance(part, str) for part in node):
-            yield TreeNode(depth, label, queue=node[0], job_id=node[1])
-        elif isinstance(node, list) and len(node) == 3 and node[0] in ("chain", "group", "chord"):
-            yield TreeNode(depth, label, kind=node[0])
-            for index, part in enumerate(node[1] if isinstance(node[1], list) else []):
-                yield from walk(part, depth + 1, ("header", "callback")[min(index, 1)] if node[0] == "chord" else "")
-            if node[2] is not None and handlers:
-                yield from walk(node[2], depth + 1, "on error")
-
-    return walk(tree, 0, "")
-
-
-def assemble(fields: dict[str, str]) -> Any:
-    """The inputs gathered under their slots ("" alone, or "0", "1", "1.0"...) as one value: nested lists.
-
-    ValueError for a slot no workflow writes (another client's): a part past the number of inputs, which
-    would make a list that long, or deeper than a workflow nests.
-    """
-    if set(fields) == {""}:
-        return decode_stored(fields[""])
-    places: dict[str, list[int]] = {}  # each slot's place: its parts as numbers
-    for slot in fields:
-        parts = slot.split(".")
-        if len(parts) > MAX_DEPTH or not all(part.isdigit() and part.isascii() and int(part) < len(fields)
-                                             for part in parts):
-            raise ValueError(f"an input slot no workflow writes: {slot[:100]!r}")
-        places[slot] = [int(part) for part in parts]
-    root: list[Any] = []
-    for slot in sorted(fields, key=places.__getitem__):
-        *path, last = places[slot]
-        where = root
-        for index in path:
-            while len(where) <= index:
-                where.append([])
-            where = where[index]
-        while len(where) <= last:
-            where.append(None)
-        where[last] = decode_stored(fields[slot])
-    return root
-
-
-def read_inputs(client: Any, keys: QueueKeys, job: Job, mode: str) -> list[Any]:
-    """The arguments a workflow step gets before its own: its inputs (mode "1"), or a handler's id and error."""
-    fields = {_text(k): _text(v) for k, v in client.hscan_iter(keys.inputs(job.id), count=1000)}
-    if mode == "2":
-        return [decode_stored(fields.get("0", "null")), decode_stored(fields.get("1", "null"))]
-    return [assemble({slot: value for slot, value in fields.items() if not slot.startswith("d")})]
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def read_tree(text: str | None) -> Any:
-    """A record's `tree` (Plan._tree's shape), or None: missing, no JSON, or nested deeper than any plan makes
-    (MAX_TREE_DEPTH: another client's, which a walk of it would stop on with RecursionError)."""
-    try:
-        tree = decode_stored(text or "null")
-    except ValueError:
-        return None
-    if text and text.count("[") > MAX_TREE_DEPTH and deeper_than(tree, MAX_TREE_DEPTH):
-        return None
-    return tree
-
-
-class WorkflowHandle:
-    """A workflow added to Redis: its status, its result, a wait for it, its cancel."""
-
-    def __init__(self, home: Queue, workflow_id: str) -> None:
-        self.home, self.id = home, workflow_id
-
-    def __repr__(self) -> str:
-        return f"<Workflow {self.id} of queue {self.home.name}>"
-
-    def _record(self) -> dict[str, str]:
-        return {_text(k): _text(v) for k, v in self.home.client.hgetall(self.home.keys.workflow(self.id)).items()}
-
-    @property
-    def status(self) -> str:
-        """"waiting", "running", "succeeded" or "failed"; "unknown" once its record expired (or never was)."""
-        record = self._record()
-        status = record.get("status")
-        if status is None:
-            return "unknown"
-        if status == "waiting" and self._started(record):
-            return "running"
-        return status
-
-    def _started(self, record: dict[str, str]) -> bool:
-        for queue, job_ids in self._members(record).items():
-            pipe = queue.client.pipeline(transaction=False)
-            for job_id in job_ids:
-                pipe.hget(queue.keys.job(job_id), "ats")
-            if any(int(value or 0) > 0 for value in pipe.execute()):
-                return True
-        return False
-
-    def _members(self, record: dict[str, str] | None = None, *, handlers: bool = True) -> dict[Queue, list[str]]:
-        """Every job of the workflow by queue, as its record's tree names them (without `handlers`: but on_error's);
-        from its queues and job ids when the tree cannot be read (another client's write)."""
-        record = self._record() if record is None else record
-        if (tree := read_tree(record.get("tree"))) is None:
-            return self._members_from_keys(record, handlers=handlers)
-        found: dict[str, list[str]] = defaultdict(list)
-        for node in tree_nodes(tree, handlers=handlers):
-            if node.job_id is not None:
-                found[node.queue].append(node.job_id)
-        return {self.queue(name): ids for name, ids in found.items()}
-
-    def _members_from_keys(self, record: dict[str, str], *, handlers: bool) -> dict[Queue, list[str]]:
-        """The jobs `<id>-0` ... `<id>-<jobs - 1>` whose hash names this workflow, in each of the record's queues."""
-        try:
-            count = min(int(record.get("jobs", "0")), MAX_JOBS)
-        except (ValueError, TypeError):
-            count = 0
-        try:  # apart from the count: broken queues still leave the home queue to search
-            names = {name for name in decode_stored(record.get("queues") or "[]") if isinstance(name, str)}
-        except (ValueError, TypeError):
-            names = set()
-        found: dict[Queue, list[str]] = {}
-        for name in sorted(names | {self.home.name}):
-            try:
-                queue = self.queue(validate_name(name, "queue name"))
-            except InvalidNameError:
-                continue
-            ids = [f"{self.id}-{number}" for number in range(count)]
-            kept: list[str] = []
-            for start in range(0, len(ids), 1000):
-                pipe = queue.client.pipeline(transaction=False)
-                for job_id in ids[start:start + 1000]:
-                    pipe.hmget(queue.keys.job(job_id), "wf", "inp")
-                for job_id, reply in zip(ids[start:start + 1000], pipe.execute(raise_on_error=False)):
-                    if isinstance(reply, list) and _text(reply[0] or "") == self.id and (
-                            handlers or _text(reply[1] or "") != "2"):
-                        kept.append(job_id)
-            if kept:
-                found[queue] = kept
-        return found
-
-    def queue(self, name: str) -> Queue:
-        """One of the workflow's queues (on the home queue's Redis)."""
-        if name == self.home.name:
-            return self.home
-        return Queue(name, self.home.client, prefix=self.home.keys.prefix, scripts=self.home.scripts)
-
-    @property
-    def tree(self) -> Any:
-        """The workflow's shape (see Plan._tree), or None once its record expired (or its tree is unreadable)."""
-        return read_tree(self._record().get("tree"))
-
-    @property
-    def reason(self) -> str | None:
-        """Why it failed ("member <id> failed: ..."), else None."""
-        return self._record().get("reason")
-
-    def results(self) -> Any:
-        """The workflow's result: its last step's, or a list for a group (WorkflowError unless it succeeded)."""
-        status = self.status
-        if status != "succeeded":
-            raise WorkflowError(f"workflow {self.id} has no result: it is {status}"
-                                + (f" ({self.reason})" if status == "failed" else ""))
-        raw = self.home.client.hgetall(self.home.keys.inputs("wf:" + self.id))
-        try:
-            return assemble({_text(k): _text(v) for k, v in raw.items()})
-        except ValueError as error:  # written by another client
-            raise WorkflowError(f"workflow {self.id} has results no workflow writes: {error}") from None
-
-    def wait(self, timeout: float | None = None, *, poll_s: float = 0.05,
-             sleep: Callable[[float], None] = time.sleep) -> Any:
-        """Wait for the workflow to end; its results (WorkflowError if it failed, TimeoutError past `timeout` s)."""
-        deadline = deadline_of(timeout)
-        while (status := self._record().get("status", "unknown")) in ("waiting", "running"):
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"workflow {self.id} did not end within {timeout} s")
-            sleep(poll_s)
-            poll_s = min(poll_s * 1.5, 1.0)
-        if status == "unknown":
-            raise WorkflowError(f"workflow {self.id} is unknown (its record expired, or it was never added)")
-        return self.results()
-
-    async def await_results(self, timeout: float | None = None) -> Any:
-        """`wait` for asyncio code, on a thread of its own, which ends once the awaiter is cancelled."""
-        return await awaited(lambda given_up: self.wait(timeout, sleep=lambda s: sleep_unless(given_up, s)))
-
-    def cancel(self, reason: str = "") -> int:
-        """Cancel every job not yet ended (a running one is stopped as Queue.cancel stops it); how many.
-
-        Not the on_error handlers: a cancelled member is one that failed for
-        good, and the first failure in a handler's scope runs it, once.
-        """
-        cancelled = 0
-        for queue, job_ids in self._members(handlers=False).items():
-            for chunk in batched(job_ids, BULK_BATCH):
-                # A cancel fails the later steps with it, and its cancel_many delivers what its calls
-                # could not, so the steps that ended meanwhile are not asked again (a chain of 100,000:
-                # one cancel, its spread, and a read of the rest).
-                pipe = queue.client.pipeline(transaction=False)
-                for job_id in chunk:
-                    pipe.hexists(queue.keys.job(job_id), "finishedOn")
-                live = [job_id for job_id, ended in zip(chunk, pipe.execute()) if not ended]
-                outcome = queue.cancel_many(live, reason or f"workflow {self.id} cancelled")
-                cancelled += len(outcome.done) + len(outcome.other.get(STOPPING, []))
-        return cancelled

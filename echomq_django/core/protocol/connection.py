@@ -27,17 +27,13 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from .. import defaults
-from ..errors import EchoMQError
+from ..errors import RedisURLError
 
 DEFAULT_REDIS_URL = defaults.REDIS_URL
 # What "Redis cannot be reached right now" looks like: a failed connection or
 # reply, or a cluster of which no node answers.
 UNREACHABLE = (ConnectionError, TimeoutError, RedisClusterException)
 SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "redis+sentinel")
-
-
-class RedisURLError(EchoMQError, ValueError):
-    """A Redis URL that names no server this package can connect to."""
 
 
 def _retry() -> Retry:

@@ -18,8 +18,9 @@ from pathlib import Path
 
 from .. import defaults
 from ..errors import MAX_RETRY_AFTER_S
-from .job import MAX_ATTEMPTS, MAX_COUNTER_CHARS, MAX_DELAY_MS, MAX_PRIORITY, MIN_PRIORITY
+from .job import MAX_COUNTER_CHARS
 from .keys import MAX_NAME_LENGTH, MINUTE_MS, NAME_FIRST, NAME_REST, RESERVED_IDS
+from .options import MAX_ATTEMPTS, MAX_DELAY_MS, MAX_PRIORITY, MIN_PRIORITY
 
 _INCLUDE = re.compile(r'^-- @include "([A-Za-z]+)"$', re.MULTILINE)
 

@@ -21,8 +21,8 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
+from .codec import decode_stored
 from .connection import UNREACHABLE
-from .job import decode_stored
 from .keys import QueueKeys
 
 logger = logging.getLogger("echomq.worker")

@@ -15,8 +15,9 @@ from typing import Any
 
 from .. import defaults
 from ..errors import JobLockedError, JobNotFoundError, LockLostError, QueueStateError
-from .job import cut_text
-from .keys import COUNTED, LIST_STATES, SCRIPT_KEYS, QueueKeys, script_argv, script_argv_each
+from .codec import cut_text
+from .keys import COUNTED, LIST_STATES, SCRIPT_KEYS, QueueKeys
+from .script_args import script_argv, script_argv_each
 from .transport import Call, Confirm, ScriptClient, Wait
 
 __all__ = ["ADD_RECORD_MS", "CHANGE_RECORD_MS", "Call", "Confirm", "Finish", "Scripts", "Wait", "change_token",

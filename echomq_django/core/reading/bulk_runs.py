@@ -28,8 +28,9 @@ from typing import Any
 
 from redis.exceptions import WatchError
 
-from ..producing.queue import BULK_BATCH, BulkOutcome, Queue, batched
-from ..protocol.job import decode_stored
+from ..producing.outcomes import BULK_BATCH, BulkOutcome, batched
+from ..producing.queue import Queue
+from ..protocol.codec import decode_stored
 from ..protocol.times import now_ms
 from .browse import state_ids
 

@@ -24,9 +24,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..producing.queue import JobRead, Queue, read_jobs
-from ..protocol.job import MAX_ATTEMPTS, MAX_COUNTER_CHARS, MAX_PRIORITY, MIN_PRIORITY, decode_stored
+from ..producing.outcomes import JobRead
+from ..producing.queue import Queue, read_jobs
+from ..protocol.codec import decode_stored
+from ..protocol.job import MAX_COUNTER_CHARS
 from ..protocol.keys import is_name
+from ..protocol.options import MAX_ATTEMPTS, MAX_PRIORITY, MIN_PRIORITY
 from ..protocol.times import datetime_from_ms, now_ms
 
 __all__ = [

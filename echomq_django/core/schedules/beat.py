@@ -27,9 +27,11 @@ from redis.exceptions import ClusterDownError, OutOfMemoryError, ReadOnlyError, 
 from .. import defaults
 from ..errors import EchoMQError, PayloadError
 from ..producing.tracing import send_traced, with_trace
+from ..protocol.codec import encode_json
 from ..protocol.connection import UNREACHABLE, require_text_replies
-from ..protocol.job import MAX_DELAY_MS, JobOptions, encode_json
-from ..protocol.keys import QueueKeys, script_argv, validate_job_id, validate_job_name, validate_name
+from ..protocol.keys import QueueKeys, validate_job_id, validate_job_name, validate_name
+from ..protocol.options import MAX_DELAY_MS, JobOptions
+from ..protocol.script_args import script_argv
 from ..protocol.scripts import Call, Scripts
 from ..protocol.times import now_ms, seconds_text
 from ..worker.stopping import TwoStages

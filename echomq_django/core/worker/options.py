@@ -13,10 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .. import defaults
-from ..protocol.job import JobOptions
+from ..protocol.options import JobOptions
 from ..protocol.scripts import Confirm, RateLimit
-from .fetching import FetchOptions
 from .pool import POOLS
+from .round_trips import FetchOptions
 from .slots import SlotOptions
 
 

@@ -50,7 +50,8 @@ from ..errors import (
     is_final,
 )
 from ..producing.tracing import run_traced
-from ..protocol.job import Job, Reporter, encode_json
+from ..protocol.codec import encode_json
+from ..protocol.job import Job, Reporter
 from ..protocol.scripts import Finish
 from ..protocol.times import seconds_text
 from .signals import SOFT_LIMIT_SIGNAL, leave_stop_signals_to_the_parent, on_soft_limit_signal

@@ -15,8 +15,8 @@ from redis.exceptions import ResponseError
 from .. import defaults
 from ..errors import QueueStateError
 from ..producing.handoff import deliver_handoffs
+from ..protocol.codec import decode_stored
 from ..protocol.connection import UNREACHABLE, require_text_replies
-from ..protocol.job import decode_stored
 from ..protocol.keys import QueueKeys
 from ..protocol.scripts import Scripts
 from ..protocol.times import now_ms

@@ -37,11 +37,12 @@ from ..protocol.keys import QueueKeys, validate_stored_id
 from ..protocol.registry import Heartbeat, WorkerInfo
 from ..protocol.scripts import Scripts
 from ..protocol.times import now_ms
-from .fetching import FetchLoop, RoundTrips
+from .fetching import FetchLoop
 from .locks import LockRenewer
 from .marker import MarkerWaiter
 from .options import DEFAULTS, WorkerOptions
 from .pool import Handler
+from .round_trips import RoundTrips
 from .slots import AbandonedShown, Events, JobSlots
 from .stopping import TwoStages
 
