@@ -89,6 +89,7 @@
 -- @include "workflow"
 -- @include "dedupe"
 -- @include "applyRetention"
+-- @include "recoverGroup"
 
 local stalledKey, waitKey, activeKey, failedKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local gateKey, metaKey, pausedKey, markerKey = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
@@ -97,9 +98,6 @@ local phase, cursor, budget = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
 local defaultAttempts, interval, lockMs = tonumber(ARGV[8]), tonumber(ARGV[4]), tonumber(ARGV[10])
 local keepMetrics = tonumber(ARGV[11])
 
--- Written over an id in `active` that this call recovers, then all removed in
--- one LREM, instead of one full-list LREM per job. No job id contains "{".
-local TOMBSTONE = "{recovered}"
 -- The spec fixes this script's eight keys, so the three more it uses are built
 -- from the prefix, as job keys are (all share the queue's hash tag, so one
 -- cluster slot): the prioritized set (for a recovered job with a priority),
@@ -165,15 +163,6 @@ end
 -- them is unpacked into one command, and Lua's unpack has a limit.
 local GROUP = 1000
 
--- Whether each of `ids` (at most GROUP, at least one) is marked: one SMISMEMBER.
-local function markedFlags(ids)
-  local flags = {}
-  for i, flag in ipairs(redis.call("SMISMEMBER", stalledKey, unpack(ids))) do
-    flags[i] = flag == 1
-  end
-  return flags
-end
-
 -- Mark every lockless id of `ids` (at most GROUP).
 local function markLockless(ids)
   if #ids == 0 then return end
@@ -205,71 +194,6 @@ local function markPhase(length)
   return "mark"
 end
 
--- Take the entries at positions `goes` (ascending) of `ids`, the group read
--- from `active` at index `first`, out of `active`.
-local function cutFromActive(ids, goes, first, length)
-  if #goes == 0 then return end
-  if first + #ids == length then
-    -- The group is the tail of `active`: cut it off and put back the ids that
-    -- stay, in their order; no per-id write.
-    local stays, going = {}, {}
-    for _, i in ipairs(goes) do going[i] = true end
-    for i = 1, #ids do
-      if not going[i] then stays[#stays + 1] = ids[i] end
-    end
-    if first == 0 then
-      redis.call("DEL", activeKey)
-    else
-      redis.call("LTRIM", activeKey, 0, first - 1)
-    end
-    if #stays > 0 then redis.call("RPUSH", activeKey, unpack(stays)) end
-  else
-    for _, i in ipairs(goes) do redis.call("LSET", activeKey, first + i - 1, TOMBSTONE) end
-    redis.call("LREM", activeKey, -#goes, TOMBSTONE)
-  end
-end
-
--- The recover step for one group `ids` (at most GROUP) read from `active` at
--- index `first`: every marked, lockless job is recovered, every marked job
--- whose lock is back is unmarked. Returns how many entries left `active`.
-local function recoverGroup(ids, first, length)
-  local unmark, ready, done, left = {}, {}, {}, {}
-  -- The marked ids of this group, and which of them are lockless.
-  local isMarked, positions = markedFlags(ids), {}
-  for i = 1, #ids do
-    if isMarked[i] then
-      unmark[#unmark + 1] = ids[i]
-      positions[#positions + 1] = i
-    end
-  end
-  local isLockless = {}
-  if #unmark > 0 then
-    forLockless(prefix, unmark, 1, #unmark, function(a, b)
-      for j = a, b do isLockless[positions[j]] = true end
-    end)
-  end
-  local goes = {}  -- positions in `ids` whose entry leaves `active`
-  for i, id in ipairs(ids) do
-    if done[id] then
-      -- The same id twice in `active` (only another client can do that):
-      -- the job was recovered once; its extra entry just goes.
-      goes[#goes + 1] = i
-    elseif isLockless[i] then
-      done[id] = true
-      left[#left + 1] = id
-      goes[#goes + 1] = i
-      if recover(id) then ready[#ready + 1] = id end
-    elseif isMarked[i] then
-      unmarked = unmarked + 1
-    end
-  end
-  if #unmark > 0 then redis.call("SREM", stalledKey, unpack(unmark)) end
-  if #left > 0 then redis.call("ZREM", locksKey, unpack(left)) end
-  if #ready > 0 then redis.call("LPUSH", readyKey, unpack(ready)) end
-  cutFromActive(ids, goes, first, length)
-  return #goes
-end
-
 while budget > 0 and phase ~= "done" do
   local length = redis.call("LLEN", activeKey)
   if phase == "recover" and redis.call("SCARD", stalledKey) == 0 then
@@ -296,8 +220,10 @@ while budget > 0 and phase ~= "done" do
     local first = length - cursor - count
     local ids = redis.call("LRANGE", activeKey, first, first + count - 1)
     budget = budget - #ids
-    if phase == "recover" then
-      cursor = cursor + #ids - recoverGroup(ids, first, length)
+    if phase == "recover" then  -- (includes/recoverGroup.lua)
+      local gone, lockBack = recoverGroup(prefix, stalledKey, activeKey, locksKey, readyKey, ids, first, length,
+        recover)
+      cursor, unmarked = cursor + #ids - gone, unmarked + lockBack
     else
       markLockless(ids)
       cursor = cursor + #ids

@@ -72,6 +72,9 @@
 -- @include "dedupe"
 -- @include "callInChunks"
 
+local activeKey, completedKey, failedKey, delayedKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local waitKey, pausedKey, metaKey, markerKey = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local stalledKey, prioritizedKey = KEYS[9], KEYS[10]
 local prefix, now = ARGV[1], tonumber(ARGV[2])
 local defaultAttempts, keepTraces = tonumber(ARGV[3]), tonumber(ARGV[4])
 local completedTo, failedTo = false, false  -- whether retention has work to do
@@ -83,7 +86,7 @@ local recordGone = {}  -- the tokens whose fetch record this call deletes
 local released, keysGone = {}, {}
 local function removeReleased()
   callInChunks("ZREM", locksKey, released)
-  callInChunks("SREM", KEYS[9], released)
+  callInChunks("SREM", stalledKey, released)
   callInChunks("DEL", nil, keysGone)
   released, keysGone = {}, {}
 end
@@ -97,7 +100,7 @@ local function memberEnded(id, passed, value, nxt, af)
   removeReleased()
   workflowEnded(id, passed, value, nxt, af)
 end
-workflowKeys(prefix, KEYS[5], KEYS[6], KEYS[7], KEYS[10], KEYS[3], now)
+workflowKeys(prefix, waitKey, pausedKey, metaKey, prioritizedKey, failedKey, now)
 
 local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final, errorClass)
   local jobKey = prefix .. id
@@ -122,17 +125,17 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
     keysGone[#keysGone + 1] = prefix .. "fetch:" .. token  -- keys.py's fetch_record(token)
     recordGone[token] = true
   end
-  redis.call("LREM", KEYS[1], -1, id)
+  redis.call("LREM", activeKey, -1, id)
   released[#released + 1] = id
   keysGone[#keysGone + 1] = jobKey .. ":lock"
   redis.call("HDEL", jobKey, "tok")
-  groupRelease(prefix, KEYS[7], id)
+  groupRelease(prefix, metaKey, id)
   local startedAt = tonumber(fields[5])
   if startedAt then timeMetric("run", now - startedAt) end
 
   if badAtm or badOpts then
     redis.call("HSET", jobKey, "ftk", token)
-    moveToFailed(prefix, KEYS[3], id, badAtm or badOpts, now)
+    moveToFailed(prefix, failedKey, id, badAtm or badOpts, now)
     countMetric("failed", 1)
     failedTo = true
     memberEnded(id, false, badAtm or badOpts, fields[7], fields[8])
@@ -146,12 +149,12 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
     -- (moveToActive), on Redis's clock like the check. A cancel wins.
     redis.call("HSET", jobKey, "ftk", token)
     local redisNow = redisNowMs()
-    local untilMs, current = redisNow + backoffMs, tonumber(redis.call("HGET", KEYS[7], "limitedUntil") or "")
+    local untilMs, current = redisNow + backoffMs, tonumber(redis.call("HGET", metaKey, "limitedUntil") or "")
     -- (a pause further than MAX_PAUSE_MS ahead, or inf, is not ours: moveToActive ignores it, and so does this)
     if not current or untilMs > current or current > redisNow + MAX_PAUSE_MS then
-      redis.call("HSET", KEYS[7], "limitedUntil", untilMs)
+      redis.call("HSET", metaKey, "limitedUntil", untilMs)
     end
-    pushReady(prefix, KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[10], id, true)
+    pushReady(prefix, waitKey, pausedKey, metaKey, markerKey, prioritizedKey, id, true)
     emitEvent(prefix, "limited", id, "until", untilMs)
     return 6
   end
@@ -163,7 +166,7 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
   end
   if outcome == "completed" then
     redis.call("HSET", jobKey, "ftk", token, "atm", attemptsMade, "finishedOn", now, "returnvalue", value)
-    redis.call("ZADD", KEYS[2], now, id)
+    redis.call("ZADD", completedKey, now, id)
     if resultTtl then  -- kept that long at most: trimResults removes it (retention may sooner)
       redis.call("HSET", jobKey, "rexp", now + resultTtl)
       redis.call("ZADD", prefix .. "result-ttl", now + resultTtl, id)
@@ -191,15 +194,15 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
     emitEvent(prefix, "retried", id, "reason", value)
     countMetric("retried", 1)
     if backoffMs > 0 then
-      redis.call("ZADD", KEYS[4], now + backoffMs, id)
-      redis.call("ZADD", KEYS[8], 0, "0")
+      redis.call("ZADD", delayedKey, now + backoffMs, id)
+      redis.call("ZADD", markerKey, 0, "0")
       return 4
     end
-    pushReady(prefix, KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[10], id)
+    pushReady(prefix, waitKey, pausedKey, metaKey, markerKey, prioritizedKey, id)
     return 3
   end
 
-  moveToFailed(prefix, KEYS[3], id, value, now)
+  moveToFailed(prefix, failedKey, id, value, now)
   countMetric("failed", 1)
   failedTo = true
   memberEnded(id, false, value, fields[7], fields[8])
@@ -214,11 +217,11 @@ for i = 10, #ARGV, 8 do
 end
 removeReleased()
 if completedTo then
-  applyRetention(prefix, KEYS[2], tonumber(ARGV[5]), tonumber(ARGV[6]), now)
-  trimResults(prefix, KEYS[2], now)
+  applyRetention(prefix, completedKey, tonumber(ARGV[5]), tonumber(ARGV[6]), now)
+  trimResults(prefix, completedKey, now)
 end
 if failedTo then
-  applyRetention(prefix, KEYS[3], tonumber(ARGV[7]), tonumber(ARGV[8]), now)
+  applyRetention(prefix, failedKey, tonumber(ARGV[7]), tonumber(ARGV[8]), now)
 end
 flushMetrics(prefix, now, tonumber(ARGV[9]))
 return codes

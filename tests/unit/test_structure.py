@@ -1,10 +1,12 @@
-"""The package's shape, held: no class longer than a reader holds in a few screens."""
+"""The package's shape, held: no class or Lua script longer than a reader holds in a few screens."""
 
 import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "echomq_django"
+SCRIPTS = PACKAGE.parent / "lua"
 MAX_CLASS_LINES = 300
+MAX_SCRIPT_LINES = 250
 
 
 def class_lengths() -> dict[str, int]:
@@ -23,6 +25,14 @@ def test_no_class_is_longer_than_300_lines():
     assert lengths, "no class found: is PACKAGE right?"
     too_long = {name: lines for name, lines in lengths.items() if lines > MAX_CLASS_LINES}
     assert too_long == {}, f"classes longer than {MAX_CLASS_LINES} lines: split them into parts with one job each"
+
+
+def test_no_lua_script_is_longer_than_250_lines():
+    """Each script as written, its includes not spliced in: a long one moves a coherent piece to lua/includes/."""
+    lengths = {path.name: len(path.read_text().splitlines()) for path in sorted(SCRIPTS.glob("*.lua"))}
+    assert lengths, "no script found: is SCRIPTS right?"
+    too_long = {name: lines for name, lines in lengths.items() if lines > MAX_SCRIPT_LINES}
+    assert too_long == {}, f"scripts longer than {MAX_SCRIPT_LINES} lines: move a piece with one job to lua/includes/"
 
 
 def test_stored_json_is_decoded_in_one_place():
