@@ -85,20 +85,9 @@ from .reading.inspection import (
     read_jobs,
 )
 from .reading.metrics import Minute, oldest_waiting_age_ms, recent_minutes, totals
-from .schedules.beat import (
-    MAX_SCHEDULE_NAME,
-    MIN_EVERY_MS,
-    Beat,
-    Firing,
-    Record,
-    Schedule,
-    ScheduleError,
-    check_cron,
-    read_records,
-    run_now,
-    transient,
-    zone,
-)
+from .schedules.beat import Beat
+from .schedules.records import Firing, Record, read_records, run_now, transient
+from .schedules.ticks import MAX_SCHEDULE_NAME, MIN_EVERY_MS, Schedule, ScheduleError, check_cron, zone
 from .worker.pool import POOLS, Handler, class_path
 from .worker.signals import SECOND_STOP_GRACE_S, RecordedSignals, Runner, run_until_signalled
 from .worker.sweeper import Sweeper, SweepReport, SweepTarget, last_sweep
