@@ -2,7 +2,8 @@
 
 Which tick is due is the schedule's arithmetic (ticks.py); each tick is one
 fireSchedule call, which decides in Redis whether it becomes a job
-(records.py).
+(records.py); the time is Redis's (clock.py), and the schedules are read on a
+thread of their own (reader.py).
 """
 
 from __future__ import annotations
@@ -20,14 +21,12 @@ from ..protocol.keys import QueueKeys
 from ..protocol.scripts import Scripts
 from ..protocol.times import now_ms, seconds_text
 from ..worker.stopping import TwoStages
-from .records import UNDECIDED, Firing, firing_from, send_ticks, transient
+from .clock import RedisClock
+from .reader import ScheduleReader
+from .records import UNDECIDED, Firing, firing_from, read_floors, send_ticks, transient
 from .ticks import Schedule
 
 logger = logging.getLogger("echomq.beat")
-
-# A host clock that moves this far from the monotonic clock between two looks was stepped (NTP, a
-# restored VM): Redis's clock is measured again rather than followed from the old offset.
-CLOCK_STEP_MS = 500
 
 
 class Beat:
@@ -65,8 +64,7 @@ class Beat:
         self.clock = clock
         self.call_timeout_ms = call_timeout_ms
         self.queues = frozenset(queues)
-        self._offset_ms: int | None = None  # Redis's clock minus ours, measured at each reading
-        self._clock_drift_ms = 0  # our clock minus the monotonic clock when the offset was measured
+        self._redis_clock = RedisClock(client, clock)
         self.schedules: dict[str, Schedule] = {}  # as loaded
         self._firing: dict[str, Schedule] = {}  # as fired: since_ms no later than when first looked at
         self._floor: dict[str, int] = {}  # the newest tick decided on another queue
@@ -103,43 +101,20 @@ class Beat:
 
     def now(self) -> int:
         """The time by Redis's clock (ms), which every scheduler follows whatever its host's clock says."""
-        local = self.clock()
-        if self._offset_ms is None or abs(local - time.monotonic_ns() // 1_000_000 - self._clock_drift_ms) \
-                > CLOCK_STEP_MS:
-            self.measure_clock()  # never measured, or our clock was stepped since
-            local = self.clock()
-        return local + (self._offset_ms or 0)
+        return self._redis_clock.now()
 
     def measure_clock(self) -> None:
         """Measure how far Redis's clock is from ours (one TIME call)."""
-        before = self.clock()
-        seconds, micros = self.client.time()
-        after = self.clock()
-        self._offset_ms = int(seconds) * 1000 + int(micros) // 1000 - (before + after) // 2
-        self._clock_drift_ms = after - time.monotonic_ns() // 1_000_000
+        self._redis_clock.measure()
 
     def _look_at_new(self, names: list[str], now: int) -> None:
         """Ready schedules new to this beat (or changed) for firing: their since, and their floor.
 
-        The floor is the newest tick decided on another queue, read in one
-        pipelined round trip (a record tick ahead of Redis's clock does not
-        count, as in fireSchedule).
+        The floor is the newest tick decided on another queue (records.read_floors).
         """
-        asked: list[tuple[str, str]] = []
-        pipe = self.client.pipeline(transaction=False)
-        for name in names:
-            for queue in sorted((self.queues | self._seen_on[name]) - {self.schedules[name].queue}):
-                pipe.hget(QueueKeys(queue, self.prefix).schedule(name), "tick")
-                asked.append((name, queue))
-        replies = pipe.execute(raise_on_error=False) if asked else []
-        floors = dict.fromkeys(names, 0)
-        for (name, queue), reply in zip(asked, replies):
-            if isinstance(reply, Exception):
-                if transient(reply):
-                    raise reply
-                logger.error("schedule %s: its record on queue %s cannot be read (%s)", name, queue, reply)
-            elif reply is not None and str(reply).isdigit() and int(reply) <= now + defaults.EARLY_MS:
-                floors[name] = max(floors[name], int(reply))
+        floors = read_floors(self.client, {name: sorted((self.queues | self._seen_on[name])
+                                                        - {self.schedules[name].queue}) for name in names},
+                             now, prefix=self.prefix)
         for name in names:
             schedule = self.schedules[name]
             self._floor[name] = floors[name]
@@ -196,7 +171,7 @@ class Beat:
                     # It ran too late (a newer tick is due by now), or our clock jumped away from
                     # Redis's: the clock is measured again, and the schedule looked at again at once.
                     logger.warning("schedule %s: tick %s was %s; looked at again", schedule.name, tick, reply[0])
-                    self._offset_ms = None
+                    self._redis_clock.forget()
                     self._due_at[schedule.name] = 0
                     continue
                 else:
@@ -222,13 +197,13 @@ class Beat:
     def run(self, on_firing: Callable[[Firing], None] | None = None) -> None:
         """Fire due ticks until stopped, reading the schedules every reload interval and riding out outages."""
         report = on_firing or (lambda firing: logger.info("%s", firing.summary()))
-        reader = _Reader(self.load, self._wake, self.close_reader)
+        reader = ScheduleReader(self.load, self._wake, self.close_reader)
         try:
             self._run(report, reader)
         finally:
             reader.stop()
 
-    def _run(self, report: Callable[[Firing], None], reader: _Reader) -> None:
+    def _run(self, report: Callable[[Firing], None], reader: ScheduleReader) -> None:
         outage_since: float | None = None
         interval_s = self.reload_interval_ms / 1000
         # By when the loop should be back at its top (monotonic): much later means it stood still,
@@ -255,7 +230,7 @@ class Beat:
             except Exception as error:
                 if not transient(error):
                     raise
-                self._offset_ms = None  # measured again once Redis answers
+                self._redis_clock.forget()  # measured again once Redis answers
                 if outage_since is None:
                     outage_since = time.monotonic()
                     logger.error("Redis unreachable (%s); the scheduler keeps retrying", error)
@@ -276,7 +251,7 @@ class Beat:
             self._wake.wait(wait_s)
             back_by = min(back_by, time.monotonic())  # woken early (a reading ended, a stop)
 
-    def _read_after_a_freeze(self, reader: _Reader) -> None:
+    def _read_after_a_freeze(self, reader: ScheduleReader) -> None:
         """Read the schedules before firing again: this beat stood still for over an interval.
 
         A beat that was frozen (SIGSTOP, a suspended VM) holds schedules read
@@ -287,20 +262,13 @@ class Beat:
         logger.warning("scheduler: stood still for over %s s; reading the schedules before firing",
                        seconds_text(self.reload_interval_ms))
         deadline = time.monotonic() + self.reload_interval_ms / 1000
-
-        def reading_ended() -> bool:
-            while reader.busy and time.monotonic() < deadline and not self._stopping.is_set():
-                self._wake.wait(0.05)
-                self._wake.clear()
-            return not reader.busy
-
         # A reading begun before the freeze may hold what was read then: its result goes, and one more is made.
-        if not reading_ended():
+        if not reader.wait_ended(deadline, self._stopping):
             return
         reader.take()
         reader.ask()
         self._reload_at = self.now() + self.reload_interval_ms
-        if reading_ended() and (loaded := reader.take()) is not None:
+        if reader.wait_ended(deadline, self._stopping) and (loaded := reader.take()) is not None:
             self._apply(loaded)
 
     def stop(self) -> None:
@@ -319,57 +287,3 @@ class Beat:
         if self._stages.abort():
             logger.warning("scheduler: leaving now")
         self._wake.set()
-
-
-
-class _Reader:
-    """Reads the schedules on a daemon thread, one reading at a time, for Beat.run.
-
-    A reading that fails keeps the schedules known (a database that is down, a
-    bug in a loader): firing what is known beats firing nothing.
-    """
-
-    def __init__(self, load: Callable[[], Iterable[Schedule]], done: threading.Event,
-                 close: Callable[[], None] | None) -> None:
-        self._load, self._done, self._close = load, done, close
-        self._asked = threading.Event()
-        self._lock = threading.Lock()
-        self._result: list[Schedule] | None = None
-        self._stopped = False
-        self.busy = False
-        threading.Thread(target=self._serve, name="echomq-beat-reader", daemon=True).start()
-
-    def ask(self) -> None:
-        self.busy = True
-        self._asked.set()
-
-    def take(self) -> list[Schedule] | None:
-        """The schedules of the latest reading that ended since the last take, else None."""
-        with self._lock:
-            result, self._result = self._result, None
-        return result
-
-    def stop(self) -> None:
-        self._stopped = True
-        self._asked.set()
-
-    def _serve(self) -> None:
-        try:
-            while True:
-                self._asked.wait()
-                self._asked.clear()
-                if self._stopped:
-                    return
-                try:
-                    found: list[Schedule] | None = list(self._load())
-                except Exception:
-                    logger.exception("could not read the schedules; keeping those known")
-                    found = None
-                with self._lock:
-                    self._result = found
-                self.busy = False
-                self._done.set()
-        finally:
-            if self._close is not None:
-                self._close()
-

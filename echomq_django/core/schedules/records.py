@@ -152,6 +152,34 @@ def run_now(scripts: Scripts, schedule: Schedule, job_id: str, *, prefix: str = 
     return firing_from(schedule, None, now, replies[0])
 
 
+def read_floors(client: Any, elsewhere: dict[str, list[str]], now: int, *,
+                prefix: str = defaults.PREFIX) -> dict[str, int]:
+    """The newest tick decided for each schedule on the other queues named for it (0: none), in one round trip.
+
+    `elsewhere` maps a schedule's name to the queues it may have moved from
+    (see Beat). A record tick ahead of Redis's clock (`now`) does not count,
+    as in fireSchedule. Raises the error when Redis does not answer or
+    refuses for a while (`transient`); a record that cannot be read otherwise
+    is logged, and counts as none.
+    """
+    asked: list[tuple[str, str]] = []
+    pipe = client.pipeline(transaction=False)
+    for name, queues in elsewhere.items():
+        for queue in queues:
+            pipe.hget(QueueKeys(queue, prefix).schedule(name), "tick")
+            asked.append((name, queue))
+    replies = pipe.execute(raise_on_error=False) if asked else []
+    floors = dict.fromkeys(elsewhere, 0)
+    for (name, queue), reply in zip(asked, replies):
+        if isinstance(reply, Exception):
+            if transient(reply):
+                raise reply
+            logger.error("schedule %s: its record on queue %s cannot be read (%s)", name, queue, reply)
+        elif reply is not None and str(reply).isdigit() and int(reply) <= now + defaults.EARLY_MS:
+            floors[name] = max(floors[name], int(reply))
+    return floors
+
+
 @dataclass(frozen=True)
 class Record:
     """What Redis remembers of a schedule: its latest tick decided, and its latest job."""
