@@ -13,11 +13,11 @@ and never raises for the job's sake:
 - ProcessSlot (process_slot.py) keeps one child process, started once and
   reused, and sends it one job at a time over a pipe. The child
   (child_side.py) only runs the handler; its progress and log reports come
-  back through the pipe, and a thread of the slot writes them, so that a
-  write waiting for Redis never holds off a time limit. A soft limit is a
-  SIGUSR1 that raises SoftTimeLimitExceeded wherever the job is; a hard limit,
-  a cancel or a child that dies ends the attempt at once, and the next job
-  gets a new child.
+  back through the pipe, and a thread of the slot writes them (reports.py),
+  so that a write waiting for Redis never holds off a time limit. A soft
+  limit is a SIGUSR1 that raises SoftTimeLimitExceeded wherever the job is; a
+  hard limit, a cancel or a child that dies ends the attempt at once, and the
+  next job gets a new child.
 
 This module holds what both share: the handler's type, running it to a
 Finish, and the Finish of an attempt that the pool ended.

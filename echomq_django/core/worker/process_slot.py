@@ -1,6 +1,7 @@
 """The processes pool's slot: a child process it keeps, sent one job at a time, and ended by a limit or a cancel.
 
-What runs inside the child is child_side.py.
+What runs inside the child is child_side.py; the child's reports are written
+by the slot's ReportWriter (reports.py).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import logging
 import multiprocessing
 import os
 import pickle
-import queue as threadqueue
 import signal
 import threading
 import time
@@ -24,6 +24,7 @@ from ..protocol.scripts import Finish
 from ..protocol.times import seconds_text
 from .child_side import child_main
 from .pool import Handler, ended, over_limit, stopped
+from .reports import ReportWriter
 from .signals import SOFT_LIMIT_SIGNAL
 
 logger = logging.getLogger("echomq.worker")
@@ -51,7 +52,6 @@ class ProcessSlot:
                  max_jobs: int = 0, max_memory_kb: int = 0, name: str = "echomq-child",
                  aborted: threading.Event | None = None) -> None:
         self._handler = pickle.dumps(handler)  # unpickled in the child after child_init (Django set up)
-        self._reporter = reporter
         self._child_init = child_init
         self.max_jobs, self.max_memory_kb, self.name = max_jobs, max_memory_kb, name
         self._aborted = aborted or threading.Event()  # the worker's second stop: give up a child's start
@@ -62,11 +62,7 @@ class ProcessSlot:
         self._current: Job | None = None
         self._closed = False
         self._lock = threading.Lock()  # guards _process, _conn, _current and _closed across threads
-        # The reports of the slot's jobs go to a writer thread of their own (see _ask).
-        self._reports: threadqueue.SimpleQueue[tuple[int, Job, str, str] | None] = threadqueue.SimpleQueue()
-        self._answers: Connection | None = None  # where the writer's answers come back
-        self._asks = 0  # reports asked for so far, each one's number
-        self._asked = 0  # the number of the report the running job waits for; 0: none
+        self._writer = ReportWriter(reporter, name)  # the reports of the slot's jobs, written off the job's thread
 
     # -- the child's life --------------------------------------------------
 
@@ -117,7 +113,7 @@ class ProcessSlot:
 
         A child that runs a job (a second stop) is killed, and reaped by the thread that watches it.
         """
-        self._reports.put(None)  # the report writer's last
+        self._writer.close()
         with self._lock:
             self._closed = True
             process, conn = self._process, self._conn
@@ -216,7 +212,7 @@ class ProcessSlot:
             while True:
                 deadline = min((t for t in (soft_at, hard_at) if t is not None), default=None)
                 timeout = None if deadline is None else max(deadline - time.monotonic(), 0)
-                answers = self._answers if self._asked else None
+                answers = self._writer.awaited
                 ready = wait([conn, process.sentinel, *([answers] if answers else [])], timeout)
                 if conn in ready:
                     try:
@@ -232,15 +228,12 @@ class ProcessSlot:
                         self._done(peak_kb, tainted)
                         return cast(Finish, finish)
                     if hard_at is None or time.monotonic() < hard_at:  # else it is killed below, unwritten
-                        self._ask(job, message[0], message[1])
+                        self._writer.ask(job, message[0], message[1])
                 elif process.sentinel in ready:
                     return self._died(job)
-                if answers is not None and answers in ready:
-                    number, written = answers.recv()
-                    if number == self._asked:
-                        self._asked = 0
-                        with contextlib.suppress(OSError, ValueError):
-                            conn.send(written)
+                if answers is not None and answers in ready and (written := self._writer.answer()) is not None:
+                    with contextlib.suppress(OSError, ValueError):
+                        conn.send(written)
                 # The deadlines, whatever the wait returned for: a job that reports without a pause
                 # must not outlive them either.
                 now = time.monotonic()
@@ -254,40 +247,7 @@ class ProcessSlot:
                     with contextlib.suppress(OSError):
                         os.kill(process.pid, SOFT_LIMIT_SIGNAL)
         finally:
-            self._asked = 0  # a report of this attempt not written yet never will be
-
-    def _ask(self, job: Job, kind: str, text: str) -> None:
-        """Have a report of the child's job written off this thread; its answer comes back on _answers.
-
-        The thread that runs the job must stay free to end it: a write that waits for Redis
-        (an outage, a frozen server: the client's retries take minutes) would hold a time
-        limit off for as long. One writer per slot keeps a job's reports in order.
-        """
-        if self._answers is None:
-            self._answers, answers = multiprocessing.Pipe(duplex=False)
-            threading.Thread(target=self._write_reports, args=(answers,), name=f"{self.name}-reports",
-                             daemon=True).start()
-        self._asks += 1
-        self._asked = self._asks
-        self._reports.put((self._asks, job, kind, text))
-
-    def _write_reports(self, answers: Connection) -> None:
-        """The slot's report writer: each report the job still waits for, written and answered in turn."""
-        while (report := self._reports.get()) is not None:
-            number, job, kind, text = report
-            if number == self._asked:  # else its attempt ended meanwhile
-                written = self._report(job, kind, text)
-                with contextlib.suppress(OSError, ValueError):
-                    answers.send((number, written))
-        answers.close()
-
-    def _report(self, job: Job, kind: str, text: str) -> bool:
-        """Write a report of the child's job; False when it was not written (the job goes on)."""
-        try:
-            return (self._reporter.progress if kind == "progress" else self._reporter.log)(job, text)
-        except Exception as error:  # a report is not the job's result: the child must get its answer
-            logger.warning("job %s of queue %s: its %s was not recorded (%s)", job.id, job.queue, kind, error)
-            return False
+            self._writer.forget()  # a report of this attempt not written yet never will be
 
     def _done(self, peak_kb: int, tainted: bool) -> None:
         """Account for a job the child finished; replace the child when it has done its share.
