@@ -23,6 +23,7 @@ from .errors import (
     RateLimited,
     RedisURLError,
     Retry,
+    ScheduleError,
     SoftTimeLimitExceeded,
     TimeLimitExceeded,
     UnrecoverableError,
@@ -70,20 +71,9 @@ from .reading.inspection import (
     read_jobs,
 )
 from .reading.metrics import Minute, oldest_waiting_age_ms, recent_minutes, totals
-from .schedules.beat import (
-    MAX_SCHEDULE_NAME,
-    MIN_EVERY_MS,
-    Beat,
-    Firing,
-    Record,
-    Schedule,
-    ScheduleError,
-    check_cron,
-    read_records,
-    run_now,
-    transient,
-    zone,
-)
+from .schedules.beat import Beat
+from .schedules.records import Firing, Record, read_records, run_now, transient
+from .schedules.ticks import MAX_SCHEDULE_NAME, MIN_EVERY_MS, Schedule, check_cron, zone
 from .worker.options import Retention, WorkerOptions
 from .worker.pool import POOLS, Handler, class_path
 from .worker.signals import SECOND_STOP_GRACE_S, RecordedSignals, Runner, run_until_signalled

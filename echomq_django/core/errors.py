@@ -150,3 +150,7 @@ class RedisURLError(EchoMQError, ValueError):
 
 class WorkflowError(EchoMQError, ValueError):
     """A workflow that cannot be added as given (empty, too deep, too large, an unknown job), or has no result."""
+
+
+class ScheduleError(EchoMQError, ValueError):
+    """A schedule that cannot be: a bad cron expression, interval, time zone or name."""

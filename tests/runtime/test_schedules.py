@@ -10,7 +10,7 @@ from redis.exceptions import ReadOnlyError
 
 from echomq_django.core import Beat, JobOptions, Queue, Schedule, ScheduleError, read_records, run_now
 from echomq_django.core.producing.queue import now_ms
-from echomq_django.core.schedules.beat import MISSED_AFTER_MS
+from echomq_django.core.schedules.ticks import MISSED_AFTER_MS
 from tests.helpers import fetch, finish, wait_until
 
 HOUR = 3_600_000

@@ -30,7 +30,7 @@ from echomq_django.core import (
 from echomq_django.core.defaults import WORKFLOW_REASON_BYTES
 from echomq_django.core.protocol.codec import cut_text
 from echomq_django.core.protocol.keys import MAX_ID_LENGTH
-from echomq_django.core.worker import pool
+from echomq_django.core.worker import process_slot
 from tests import hostile_pool_jobs as jobs
 from tests.helpers import Running, fetch, kill_lock, sweep, wait_until
 from tests.helpers import running as helpers_running
@@ -131,10 +131,10 @@ def completions(queue: Queue, job_id: str) -> int:
 
 # -- defects --------------------------------------------------------------------
 
-# Found: pool.py: the soft limit's SIGUSR1 is blocked only in the child's main thread (_PipeReporter._ask); with any
-# other thread in the child the kernel delivers it there and Python raises SoftTimeLimitExceeded in the main thread
-# in the middle of _ask, leaving a reply in the pipe: the child reads it as its next job and exits, and that next
-# job's attempt fails without running
+# Found: child_side.py: the soft limit's SIGUSR1 is blocked only in the child's main thread (_PipeReporter._ask); with
+# any other thread in the child the kernel delivers it there and Python raises SoftTimeLimitExceeded in the main thread
+# in the middle of _ask, leaving a reply in the pipe: the child reads it as its next job and exits, and that next job's
+# attempt fails without running
 def test_a_soft_limit_in_a_child_with_a_background_thread_leaves_the_next_jobs_alone(queue, redis_url):
     ids = queue.add_bulk([NewJob("chatty", data(queue, redis_url),
                                  # The limit lands once the job is in its loop: 50 ms was too short on a busy machine.
@@ -165,7 +165,7 @@ def test_an_async_job_past_its_soft_limit_never_runs_on_beside_its_retry(queue, 
     assert queue.get_state(job_id) == "failed" and job.failed_reason.startswith("SoftTimeLimitExceeded"), job
 
 
-# Found: pool.py: a child ignores SIGINT and SIGTERM only once _child_main runs, after the interpreter started and
+# Found: child_side.py: a child ignores SIGINT and SIGTERM only once child_main runs, after the interpreter started and
 # the bootstrap imported the main module and echomq_django.core; Ctrl-C (the whole process group) in that time kills
 # a replacement child, and the job it was started for fails an attempt it never ran
 def test_ctrl_c_while_a_child_starts_does_not_fail_the_job_it_was_started_for(queue, redis_url):
@@ -208,9 +208,9 @@ def test_a_child_that_cannot_start_does_not_burn_the_attempts_of_the_queue(queue
     assert sorted(queue.get_state(job_id) for job_id in ids) == ["active"] + ["wait"] * 4
 
 
-# Found: pool.py: ProcessSlot.stop kills the child only once run() set _current, after wait_ready(); a cancel that
-# comes while the job's child is still being started (no time limit applies there either) answers STOPPING but stops
-# nothing until the child's set-up ends, however long that is
+# Found: process_slot.py: ProcessSlot.stop kills the child only once run() set _current, after wait_ready(); a cancel
+# that comes while the job's child is still being started (no time limit applies there either) answers STOPPING but
+# stops nothing until the child's set-up ends, however long that is
 def test_a_cancel_reaches_a_job_whose_child_is_still_starting(queue, redis_url, monkeypatch):
     init_key = f"{queue.keys.prefix}:init"
     monkeypatch.setenv("HOSTILE_URL", redis_url)
@@ -230,7 +230,7 @@ def test_a_cancel_reaches_a_job_whose_child_is_still_starting(queue, redis_url, 
     assert queue.get_job(second).failed_reason == "cancelled: stop it"
 
 
-# Found: pool.py _die_with: PR_SET_PDEATHSIG fires when the *thread* that started the child exits; a replacement
+# Found: child_side.py _die_with: PR_SET_PDEATHSIG fires when the *thread* that started the child exits; a replacement
 # child is started by a job thread, which Worker.run ends before it closes the slots, so at every shutdown that
 # child is SIGKILLed instead of leaving: its atexit handlers (Sentry's flush, coverage) never run
 def test_a_replacement_child_leaves_gracefully_at_shutdown(queue, redis_url, monkeypatch):
@@ -249,7 +249,7 @@ def test_a_replacement_child_leaves_gracefully_at_shutdown(queue, redis_url, mon
     assert f"atexit:{replacement}" in queue.client.lrange(init_key, 0, -1), "the replacement child was killed"
 
 
-# Found: pool.py ProcessSlot.close/_died: at a second stop Worker.run's finally closes each slot (kill, join,
+# Found: process_slot.py ProcessSlot.close/_died: at a second stop Worker.run's finally closes each slot (kill, join,
 # Process.close) while the job thread watching that child reaps it too (_died joins it): when the job thread's
 # waitpid wins, close()'s join returns with no exit code and Process.close raises ValueError out of Worker.run, so
 # the command exits 1 'stopped on an error' and the slots after it are not closed
@@ -288,11 +288,11 @@ def test_every_check_of_a_thread_past_its_hard_limit_raises(queue, redis_url):
         "the abandoned thread did items after its attempt had failed"
 
 
-# Found: pool.py ProcessSlot._done: a child due for retirement (max_jobs_per_child, max_memory_per_child) is closed
-# before the job's Finish is returned, and close() waits up to _CHILD_STOP_S (5 s) for it to exit: a child that a
+# Found: process_slot.py ProcessSlot._done: a child due for retirement (max_jobs_per_child, max_memory_per_child) is
+# closed before the job's Finish is returned, and close() waits up to _CHILD_STOP_S (5 s) for it to exit: a child that a
 # non-daemon thread keeps alive holds the finished job's result back for 5 s, and its slot with it
 def test_retiring_a_child_does_not_hold_back_the_result_of_its_last_job(queue, redis_url, monkeypatch):
-    monkeypatch.setattr(pool, "_CHILD_STOP_S", 60.0)  # held back, the result would wait a minute, not 5 s
+    monkeypatch.setattr(process_slot, "_CHILD_STOP_S", 60.0)  # held back, the result would wait a minute, not 5 s
     go = f"{queue.keys.prefix}:go"
     job_id = queue.add("leaves", data(queue, redis_url, go=go, seconds=30))
     with running(make(queue, jobs.leaves_a_thread, max_jobs_per_child=1)):
@@ -302,7 +302,7 @@ def test_retiring_a_child_does_not_hold_back_the_result_of_its_last_job(queue, r
     assert written, "the job returned at once, but its result was written only once its child had been retired"
 
 
-# Found: pool.py ProcessSlot.wait_ready waits for a starting child without a bound and without looking at the
+# Found: process_slot.py ProcessSlot.wait_ready waits for a starting child without a bound and without looking at the
 # worker's stop: a worker whose children hang in their set-up (django.setup() reaching a service that does not
 # answer) ignores SIGTERM and Ctrl-C, however many, and only kill -9 ends it
 def test_a_worker_whose_children_hang_in_their_set_up_can_still_be_stopped(queue, redis_url):
@@ -471,7 +471,7 @@ def test_a_thread_past_its_hard_limit_is_abandoned_and_its_late_writes_change_no
     assert queue.get_job(after).returnvalue == "late result"
 
 
-# Found: pool.py ThreadSlot.run: the slot took its next job as soon as it abandoned a thread at the hard limit,
+# Found: thread_slot.py ThreadSlot.run: the slot took its next job as soon as it abandoned a thread at the hard limit,
 # while that thread ran on: at --concurrency 1 three job functions ran at once, and each retry of a hung job
 # started one more thread.
 @pytest.mark.parametrize("concurrency", [1, 2])

@@ -1,4 +1,4 @@
-"""A second hostile pass over the processes pool (pool.py, worker.py), after the fixes of the first.
+"""A second hostile pass over the processes pool (process_slot.py, child_side.py, worker.py), after the first's fixes.
 
 Real child processes and a real Redis; handlers in tests/hostile_pool_jobs_2.py and
 tests/hostile_pool_jobs.py; helpers from tests/system/test_hostile_pool.py. The comment above a test
@@ -40,8 +40,8 @@ def replacement_starting(queue: Queue, redis_url: str, worker_options: dict, mon
 
 # -- defects ------------------------------------------------------------------------
 
-# pool.py ProcessSlot.run (the `except ChildStartError` after wait_ready): a renewal that finds the job's lock lost
-# while its replacement child is still in its set-up kills that child (stop), as it should; wait_ready then sees a
+# process_slot.py ProcessSlot.run (the `except ChildStartError` after wait_ready): a renewal that finds the job's lock
+# lost while its replacement child is still in its set-up kills that child (stop), as it should; wait_ready then sees a
 # child that died while it started, run() re-raises it (only a cancel is excused there), and the worker takes it for
 # "cannot start children": it stops with RuntimeError and, as after a second stop, kills every other running job
 def test_a_lock_lost_while_the_jobs_child_starts_does_not_stop_the_worker(queue, redis_url, monkeypatch):
@@ -60,13 +60,13 @@ def test_a_lock_lost_while_the_jobs_child_starts_does_not_stop_the_worker(queue,
         run.stop(15)
 
 
-# pool.py ProcessSlot._run (the report branch): nothing kills the child when an exception leaves _run while the child
-# runs the job. The report is written by the worker's _Reporter, which catches only UNREACHABLE and ResponseError;
+# process_slot.py ProcessSlot._run (the report branch): nothing kills the child when an exception leaves _run while the
+# child runs the job. The report is written by the worker's _Reporter, which catches only UNREACHABLE and ResponseError;
 # anything else (here UnicodeEncodeError: a log line holding a lone surrogate, as os.listdir decodes a non-UTF-8 file
-# name, written with a client that encodes strictly, redis-py's default) leaves run(); the job thread drops the
-# attempt ("the sweeper will recover it") and releases its lock, while the child, alive, still waits for the answer
-# to its report. The next job is sent to that child: it is read as the *answer*, the first job runs on (beside its
-# recovery by the sweeper: two runs), the second never runs, and the first one's result is returned as the second's.
+# name, written with a client that encodes strictly, redis-py's default) leaves run(); the job thread drops the attempt
+# ("the sweeper will recover it") and releases its lock, while the child, alive, still waits for the answer to its
+# report. The next job is sent to that child: it is read as the *answer*, the first job runs on (beside its recovery by
+# the sweeper: two runs), the second never runs, and the first one's result is returned as the second's.
 def test_a_report_the_worker_cannot_write_never_leaves_the_child_running_its_job(queue, redis_url):
     # Now: a log line with a lone surrogate is written with the surrogate escaped (Job.log), on
     # either pool; and any other exception out of _run ends the child before it is raised. A client
@@ -97,7 +97,7 @@ def test_a_report_the_worker_cannot_write_never_leaves_the_child_running_its_job
         client.close()
 
 
-# pool.py _Child._ask: a child's pipe is shared by every thread of the job, without a lock: two threads' reports
+# child_side.py _Child._ask: a child's pipe is shared by every thread of the job, without a lock: two threads' reports
 # (job.log, update_progress from a job that fans its work out to threads) read each other's answers, and a reader
 # that takes the tail of one answer as the length of the next desynchronises the pipe (Connection.recv is not
 # thread-safe). On the threads pool the same job logs all its lines.
@@ -130,7 +130,7 @@ def test_a_report_from_a_thread_a_finished_job_left_never_reaches_the_next_job(q
     assert (wrong, failed) == ({}, {}), f"records: {records(queue)}"
 
 
-# pool.py _child_main: a child ignores SIGINT and SIGTERM (SIG_IGN), and an ignored disposition survives fork and
+# child_side.py child_main: a child ignores SIGINT and SIGTERM (SIG_IGN), and an ignored disposition survives fork and
 # exec: every process a job starts ignores them too, so a job that stops its helper with terminate() (SIGTERM), as
 # subprocess, multiprocessing and most libraries do, waits for ever (or until its time limit). A Python helper
 # started with SIGINT ignored never raises KeyboardInterrupt either. Since the child is in a process group of its

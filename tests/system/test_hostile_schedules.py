@@ -19,7 +19,7 @@ import pytest
 
 from echomq_django.core import Beat, Queue, Schedule, connect, read_records
 from echomq_django.core.producing.queue import now_ms
-from echomq_django.core.schedules.beat import fire_call
+from echomq_django.core.schedules.records import fire_call
 from echomq_django.queues import SCHEDULER_CALL_TIMEOUT_S, _scheduler_connection
 from tests.fault_proxy import FaultProxy
 from tests.helpers import wait_until

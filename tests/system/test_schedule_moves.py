@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from echomq_django.core import Beat, Queue, Schedule, connect
-from echomq_django.core.schedules.beat import ScheduleError, zone
+from echomq_django.core.errors import ScheduleError
+from echomq_django.core.schedules.ticks import zone
 from tests.helpers import wait_until
 from tests.redis_servers import RedisServer
 from tests.runtime.test_schedules import beat_for, jobs_in

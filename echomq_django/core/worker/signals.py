@@ -171,7 +171,7 @@ def _wait(returned: list[int], runners: tuple[Runner, ...], recorded: RecordedSi
                 deadline = time.monotonic() + grace_s
 
 
-# -- in a child process of the processes pool (see pool.py) ------------------------------------
+# -- in a child process of the processes pool (see child_side.py) ------------------------------
 
 SOFT_LIMIT_SIGNAL = signal.SIGUSR1  # what the worker sends a child whose job reached its soft time limit
 

@@ -26,8 +26,10 @@ from ..protocol.job import Job, Reporter
 from ..protocol.keys import QueueKeys
 from ..protocol.scripts import Finish
 from ..protocol.times import now_ms
-from .pool import AbandonedThreads, ChildStartError, Handler, ProcessSlot, ThreadSlot
+from .pool import Handler
+from .process_slot import ChildStartError, ProcessSlot
 from .stopping import TwoStages
+from .thread_slot import AbandonedThreads, ThreadSlot
 
 logger = logging.getLogger("echomq.worker")
 
