@@ -240,7 +240,7 @@ class EchoMQBackend(BaseTaskBackend):
             task_enqueued.send(type(self), task_result=result)
 
         if get_settings().uses_outbox(queue.name) and connections[self.database].in_atomic_block:
-            # Written in this transaction, sent after its commit (outbox.py): enqueued once committed.
+            # Written in this transaction, sent after its commit (outbox/jobs.py): enqueued once committed.
             outbox.enqueue(queue, NewJob(task.module_path, payload, opts, job_id, dedupe), timestamp_ms=timestamp_ms,
                            using=self.database)
             transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result), using=self.database)

@@ -154,7 +154,7 @@ class JobFunction:
         replaces its arguments (`debounce="keep"`: keeps the first ones).
 
         Inside a transaction on a queue with the outbox (ECHOMQ["OUTBOX"]), the
-        job is written in that transaction and sent after the commit (outbox.py).
+        job is written in that transaction and sent after the commit (echomq_django/outbox/).
 
         A group (a tenant, a user: the id alphabet) takes turns with the queue's
         other groups, and the queue's GROUP_MAX_ACTIVE caps its running jobs.

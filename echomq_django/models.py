@@ -8,7 +8,7 @@ before it touches a row.
 from django.db import models
 
 from .core import MAX_PRIORITY, MIN_PRIORITY
-from .outbox_model import OutboxJob, OutboxWorkflow  # noqa: F401  (models of this app, defined below their users)
+from .outbox.models import OutboxJob, OutboxWorkflow  # noqa: F401  (models of this app, defined below their users)
 
 
 class JobRecord(models.Model):

@@ -5,7 +5,7 @@ enqueue inside `transaction.atomic()` plans the workflow (everything checked,
 its id known) and writes one OutboxWorkflow row of that transaction: the
 workflow's shape and jobs, as planned. Right after the commit the process adds
 the plan and deletes the row; a row left behind (Redis away, the process
-killed) is sent by the relay (relay.Relay) as job rows are.
+killed) is sent by the relay (relaying.Relay) as job rows are.
 
 A row may be sent twice (its process died after the add and before the
 delete, or it raced a relay on SQLite). The relay plans it again under the
@@ -28,8 +28,8 @@ from django.db import DatabaseError, connections, router, transaction
 from django.db.models import Q
 from redis.exceptions import RedisError
 
-from .conf import get_settings
-from .core import (
+from ..conf import get_settings
+from ..core import (
     MAX_DEPTH,
     UNREACHABLE,
     Chain,
@@ -44,9 +44,9 @@ from .core import (
     now_ms,
     validate_job_id,
 )
-from .outbox import RECORD_MARGIN_MS, RELAY_AFTER_S, Sent
-from .outbox_model import OutboxWorkflow
-from .queues import get_queue
+from ..queues import get_queue
+from .jobs import RECORD_MARGIN_MS, RELAY_AFTER_S, Sent
+from .models import OutboxWorkflow
 
 logger = logging.getLogger("echomq.outbox")
 
