@@ -42,9 +42,9 @@ from ..core import (
     zone,
 )
 from ..core import now_ms as clock_ms
-from ..models import Schedule as ScheduleRow
 from ..queues import get_queue
 from ..schedules import Entry
+from ..schedules.models import Schedule as ScheduleRow
 from .browser_pages import job_link
 from .common import REDIS_ERRORS, StorableQuery, redis_problem
 

@@ -26,7 +26,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from .conf import (
+from ..conf import (
     MAX_SECONDS,
     Problem,
     expiry_ms,
@@ -35,7 +35,7 @@ from .conf import (
     settings_problems,
     unserved_queue,
 )
-from .core import (
+from ..core import (
     ALPHABET,
     MAX_PRIORITY,
     MAX_SCHEDULE_NAME,
@@ -52,8 +52,8 @@ from .core import (
     validate_name,
     zone,
 )
-from .discovery import discover_jobs
-from .jobs import JobFunction, registered_jobs
+from ..discovery import discover_jobs
+from ..jobs import JobFunction, registered_jobs
 
 logger = logging.getLogger("echomq.beat")
 
@@ -317,8 +317,8 @@ def _target(path: Any, where: str, problem: Any, *, importing: bool) -> _Target 
     from django.apps import apps
     from django.utils.module_loading import import_string
 
-    from .backends import EchoMQBackend
-    from .tasks_compat import Task
+    from ..backends import EchoMQBackend
+    from ..tasks_compat import Task
 
     if not isinstance(path, str) or not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+", path):
         problem("TASK", f"{where}['TASK'] must be the dotted path of a @task or @job function, not {path!r}.")
