@@ -18,8 +18,8 @@ The queue must be in ECHOMQ["QUEUES"]: enqueue refuses any other (no worker
 would serve it), and `manage.py check` names each @job that uses one (echomq.E013).
 The job's data is {"args": [...], "kwargs": {...}} as JSON. A worker runs only
 functions registered this way, looked up by the job's name. (Jobs of Django's
-Tasks framework are the one other kind: see backends.py, which imports a
-task's module only from inside an installed app.)
+Tasks framework are the one other kind: see backends.py, and task_results.py,
+which imports a task's module only from inside an installed app.)
 """
 
 from __future__ import annotations
@@ -321,7 +321,9 @@ def run_job(job_record: Job) -> Any:
 
 
 def _dispatch(job_record: Job) -> Any:
-    from .backends import is_task_job, run_task_job  # the Tasks framework only when it is used
+    # The Tasks framework only when it is used.
+    from .backends import run_task_job
+    from .task_results import is_task_job
 
     if is_task_job(job_record):
         return run_task_job(job_record)
