@@ -5,11 +5,11 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from echomq_django.command_output import echomq_logs_shown
 from echomq_django.core import RecordedSignals, run_until_signalled
 from echomq_django.outbox import RELAY_AFTER_S, RELAY_INTERVAL_S, Relay, relayed
 
 from ._options import CommandRunner, connect_or_fail, non_negative_seconds, positive_seconds
-from ._output import echomq_logs_shown
 
 
 class Command(BaseCommand):
