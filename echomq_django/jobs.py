@@ -55,11 +55,11 @@ from .discovery import discover_jobs  # noqa: F401  (public here: echomq_django.
 from .queues import get_queue
 from .signatures import Signature
 
-# The name of the steps of an admin's bulk action run by the queue's workers (admin/bulk_runs.py, which names it too).
+# The name of the steps of an admin's bulk action run by the queue's workers (bulk_steps.py registers it).
 BULK_STEP_JOB = "echomq.bulk-run"
 _current_job: contextvars.ContextVar[Job | None] = contextvars.ContextVar("echomq_current_job", default=None)
 _registry: dict[str, JobFunction] = {}
-# The package's own jobs, by name: each is called with the Job (admin/bulk.py registers the bulk action's step).
+# The package's own jobs, by name: each is called with the Job (bulk_steps.py registers the bulk action's step).
 _builtin: dict[str, Callable[[Job], Any]] = {}
 
 
