@@ -163,6 +163,8 @@ class MirrorAdmin(StorableQuery, admin.ModelAdmin):
             job, state, in_its_set, unread = None, None, False, redis_problem(error)
         if row is None and not in_its_set:
             raise Http404(f"job {job_id} of queue {queue_name} is not in the {self.opts.verbose_name_plural}")
+        if job is None and row is None:  # a stalled mark left by a job removed since, never copied
+            raise Http404(f"job {job_id} of queue {queue_name}: Redis no longer has it, and there is no copy of it")
         facts = job_facts(job, state) if job else row_facts(row)
         context = {
             **self.admin_site.each_context(request), "opts": self.opts,
