@@ -255,10 +255,12 @@ class EchoMQBackend(BaseTaskBackend):
             raise InvalidTask(f"Task {task.module_path} cannot be enqueued: {problem}.")
         queue = get_queue(task.queue_name)
         payload = self.job_data(task, args, kwargs, queue.max_payload_bytes)
+        limits = own_time_limits_ms(task)
         opts = queue.default_opts.overridden(attempts=getattr(task, "attempts", None),
                                              backoff=getattr(task, "backoff", None),
                                              delay_ms=delay_to(task.run_after, timestamp_ms),
-                                             priority=task.priority, **own_time_limits_ms(task),
+                                             priority=task.priority, time_limit_ms=limits["time_limit_ms"],
+                                             soft_time_limit_ms=limits["soft_time_limit_ms"],
                                              group=getattr(task, "group", ""))
         return queue, payload, opts
 

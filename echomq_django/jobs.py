@@ -51,7 +51,7 @@ from .core import (
     fail_for_good,
     now_ms,
 )
-from .discovery import discover_jobs  # noqa: F401  (public here: echomq_django.jobs.discover_jobs)
+from .discovery import discover_jobs as discover_jobs  # public here too: echomq_django.jobs.discover_jobs
 from .queues import get_queue
 from .signatures import Signature
 
@@ -123,10 +123,11 @@ class JobFunction:
         if problem := unserved_queue(queue_name):
             raise ImproperlyConfigured(f"@job {self.name} cannot be added to a workflow: {problem}.")
         queue = get_queue(queue_name)
+        limits = own_time_limits_ms(self)
         opts = queue.default_opts.overridden(
             attempts=options.get("attempts", self.attempts), backoff=self.backoff,
             delay_ms=options.get("delay_ms", 0), priority=options.get("priority", self.priority),
-            **own_time_limits_ms(self),
+            time_limit_ms=limits["time_limit_ms"], soft_time_limit_ms=limits["soft_time_limit_ms"],
             group=options.get("group", self.group))
         return Member(queue, self.name, {"args": list(signature.args), "kwargs": dict(signature.kwargs)}, opts,
                       immutable=signature.immutable, allow_failure=bool(options.get("allow_failure", False)))

@@ -55,7 +55,7 @@ class WorkflowResult(WorkflowHandle):
 class _Enqueue:
     """enqueue() and aenqueue() of chain, group and chord in Django: through the outbox, with WORKFLOW_TTL."""
 
-    def enqueue(self, *, ttl_ms: int | None = None) -> WorkflowResult:  # type: ignore[override]
+    def enqueue(self, *, ttl_ms: int | None = None) -> WorkflowResult:
         """Add the whole workflow now, or, inside a transaction with the outbox on for its first job's queue, write
         it as an outbox row of the transaction, added after the commit (outbox/workflows.py).
 

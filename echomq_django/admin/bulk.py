@@ -12,6 +12,7 @@ the count first; each bulk action leaves one line in the admin's LogEntry.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -228,8 +229,7 @@ def bulk_selected(model_admin: admin.ModelAdmin, request: HttpRequest, queryset:
             in_background(model_admin, request, action, state, get_queue(queue_name), ids, across)
             continue
         outcome, problem = change(action, get_queue(queue_name), state, ids, request.user.get_username(),
-                                  lambda outcome, name=queue_name:
-                                  forget(action.name, model_admin.model, name, outcome))
+                                  functools.partial(forget, action.name, model_admin.model, queue_name))
         texts.append(summary(action, queue_name, state, len(ids), outcome, problem))
         worst = max(worst, messages.ERROR if problem else messages.WARNING if set(outcome.other) - {STOPPING}
                     else messages.SUCCESS)

@@ -63,18 +63,18 @@ def read_shown(entries: list[Entry | None], *, can_view_jobs: bool) -> tuple[lis
     Returns why Redis could not be read too ("" when it could).
     """
     shown = [Shown(entry, can_view_jobs=can_view_jobs) for entry in entries]
-    readable = [item for item in shown if item.entry is not None and item.entry.schedule is not None]
+    readable = [(item, item.entry.schedule) for item in shown
+                if item.entry is not None and item.entry.schedule is not None]
     if not readable:
         return shown, ""
     try:
-        found = schedules.records([item.entry.schedule for item in readable])  # type: ignore[union-attr]
-        there = jobs_exist([(item.entry.schedule.queue, record.job_id)  # type: ignore[union-attr]
-                            for item, record in zip(readable, found)])
+        found = schedules.records([schedule for _, schedule in readable])
+        there = jobs_exist([(schedule.queue, record.job_id) for (_, schedule), record in zip(readable, found)])
     except (*REDIS_ERRORS, ImproperlyConfigured) as error:
-        for item in readable:
+        for item, _ in readable:
             item.unread = UNREACHABLE_TEXT if isinstance(error, UNREACHABLE) else f"unknown: {error}"
         return shown, redis_problem(error)
-    for item, record, exists in zip(readable, found, there):
+    for (item, _), record, exists in zip(readable, found, there):
         item.record, item.job_exists = record, exists
     return shown, ""
 

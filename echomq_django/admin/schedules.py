@@ -84,7 +84,7 @@ class ScheduleChangeList(ChangeList):
 
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
-        model_admin: ScheduleAdmin = self.model_admin  # type: ignore[assignment]
+        model_admin: ScheduleAdmin = self.model_admin
         can_view_jobs = request.user.has_perm("echomq.view_job")
         settings_entries, self.echomq_settings_error = [], ""
         rows_entries = []
@@ -243,9 +243,9 @@ class ScheduleAdmin(StorableQuery, admin.ModelAdmin):
             self.message_user(request, f"No schedule was run: {error}", messages.ERROR)
             return
         for index, row in enumerate(rows):
-            entry, error = entry_of(row)
+            entry, unreadable = entry_of(row)
             if entry is None:
-                self.message_user(request, f"No schedule was run: {error}", messages.ERROR)
+                self.message_user(request, f"No schedule was run: {unreadable}", messages.ERROR)
                 break
             if row.name in taken:  # it would run under the settings schedule's name, and rewrite its record
                 self.message_user(request, f"Schedule {row.name} was not run: ECHOMQ['SCHEDULES'] has a schedule "

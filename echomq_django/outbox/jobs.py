@@ -140,7 +140,9 @@ def send(database: str, rows: list[OutboxJob]) -> Sent:
     rows for the relay; a row that cannot be sent as it is (checked as enqueue
     checks a job) keeps its error and is not sent again. Never raises for Redis.
     """
-    done, refused, unsent = [], {}, 0
+    done: list[Any] = []  # the rows' primary keys
+    refused: dict[Any, str] = {}  # primary key -> why
+    unsent = 0
     settings = get_settings()
     record_ms = settings.outbox_max_age_ms + RECORD_MARGIN_MS
     by_queue: dict[str, list[OutboxJob]] = defaultdict(list)
@@ -226,12 +228,12 @@ def _record(database: str, done: list[Any], refused: dict[Any, str]) -> None:
         with transaction.atomic(using=database):
             if done:
                 OutboxJob.objects.using(database).filter(pk__in=done).delete()
-            for pk, error in refused.items():
-                OutboxJob.objects.using(database).filter(pk=pk).update(error=error[:2000])
+            for pk, reason in refused.items():
+                OutboxJob.objects.using(database).filter(pk=pk).update(error=reason[:2000])
     except DatabaseError as error:
         logger.warning("outbox: %d sent row(s) not deleted (%s); a later send adds nothing twice", len(done), error)
-    for pk, error in refused.items():
-        logger.error("outbox: row %s refused, not sent again: %s", pk, error)
+    for pk, reason in refused.items():
+        logger.error("outbox: row %s refused, not sent again: %s", pk, reason)
 
 
 def relay(*, batch: int = RELAY_BATCH, after_s: float = RELAY_AFTER_S, now: int | None = None,

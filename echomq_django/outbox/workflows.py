@@ -189,13 +189,13 @@ def _record(database: str, done: list[Any], refused: dict[Any, str]) -> None:
         with transaction.atomic(using=database):
             if done:
                 OutboxWorkflow.objects.using(database).filter(pk__in=done).delete()
-            for pk, error in refused.items():
-                OutboxWorkflow.objects.using(database).filter(pk=pk).update(error=error[:2000])
+            for pk, reason in refused.items():
+                OutboxWorkflow.objects.using(database).filter(pk=pk).update(error=reason[:2000])
     except DatabaseError as error:
         logger.warning("outbox: %d sent workflow row(s) not deleted (%s); a later send adds nothing twice",
                        len(done), error)
-    for pk, error in refused.items():
-        logger.error("outbox: workflow row %s refused, not sent again: %s", pk, error)
+    for pk, reason in refused.items():
+        logger.error("outbox: workflow row %s refused, not sent again: %s", pk, reason)
 
 
 def relay_batch(*, batch: int = RELAY_BATCH, after_s: float = RELAY_AFTER_S, now: int | None = None,

@@ -1,5 +1,7 @@
 """The Schedule model: the schedules kept in the database and edited in the admin (the app's models.py imports it)."""
 
+from typing import Any
+
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import models
 
@@ -48,7 +50,7 @@ class Schedule(models.Model):
     def __str__(self) -> str:
         return self.name
 
-    def options(self) -> dict:
+    def options(self) -> dict[str, Any]:
         """The row as the options of a schedule of ECHOMQ["SCHEDULES"]."""
         return {"TASK": self.task, "CRON": self.cron or None, "EVERY": self.every, "ARGS": self.args,
                 "KWARGS": self.kwargs, "QUEUE": self.queue or None, "TIMEZONE": self.timezone or None,

@@ -268,7 +268,8 @@ class _Target:
         try:  # the job's (or task's) group too: its ticks count against GROUP_MAX_ACTIVE like its other jobs
             opts = config.job_options.overridden(
                 attempts=attempts if attempts is not None else own_attempts, backoff=backoff,
-                priority=own_priority if priority is None else priority, **own_limits,
+                priority=own_priority if priority is None else priority,
+                time_limit_ms=own_limits["time_limit_ms"], soft_time_limit_ms=own_limits["soft_time_limit_ms"],
                 group=getattr(self.found, "group", "") or "",
                 expires_ms=expiry_ms(getattr(self.found, "expires", None), 0))  # the @job's own, from each firing
         except PayloadError as error:  # a PRIORITY for a job in a group
