@@ -28,14 +28,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from ..bulk_steps import add_step, run_summary
-from ..core import (
-    BulkRun,
-    InvalidNameError,
-    Queue,
-    read_run,
-    start_run,
-    validate_name,
-)
+from ..core import BulkRun, InvalidNameError, Queue, read_run, start_run, validate_name
 from .common import configured_queue
 
 # Above this many jobs an action runs as jobs of the queue, outside the request (about 0.5 s of changes).
