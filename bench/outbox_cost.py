@@ -54,9 +54,8 @@ def main() -> None:
 
     from demo_project.demo_app.jobs import greet
     from echomq_django.core import Worker, WorkerOptions
-    from echomq_django.outbox import RELAY_AFTER_S
+    from echomq_django.outbox import RELAY_AFTER_S, Relay
     from echomq_django.queues import get_queue
-    from echomq_django.relay import Relay
 
     call_command("migrate", "echomq", verbosity=0)
 

@@ -12,10 +12,10 @@ class EchoMQConfig(AppConfig):
 
         from . import checks  # noqa: F401  (registers the system checks)
 
-        # A worker runs the steps of the admin's large bulk actions (admin/bulk.py registers their job), whether
-        # or not anything in its process has imported the admin yet.
+        # A worker runs the steps of the admin's large bulk actions (bulk_steps.py registers their job), whether
+        # or not anything in its process imports the admin; a step writes the admin's history, so only with it.
         if apps.is_installed("django.contrib.admin"):
-            from .admin import bulk  # noqa: F401
+            from . import bulk_steps  # noqa: F401
 
         # Importing the Tasks framework registers Django's check_tasks, which runs each TASKS
         # backend's check() (EchoMQBackend's E010-E014, W011); nothing else imports it before

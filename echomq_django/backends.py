@@ -14,6 +14,9 @@ every queue of ECHOMQ["QUEUES"], and get_result then looks in each of them.
 the job's retries and time limits (seconds), else the queue's. A task is
 cancelled as any job is, `get_queue(task.queue_name).cancel(result.id)`, and
 its result is then FAILED with a JobCancelled error that gives the reason.
+
+Reading a task's job back as its Task and TaskResult, for get_result and
+for the worker's run of it, is task_results.py.
 """
 
 from __future__ import annotations
@@ -21,15 +24,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import traceback
-from datetime import datetime
 from typing import Any
 
-from django.apps import apps
 from django.conf import settings
 from django.core import checks
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
-from django.utils import timezone as django_timezone
-from django.utils.module_loading import import_string
 
 from . import outbox
 from .conf import get_settings, settings_readable, unserved_queue
@@ -40,7 +39,6 @@ from .core import (
     Dedupe,
     InvalidNameError,
     Job,
-    JobCancelled,
     JobOptions,
     Member,
     NewJob,
@@ -48,7 +46,6 @@ from .core import (
     Queue,
     UnrecoverableError,
     class_path,
-    datetime_from_ms,
     decode_stored,
     delay_until,
     encode_json,
@@ -60,10 +57,10 @@ from .core import (
 from .job_options import naive_zone, own_time_limits_ms
 from .queues import get_queue
 from .signatures import Signature
+from .task_results import is_task_job, stored_task, task_datetime, task_result_of
 from .tasks_compat import (
     BaseTaskBackend,
     InvalidTask,
-    InvalidTaskBackend,
     Task,
     TaskContext,
     TaskError,
@@ -242,7 +239,7 @@ class EchoMQBackend(BaseTaskBackend):
             task_enqueued.send(type(self), task_result=result)
 
         if get_settings().uses_outbox(queue.name) and connections[self.database].in_atomic_block:
-            # Written in this transaction, sent after its commit (outbox.py): enqueued once committed.
+            # Written in this transaction, sent after its commit (outbox/jobs.py): enqueued once committed.
             outbox.enqueue(queue, NewJob(task.module_path, payload, opts, job_id, dedupe), timestamp_ms=timestamp_ms,
                            using=self.database)
             transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result), using=self.database)
@@ -260,10 +257,12 @@ class EchoMQBackend(BaseTaskBackend):
             raise InvalidTask(f"Task {task.module_path} cannot be enqueued: {problem}.")
         queue = get_queue(task.queue_name)
         payload = self.job_data(task, args, kwargs, queue.max_payload_bytes)
+        limits = own_time_limits_ms(task)
         opts = queue.default_opts.overridden(attempts=getattr(task, "attempts", None),
                                              backoff=getattr(task, "backoff", None),
                                              delay_ms=delay_until(task.run_after, timestamp_ms, naive_zone()),
-                                             priority=task.priority, **own_time_limits_ms(task),
+                                             priority=task.priority, time_limit_ms=limits["time_limit_ms"],
+                                             soft_time_limit_ms=limits["soft_time_limit_ms"],
                                              group=getattr(task, "group", ""))
         return queue, payload, opts
 
@@ -337,84 +336,12 @@ class EchoMQBackend(BaseTaskBackend):
         return messages
 
 
-def load_task(path: str) -> Task:
-    """The Task object at `path`, which must be inside an installed app; else UnrecoverableError."""
-    if apps.get_containing_app_config(path) is None:
-        raise UnrecoverableError(f"{path!r} is not inside an installed app, so it is not imported")
-    try:
-        found = import_string(path)
-    except ImportError as error:  # chained, so the trace shows why (a missing module, a broken import)
-        raise UnrecoverableError(f"cannot import task {path!r}: {type(error).__name__}: {error}") from error
-    if not isinstance(found, Task):
-        raise UnrecoverableError(f"{path!r} is not a Django Task (decorate it with @task)")
-    return found
-
-
-def stored_task(job: Job) -> Task:
-    """The Task of a task job as it was enqueued: its priority, queue, run_after and backend.
-
-    UnrecoverableError when it cannot be loaded or rebuilt.
-    """
-    spec = job.data["task"]
-    task = load_task(job.name)
-    try:
-        run_after = spec.get("run_after")
-        return task.using(priority=spec.get("priority"), queue_name=job.queue, backend=spec.get("backend"),
-                          run_after=datetime.fromisoformat(run_after) if run_after else None)
-    except (InvalidTask, InvalidTaskBackend, TypeError, ValueError) as error:
-        raise UnrecoverableError(f"task {job.name!r} of job {job.id} cannot be rebuilt: {error}") from error
-
-
-def task_result_of(job: Job, task: Task, status: TaskResultStatus) -> TaskResult:
-    """A TaskResult of `task` (as stored_task rebuilt it) from its job's hash."""
-    traces = job.stacktrace[-len(job.error_classes):] if job.error_classes else []
-    result = TaskResult(
-        task=task, id=job.id, status=status, enqueued_at=task_datetime(job.timestamp),
-        started_at=task_datetime(job.started_on), last_attempted_at=task_datetime(job.processed_on),
-        finished_at=(task_datetime(job.finished_on)
-                     if status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED) else None),
-        args=job.data.get("args", []), kwargs=job.data.get("kwargs", {}), backend=task.backend,
-        errors=[TaskError(exception_class_path=path, traceback=trace)
-                for path, trace in zip(job.error_classes, traces)],
-        worker_ids=list(job.worker_ids),
-    )
-    if status == TaskResultStatus.FAILED and job.cancel_reason is not None:
-        cancelled = cancel_error(job)
-        last = result.errors[-1] if result.errors else None
-        if last is None or last.exception_class_path != cancelled.exception_class_path:
-            result.errors.append(cancelled)  # cancelled before it ran, or its attempt ended otherwise
-        elif job.cancel_reason not in last.traceback:
-            result.errors[-1] = cancelled  # the attempt the worker stopped (a killed child has no traceback)
-    if status == TaskResultStatus.SUCCESSFUL:
-        object.__setattr__(result, "_return_value", job.returnvalue)
-    return result
-
-
-def cancel_error(job: Job) -> TaskError:
-    """The error of a cancelled task's result: a JobCancelled that gives the reason (Queue.cancel)."""
-    error = JobCancelled(job.cancel_reason)
-    return TaskError(exception_class_path=class_path(error),
-                     traceback="".join(traceback.format_exception_only(error)))
-
-
-def task_datetime(ms: int | None) -> datetime | None:
-    """A result's time from a protocol timestamp (ms): aware UTC, or with USE_TZ = False naive in TIME_ZONE."""
-    value = datetime_from_ms(ms)
-    if value is not None and not settings.USE_TZ:
-        value = django_timezone.make_naive(value, django_timezone.get_default_timezone())
-    return value
-
-
 def send_finished(result: TaskResult) -> None:
     """Send task_finished; a receiver's error is logged, and never changes the task's outcome or runs it again."""
     for receiver, response in task_finished.send_robust(EchoMQBackend, task_result=result):
         if isinstance(response, Exception):
             logger.error("task_finished receiver %r failed for task %s (id %s)", receiver,
                          result.task.module_path, result.id, exc_info=response)
-
-
-def is_task_job(job: Job) -> bool:
-    return isinstance(job.data, dict) and isinstance(job.data.get("task"), dict)
 
 
 def run_task_job(job: Job) -> Any:

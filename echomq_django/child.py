@@ -45,7 +45,7 @@ def _show_echomq_logs(verbosity: int) -> None:
 
     from django.core.management.base import BaseCommand
 
-    from .management.commands._output import LEVELS, CommandOutputHandler
+    from .command_output import LEVELS, CommandOutputHandler
 
     logger = logging.getLogger("echomq")
     if logger.hasHandlers():  # LOGGING handles them, in the child as in the command

@@ -9,7 +9,7 @@
         "ENQUEUE_TIMEOUT": 3,  # seconds an enqueue may take before it raises
         "METRICS_MINUTES": 1440,  # per-minute metrics kept in Redis (0: none)
         "METRICS_TOKEN": None,  # bearer token a Prometheus scraper sends to /metrics/
-        "SCHEDULES": {"heartbeat": {"TASK": "myapp.jobs.ping", "EVERY": 30}},  # see schedules.py
+        "SCHEDULES": {"heartbeat": {"TASK": "myapp.jobs.ping", "EVERY": 30}},  # see schedules/
         "QUEUES": {"default": {"LOCK_DURATION": 30, "SWEEP_INTERVAL": 30, ...}},
     }
 
@@ -66,10 +66,10 @@ TOP_LEVEL_DEFAULTS: dict[str, Any] = {
     # A bearer token that lets a scraper read /metrics/ without a login; None: only staff with the permission.
     "METRICS_TOKEN": None,
     "QUEUES": {"default": {}},
-    # Periodic jobs: name -> options, read by echomq_beat (schedules.py checks them).
+    # Periodic jobs: name -> options, read by echomq_beat (schedules/parsing.py checks them).
     "SCHEDULES": {},
     # An enqueue inside a transaction writes the job to the database's outbox in that transaction,
-    # sent to Redis after the commit (outbox.py); a queue's own OUTBOX overrides it.
+    # sent to Redis after the commit (outbox/); a queue's own OUTBOX overrides it.
     "OUTBOX": False,
     # Seconds an outbox row may wait to be sent; an older one is not sent (the record that keeps a
     # second send out lasts this long), and manage.py check --deploy reports it.

@@ -18,8 +18,8 @@ The queue must be in ECHOMQ["QUEUES"]: enqueue refuses any other (no worker
 would serve it), and `manage.py check` names each @job that uses one (echomq.E013).
 The job's data is {"args": [...], "kwargs": {...}} as JSON. A worker runs only
 functions registered this way, looked up by the job's name. (Jobs of Django's
-Tasks framework are the one other kind: see backends.py, which imports a
-task's module only from inside an installed app.)
+Tasks framework are the one other kind: see backends.py, and task_results.py,
+which imports a task's module only from inside an installed app.)
 """
 
 from __future__ import annotations
@@ -52,16 +52,16 @@ from .core import (
     fail_for_good,
     now_ms,
 )
-from .discovery import discover_jobs  # noqa: F401  (public here: echomq_django.jobs.discover_jobs)
+from .discovery import discover_jobs as discover_jobs  # public here too: echomq_django.jobs.discover_jobs
 from .job_options import expiry_ms, naive_zone, own_time_limits_ms, time_limits_ms
 from .queues import get_queue
 from .signatures import Signature
 
-# The name of the steps of an admin's bulk action run by the queue's workers (admin/bulk_runs.py, which names it too).
+# The name of the steps of an admin's bulk action run by the queue's workers (bulk_steps.py registers it).
 BULK_STEP_JOB = "echomq.bulk-run"
 _current_job: contextvars.ContextVar[Job | None] = contextvars.ContextVar("echomq_current_job", default=None)
 _registry: dict[str, JobFunction] = {}
-# The package's own jobs, by name: each is called with the Job (admin/bulk.py registers the bulk action's step).
+# The package's own jobs, by name: each is called with the Job (bulk_steps.py registers the bulk action's step).
 _builtin: dict[str, Callable[[Job], Any]] = {}
 
 
@@ -125,10 +125,11 @@ class JobFunction:
         if problem := unserved_queue(queue_name):
             raise ImproperlyConfigured(f"@job {self.name} cannot be added to a workflow: {problem}.")
         queue = get_queue(queue_name)
+        limits = own_time_limits_ms(self)
         opts = queue.default_opts.overridden(
             attempts=options.get("attempts", self.attempts), backoff=self.backoff,
             delay_ms=options.get("delay_ms", 0), priority=options.get("priority", self.priority),
-            **own_time_limits_ms(self),
+            time_limit_ms=limits["time_limit_ms"], soft_time_limit_ms=limits["soft_time_limit_ms"],
             group=options.get("group", self.group))
         return Member(queue, self.name, {"args": list(signature.args), "kwargs": dict(signature.kwargs)}, opts,
                       immutable=signature.immutable, allow_failure=bool(options.get("allow_failure", False)))
@@ -156,7 +157,7 @@ class JobFunction:
         replaces its arguments (`debounce="keep"`: keeps the first ones).
 
         Inside a transaction on a queue with the outbox (ECHOMQ["OUTBOX"]), the
-        job is written in that transaction and sent after the commit (outbox.py).
+        job is written in that transaction and sent after the commit (echomq_django/outbox/).
 
         A group (a tenant, a user: the id alphabet) takes turns with the queue's
         other groups, and the queue's GROUP_MAX_ACTIVE caps its running jobs.
@@ -323,7 +324,9 @@ def run_job(job_record: Job) -> Any:
 
 
 def _dispatch(job_record: Job) -> Any:
-    from .backends import is_task_job, run_task_job  # the Tasks framework only when it is used
+    # The Tasks framework only when it is used.
+    from .backends import run_task_job
+    from .task_results import is_task_job
 
     if is_task_job(job_record):
         return run_task_job(job_record)

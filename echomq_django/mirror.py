@@ -43,6 +43,9 @@ from .core import (
 from .models import JobRecord, MirrorCursor
 
 T = TypeVar("T")
+# A row's state, as the str it is: a member of JobRecord.State is a str at run time, but mypy, with Django
+# untyped, reads each as the (value, label) pair it is declared as.
+FAILED, STALLED = str(JobRecord.State.FAILED), str(JobRecord.State.STALLED)
 BATCH = 1000
 # How far before the cursor each sync looks again for failed jobs: covers
 # workers whose clocks run a little behind the one that moved the cursor. A job
@@ -176,9 +179,9 @@ def _new_or_changed(queue: Queue, state: str, scored_ids: list[tuple[str, int | 
 
 def _copy_failed(queue: Queue, page: list[tuple[str, float]]) -> int:
     """Upsert the rows of these (id, score) pairs of the failed set that are new or changed."""
-    changed = _new_or_changed(queue, JobRecord.State.FAILED,
+    changed = _new_or_changed(queue, FAILED,
                               [(job_id, clamped_score_ms(score)) for job_id, score in page])
-    return _write(queue, JobRecord.State.FAILED, changed) if changed else 0
+    return _write(queue, FAILED, changed) if changed else 0
 
 
 def _sync_failed_since(queue: Queue, since_ms: int, limit: int | None = None) -> tuple[int, int, bool]:
@@ -214,25 +217,25 @@ def _compare_all_failed(queue: Queue) -> tuple[int, int]:
     for start in range(0, failed_count(queue), BATCH * 10):
         for job_id, score in failed_by_rank(queue, start, BATCH * 10):
             in_redis[job_id] = clamped_score_ms(score)
-    in_mirror = set(JobRecord.objects.filter(queue=queue.name, state=JobRecord.State.FAILED)
+    in_mirror = set(JobRecord.objects.filter(queue=queue.name, state=FAILED)
                     .values_list("job_id", flat=True).iterator(chunk_size=10_000))
     written = 0
     for batch in _batches(sorted(set(in_redis) - in_mirror)):
-        written += _write(queue, JobRecord.State.FAILED, [(job_id, in_redis[job_id]) for job_id in batch])
-    return written, _delete(queue, JobRecord.State.FAILED, in_mirror - set(in_redis))
+        written += _write(queue, FAILED, [(job_id, in_redis[job_id]) for job_id in batch])
+    return written, _delete(queue, FAILED, in_mirror - set(in_redis))
 
 
 def _sync_stalled(queue: Queue, limit: int | None) -> tuple[int, int, int]:
     """Make the stalled rows follow the marks; returns (written, deleted, marks left uncopied)."""
     in_redis = queue.stalled_ids()
-    in_mirror = set(JobRecord.objects.filter(queue=queue.name, state=JobRecord.State.STALLED)
+    in_mirror = set(JobRecord.objects.filter(queue=queue.name, state=STALLED)
                     .values_list("job_id", flat=True))
     new = sorted(in_redis - in_mirror)
     copied = new if limit is None else new[:limit]
     written = 0
     for batch in _batches(copied):
-        written += _write(queue, JobRecord.State.STALLED, [(job_id, None) for job_id in batch])
-    return written, _delete(queue, JobRecord.State.STALLED, in_mirror - in_redis), len(new) - len(copied)
+        written += _write(queue, STALLED, [(job_id, None) for job_id in batch])
+    return written, _delete(queue, STALLED, in_mirror - in_redis), len(new) - len(copied)
 
 
 def sync_queue(queue: Queue, *, limit: int | None = None) -> SyncResult:
@@ -254,7 +257,7 @@ def sync_queue(queue: Queue, *, limit: int | None = None) -> SyncResult:
         pending = max(1, count_failed_since(queue, highest) - limit)
     else:
         in_redis = failed_count(queue)
-        mirrored = JobRecord.objects.filter(queue=queue.name, state=JobRecord.State.FAILED).count()
+        mirrored = JobRecord.objects.filter(queue=queue.name, state=FAILED).count()
         if mirrored != in_redis and (limit is None or max(in_redis, mirrored) <= limit * COMPARE_FACTOR):
             more_written, deleted = _compare_all_failed(queue)
             written, compared_all = written + more_written, True

@@ -7,18 +7,18 @@ try:
     from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultDoesNotExist
     from django.tasks.signals import task_enqueued, task_finished, task_started
 except ImportError:  # Django 5.2: pip install "echomq-django[tasks]"
-    from django_tasks import task_backends  # type: ignore[no-redef]
-    from django_tasks.backends.base import BaseTaskBackend  # type: ignore[no-redef]
-    from django_tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus  # type: ignore
-    from django_tasks.exceptions import InvalidTaskBackendError as InvalidTaskBackend  # type: ignore[no-redef]
-    from django_tasks.exceptions import InvalidTaskError as InvalidTask  # type: ignore[no-redef]
-    from django_tasks.exceptions import TaskResultDoesNotExist  # type: ignore[no-redef]
-    from django_tasks.signals import task_enqueued, task_finished, task_started  # type: ignore[no-redef]
+    from django_tasks import task_backends
+    from django_tasks.backends.base import BaseTaskBackend
+    from django_tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
+    from django_tasks.exceptions import InvalidTaskBackendError as InvalidTaskBackend
+    from django_tasks.exceptions import InvalidTaskError as InvalidTask
+    from django_tasks.exceptions import TaskResultDoesNotExist
+    from django_tasks.signals import task_enqueued, task_finished, task_started
 
 try:  # what TaskResult does to args and kwargs: tuples become lists, UTF-8 bytes str
     from django.utils.json import normalize_json
 except ImportError:  # Django 5.2: the backport has the same function
-    from django_tasks.utils import normalize_json  # type: ignore[no-redef]
+    from django_tasks.utils import normalize_json
 
 __all__ = [
     "BaseTaskBackend", "InvalidTask", "InvalidTaskBackend", "Task", "TaskContext", "TaskError", "TaskResult",

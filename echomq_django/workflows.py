@@ -24,11 +24,11 @@ from typing import Any
 
 from django.db import router
 
-from . import outbox_workflows
 from .conf import get_settings
 from .core import Chain, Chord, Group, Plan, WorkflowError, WorkflowHandle
 from .jobs import registered_jobs
-from .outbox_model import OutboxWorkflow
+from .outbox import OutboxWorkflow
+from .outbox import workflows as outbox_workflows
 from .signatures import Signature
 
 __all__ = ["Signature", "WorkflowError", "WorkflowResult", "chain", "chord", "group", "signature"]
@@ -55,9 +55,9 @@ class WorkflowResult(WorkflowHandle):
 class _Enqueue:
     """enqueue() and aenqueue() of chain, group and chord in Django: through the outbox, with WORKFLOW_TTL."""
 
-    def enqueue(self, *, ttl_ms: int | None = None) -> WorkflowResult:  # type: ignore[override]
+    def enqueue(self, *, ttl_ms: int | None = None) -> WorkflowResult:
         """Add the whole workflow now, or, inside a transaction with the outbox on for its first job's queue, write
-        it as an outbox row of the transaction, added after the commit (outbox_workflows.py).
+        it as an outbox row of the transaction, added after the commit (outbox/workflows.py).
 
         Everything is checked before anything is sent or written (a signature
         of an unknown job, arguments that are not JSON, an empty group, too

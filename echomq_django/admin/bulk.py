@@ -12,9 +12,9 @@ the count first; each bulk action leaves one line in the admin's LogEntry.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
@@ -26,6 +26,7 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html
 
+from ..bulk_steps import forget
 from ..core import (
     BROWSABLE,
     BULK_BATCH,
@@ -34,19 +35,15 @@ from ..core import (
     STOPPING,
     BulkOutcome,
     InvalidNameError,
-    Job,
     Queue,
     read_jobs,
-    read_run,
-    run_step,
     state_ids,
     state_size,
     validate_stored_id,
 )
-from ..jobs import BULK_STEP_JOB, register_builtin
 from ..models import FailedJob, JobRecord
 from ..queues import get_queue
-from .bulk_runs import BACKGROUND_ABOVE, add_step, audit_once, start_background
+from .bulk_runs import BACKGROUND_ABOVE, start_background
 from .common import REDIS_ERRORS, configured_queue, confirmation, confirmed, redis_problem
 
 # The most ids a form may tick: a page of the browser holds 50, the failed list 100.
@@ -184,7 +181,7 @@ def bulk_view(model_admin: admin.ModelAdmin, request: HttpRequest, queue_name: s
         return HttpResponseRedirect(back)
 
     outcome, problem = change(action, queue, state, ids, request.user.get_username(),
-                              lambda outcome: forget(action, model, queue.name, outcome))
+                              lambda outcome: forget(action.name, model, queue.name, outcome))
     tell(model_admin, request, action, what, len(ids), queue.name, state, outcome, problem)
     return HttpResponseRedirect(back)
 
@@ -232,7 +229,7 @@ def bulk_selected(model_admin: admin.ModelAdmin, request: HttpRequest, queryset:
             in_background(model_admin, request, action, state, get_queue(queue_name), ids, across)
             continue
         outcome, problem = change(action, get_queue(queue_name), state, ids, request.user.get_username(),
-                                  lambda outcome, name=queue_name: forget(action, model_admin.model, name, outcome))
+                                  functools.partial(forget, action.name, model_admin.model, queue_name))
         texts.append(summary(action, queue_name, state, len(ids), outcome, problem))
         worst = max(worst, messages.ERROR if problem else messages.WARNING if set(outcome.other) - {STOPPING}
                     else messages.SUCCESS)
@@ -255,32 +252,3 @@ def in_background(model_admin: admin.ModelAdmin, request: HttpRequest, action: B
         model_admin.message_user(request, format_html(
             "{} {} job(s) of queue {}: the queue's workers run it, a few thousand jobs at a time; "
             '<a href="{}">see how far it is</a>.', action.verb, f"{len(ids):,}", queue.name, run_page), messages.INFO)
-
-
-def forget(action: BulkAction, model: type[models.Model], queue_name: str, outcome: BulkOutcome) -> None:
-    """Drop the mirror's rows of the jobs a retry or delete took out of their set (or found gone already)."""
-    if action is not CANCEL:
-        model.objects.filter(queue=queue_name, job_id__in=outcome.done + outcome.gone).delete()
-
-
-def run_step_job(job: Job) -> dict[str, Any]:
-    """A worker's run of one step of a bulk action: change the run's next ids; add the next step, or write the
-    audit line."""
-    queue = get_queue(job.queue)
-    run_id = job.data.get("run") if isinstance(job.data, dict) else None
-    run = read_run(queue, run_id) if isinstance(run_id, str) else None
-    if run is None:
-        return {"run": run_id, "status": "no such run (lapsed, or never recorded)"}
-    action = ACTIONS[run.action]
-    model = FailedJob if action is RETRY else JobRecord
-    run = run_step(queue, run.run_id, after=lambda outcome: forget(action, model, queue.name, outcome))
-    if run is None:
-        return {"run": run_id, "status": "no such run (lapsed meanwhile)"}
-    if run.finished:
-        audit_once(queue, run)
-    else:
-        add_step(queue, run.run_id, run.cursor)
-    return {"run": run_id, "status": run.status, "changed": run.cursor, "of": run.total}
-
-
-register_builtin(BULK_STEP_JOB, run_step_job)

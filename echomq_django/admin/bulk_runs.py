@@ -4,7 +4,7 @@ An action on more than BACKGROUND_ABOVE jobs (every job of a state, or every
 row a failed or stalled list matches) is not run by the request that asks for
 it (after its POST, CSRF and permission checks, and the confirmation page):
 the request records a run (core/reading/bulk_runs.py) and adds its first step, a job of
-the queue whose jobs it changes (jobs.BULK_STEP_JOB), and sends the user to the run's
+the queue whose jobs it changes (bulk_steps.py), and sends the user to the run's
 page. A worker of that queue runs each step (STEP_JOBS ids at most, then it adds
 the next step), and the step that ends the run writes the admin's LogEntry with
 the final counts and the user who asked. A step that a crash or an outage
@@ -17,12 +17,9 @@ on from where it stopped).
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from django.contrib import admin, messages
-from django.contrib.admin.models import LogEntry
-from django.contrib.auth import get_user_model
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
 from django.db import models
@@ -30,27 +27,12 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from ..core import (
-    GONE,
-    MAX_PRIORITY,
-    STOPPING,
-    BulkRun,
-    InvalidNameError,
-    JobOptions,
-    Queue,
-    read_run,
-    start_run,
-    validate_name,
-)
-from ..jobs import BULK_STEP_JOB
+from ..bulk_steps import add_step, run_summary
+from ..core import BulkRun, InvalidNameError, Queue, read_run, start_run, validate_name
 from .common import configured_queue
-
-logger = logging.getLogger("echomq.admin")
 
 # Above this many jobs an action runs as jobs of the queue, outside the request (about 0.5 s of changes).
 BACKGROUND_ABOVE = 5_000
-# A step's attempts: each goes on from where the one before stopped.
-STEP_ATTEMPTS = 5
 
 
 def start_background(request: HttpRequest, queue: Queue, action: Any, state: str, ids: list[str] | None,
@@ -71,52 +53,6 @@ def start_background(request: HttpRequest, queue: Queue, action: Any, state: str
                        else "")
     add_step(queue, run_id, 0)
     return reverse("admin:echomq_bulk_run", args=[queue.name, run_id])
-
-
-def add_step(queue: Queue, run_id: str, cursor: int) -> str:
-    """Add the run's step from `cursor` (its id names both: an add of the same step twice adds one)."""
-    step_id = f"bulk-run-{run_id}-{cursor}"
-    # The highest priority: a step runs ahead of the queue's waiting jobs (the ones it retried among them).
-    queue.add(BULK_STEP_JOB, {"run": run_id}, opts=JobOptions(attempts=STEP_ATTEMPTS, priority=MAX_PRIORITY),
-              job_id=step_id)
-    queue.client.hset(queue.keys.bulk_run(run_id), "step", step_id)
-    return step_id
-
-
-def audit_once(queue: Queue, run: BulkRun) -> None:
-    """The run's line in the admin's history, with its final counts and its user, written once."""
-    fields = run.fields
-    marker = f"bulk run {queue.name}/{run.run_id}"
-    if LogEntry.objects.filter(object_id=marker).exists():
-        return  # a step run again after a crash: its line is there
-    try:
-        user = get_user_model().objects.filter(pk=fields.get("user_id")).first()
-        kind = ContentType.objects.filter(pk=int(fields.get("content_type", ""))).first()
-        flag = int(fields.get("flag", ""))
-    except (ValueError, TypeError):  # the record's fields broken by another client
-        user = kind = None
-    if user is None or kind is None:  # the user deleted meanwhile: the jobs were changed all the same
-        logger.warning("%s: its user (%s) or its model is gone, so no history line is written: %s", marker,
-                       fields.get("username", ""), run_summary(queue.name, run))
-        return
-    LogEntry.objects.create(
-        user_id=user.pk, content_type_id=kind.pk, object_id=marker, object_repr=fields.get("what", "")[:200],
-        action_flag=flag, change_message=f"{fields.get('verb', run.action)}: {run_summary(queue.name, run)}")
-
-
-def run_summary(queue_name: str, run: BulkRun) -> str:
-    """What a run did so far, in one message, as bulk.summary words a request's."""
-    parts = [f"{run.counts.done:,} job(s) {run.fields.get('done_text', 'changed')}, of {run.total:,} asked for in "
-             f"queue {queue_name}"]
-    for why, (count, first) in run.counts.other.items():
-        if why == STOPPING:
-            parts.append(f"{count:,} {why}")
-            continue
-        if why == GONE:
-            state = "marked stalled" if run.state == "stalled" else run.state
-            why = f"no longer {state} (moved on or removed meanwhile)"
-        parts.append(f"{count:,} left alone, {why}: " + ", ".join(first) + (", …" if count > len(first) else ""))
-    return "; ".join(parts) + "."
 
 
 def run_view(model_admin: admin.ModelAdmin, request: HttpRequest, queue_name: str, run_id: str) -> HttpResponse:

@@ -135,7 +135,7 @@ class QueueAdmin(admin.ModelAdmin):
             rows.append(row)
         return rows
 
-    def queue_row(self, name: str, outbox: dict[str, QueueOutbox]) -> dict[str, Any]:
+    def queue_row(self, name: str, outbox: dict[str, QueueOutbox] | None) -> dict[str, Any]:
         """One queue's line of the dashboard; `error` instead of counts when one of its keys is broken."""
         try:
             status = queue_status(name, outbox=outbox)  # what echomq_status shows, read the same way

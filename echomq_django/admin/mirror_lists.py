@@ -58,7 +58,7 @@ class MirrorAdmin(StorableQuery, admin.ModelAdmin):
 
     # Exact id, and a substring of the name or the reason (see README, "The admin", for the cost).
     search_fields = ("=job_id", "name", "failed_reason")
-    list_filter = ("queue", "name")
+    list_filter: tuple[Any, ...] = ("queue", "name")  # names, and the lists' own filter classes
     list_per_page = 100
     show_full_result_count = False  # no COUNT(*) over 100,000 rows on every page
     change_list_template = "admin/echomq/job_list.html"
@@ -163,7 +163,12 @@ class MirrorAdmin(StorableQuery, admin.ModelAdmin):
             job, state, in_its_set, unread = None, None, False, redis_problem(error)
         if row is None and not in_its_set:
             raise Http404(f"job {job_id} of queue {queue_name} is not in the {self.opts.verbose_name_plural}")
-        facts = job_facts(job, state) if job else row_facts(row)
+        if job is not None:
+            facts = job_facts(job, state)
+        elif row is not None:
+            facts = row_facts(row)
+        else:  # a stalled mark left by a job removed since, never copied
+            raise Http404(f"job {job_id} of queue {queue_name}: Redis no longer has it, and there is no copy of it")
         context = {
             **self.admin_site.each_context(request), "opts": self.opts,
             "title": f"{capfirst(self.opts.verbose_name)} {job_id} of queue {queue.name}",

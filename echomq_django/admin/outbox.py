@@ -1,4 +1,4 @@
-"""The outbox's rows (outbox.py): the jobs and workflows committed with their transaction that Redis does not have yet.
+"""The outbox's rows (outbox/): the jobs and workflows committed with their transaction that Redis does not have yet.
 
 Read-only: a row is sent by its process or a relay, never edited. Deleting
 one (the "delete" permission, on a confirmation page) drops a job that was
@@ -15,7 +15,7 @@ from django.utils.html import format_html
 
 from ..conf import get_settings
 from ..core import datetime_from_ms, now_ms
-from ..outbox_model import OutboxJob, OutboxWorkflow
+from ..outbox import OutboxJob, OutboxWorkflow
 from .common import StorableQuery
 
 # The characters of a workflow row's canvas its page shows.

@@ -226,6 +226,13 @@ def test_stalled_list_says_what_the_next_sweep_will_do(superuser_client, queue):
     assert {recover_me, fail_me, came_back} <= set(queue.stalled_ids())
 
 
+def test_the_page_of_a_stalled_mark_whose_job_is_gone_and_never_copied_is_a_404(superuser_client, queue):
+    """A mark left by a job removed since, which the mirror never copied: nothing to show (it was a 500)."""
+    queue.client.sadd(queue.keys.stalled, "ghost")
+    response = superuser_client.get(job_page("ghost", model="stalledjob"))
+    assert response.status_code == 404
+
+
 @pytest.mark.parametrize("name", ["echomq_queue_sweep", "echomq_queue_retry_failed", "echomq_queue_clean_failed"])
 def test_get_on_a_changing_view_is_405(superuser_client, name):
     assert superuser_client.get(reverse(f"admin:{name}", args=["q"])).status_code == 405

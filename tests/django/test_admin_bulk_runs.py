@@ -1,5 +1,5 @@
 """The admin's bulk actions on more jobs than a request changes: run by the queue's workers, with a page of their own
-(admin/bulk_runs.py, core/reading/bulk_runs.py)."""
+(admin/bulk_runs.py, bulk_steps.py, core/reading/bulk_runs.py)."""
 
 import re
 
@@ -88,7 +88,7 @@ def test_the_last_step_of_a_run_whose_user_is_gone_ends_without_an_audit_line(qu
     """The jobs were changed all the same: the step ends (it failed for good on the missing user before)."""
     from django.contrib.contenttypes.models import ContentType
 
-    from echomq_django.admin.bulk_runs import audit_once
+    from echomq_django.bulk_steps import audit_once
     from echomq_django.core.reading.bulk_runs import read_run, run_step, start_run
 
     user = User.objects.create_user("gone", password="pw")

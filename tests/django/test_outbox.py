@@ -1,4 +1,4 @@
-"""The transactional outbox (outbox.py) on the test database and the real Redis, through the real scripts."""
+"""The transactional outbox (outbox/) on the test database and the real Redis, through the real scripts."""
 
 import io
 import json
@@ -14,8 +14,7 @@ from django.test import Client
 
 from echomq_django import jobs, outbox
 from echomq_django.core import Queue, now_ms
-from echomq_django.outbox_model import OutboxJob
-from echomq_django.relay import Relay
+from echomq_django.outbox import OutboxJob, Relay
 from tests.helpers import script_calls
 from tests.redis_servers import redis_server
 

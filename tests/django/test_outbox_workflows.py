@@ -1,13 +1,14 @@
-"""Workflows through the transactional outbox (outbox_workflows.py): a row of the transaction, added once."""
+"""Workflows through the transactional outbox (outbox/workflows.py): a row of the transaction, added once."""
 
 
 import pytest
 from django.core.management import call_command
 from django.db import transaction
 
-from echomq_django import jobs, outbox, outbox_workflows
+from echomq_django import jobs, outbox
 from echomq_django.core import Queue, now_ms
-from echomq_django.outbox_model import OutboxJob, OutboxWorkflow
+from echomq_django.outbox import OutboxJob, OutboxWorkflow
+from echomq_django.outbox import workflows as outbox_workflows
 from echomq_django.workflows import WorkflowError, WorkflowResult, chain, chord, group
 
 pytestmark = pytest.mark.django_db(transaction=True)  # on_commit callbacks run only on a real commit

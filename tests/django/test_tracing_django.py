@@ -14,7 +14,7 @@ from opentelemetry.trace import SpanKind
 
 from echomq_django import jobs
 from echomq_django.core import Queue, use_tracer_provider
-from echomq_django.outbox_model import OutboxJob
+from echomq_django.outbox import OutboxJob
 from echomq_django.queues import worker_options
 
 

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from echomq_django.core import Queue, connect
-from echomq_django.outbox_model import OutboxJob
+from echomq_django.outbox import OutboxJob
 from tests.helpers import script_calls, wait_until
 from tests.redis_servers import RedisServer
 
@@ -173,7 +173,7 @@ KILLED_WITH_A_WORKFLOW = textwrap.dedent("""
     from django.db import connections, transaction
     from django.db.models.signals import pre_delete
     from demo_project.demo_app.jobs import greet
-    from echomq_django.outbox_model import OutboxWorkflow
+    from echomq_django.outbox import OutboxWorkflow
     from echomq_django.workflows import chain
 
     count = int(sys.argv[1])
@@ -197,7 +197,7 @@ KILLED_WITH_A_WORKFLOW = textwrap.dedent("""
 
 def test_a_process_killed_before_or_after_adding_its_workflow_loses_none_and_runs_none_twice(
         subprocess_env, redis_client, prefix):
-    from echomq_django.outbox_model import OutboxWorkflow
+    from echomq_django.outbox import OutboxWorkflow
     from echomq_django.workflows import WorkflowResult
 
     env = {**subprocess_env, "ECHOMQ_OUTBOX": "1", "DJANGO_SETTINGS_MODULE": "demo_project.settings"}

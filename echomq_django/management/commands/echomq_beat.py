@@ -6,6 +6,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
+from echomq_django.command_output import echomq_logs_shown
 from echomq_django.conf import get_settings
 from echomq_django.core import Beat, Firing, RecordedSignals, run_until_signalled, transient
 from echomq_django.jobs import discover_jobs
@@ -13,7 +14,6 @@ from echomq_django.queues import SCHEDULER_CALL_TIMEOUT_S, scheduler_client
 from echomq_django.schedules import load_schedules
 
 from ._options import CommandRunner, connect_or_fail, positive_seconds
-from ._output import echomq_logs_shown
 
 
 class Command(BaseCommand):

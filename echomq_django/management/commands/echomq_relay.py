@@ -1,16 +1,15 @@
-"""`manage.py echomq_relay`: send the outbox's rows that their committing process did not (see outbox.py)."""
+"""`manage.py echomq_relay`: send the outbox's rows that their committing process did not (see outbox/)."""
 
 import contextlib
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from echomq_django.command_output import echomq_logs_shown
 from echomq_django.core import RecordedSignals, run_until_signalled
-from echomq_django.outbox import RELAY_AFTER_S, RELAY_INTERVAL_S
-from echomq_django.relay import Relay, relayed
+from echomq_django.outbox import RELAY_AFTER_S, RELAY_INTERVAL_S, Relay, relayed
 
 from ._options import CommandRunner, connect_or_fail, non_negative_seconds, positive_seconds
-from ._output import echomq_logs_shown
 
 
 class Command(BaseCommand):

@@ -7,6 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, close_old_connections
 
+from echomq_django.command_output import echomq_logs_shown
 from echomq_django.core import (
     UNREACHABLE,
     InvalidNameError,
@@ -17,13 +18,11 @@ from echomq_django.core import (
     run_until_signalled,
 )
 from echomq_django.mirror import sync_queue
-from echomq_django.outbox import outbox_in_use
+from echomq_django.outbox import Relay, outbox_in_use, relayed
 from echomq_django.queues import get_queue, make_sweeper, queue_names
-from echomq_django.relay import Relay, relayed
 from echomq_django.status import seconds_since
 
 from ._options import CommandRunner, connect_or_fail, non_negative_int, positive_seconds
-from ._output import echomq_logs_shown
 
 logger = logging.getLogger("echomq.sweeper")
 

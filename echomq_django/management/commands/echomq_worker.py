@@ -8,6 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from echomq_django import child
+from echomq_django.command_output import echomq_logs_shown
 from echomq_django.core import (
     POOLS,
     InvalidNameError,
@@ -22,7 +23,6 @@ from echomq_django.jobs import discover_jobs, registered_jobs, run_job
 from echomq_django.queues import make_worker, queue_names, worker_options
 
 from ._options import CommandRunner, connect_or_fail, non_negative_int, positive_int
-from ._output import echomq_logs_shown
 
 logger = logging.getLogger("echomq.worker")
 

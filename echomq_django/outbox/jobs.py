@@ -5,7 +5,7 @@ With ECHOMQ["OUTBOX"] (or a queue's own OUTBOX), an enqueue inside
 row of that transaction, so the job exists exactly when the data it is about
 does. Right after the commit the process sends the rows it wrote, one round
 trip per queue, and deletes them. A send that fails (Redis away, the process
-killed) leaves them, and the relay (relay.py's `Relay`: `echomq_sweep` runs one,
+killed) leaves them, and the relay (relaying.py's `Relay`: `echomq_sweep` runs one,
 `echomq_relay` runs it alone) sends rows older than RELAY_AFTER_S. The commit
 never raises because of Redis.
 
@@ -16,7 +16,7 @@ hour), so the second send adds nothing, even once the job has completed and
 been trimmed; a later enqueue of the same id, another row, is added again. Rows older than
 OUTBOX_MAX_AGE are never sent: the record that would keep them from running
 twice may be gone; `manage.py check --deploy` and the admin report them.
-A workflow is one row of its own table, sent the same way (outbox_workflows.py).
+A workflow is one row of its own table, sent the same way (workflows.py).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from django.db import DatabaseError, connections, router, transaction
 from django.db.models import Count, Min, Q
 from redis.exceptions import RedisError
 
-from .conf import get_settings
-from .core import (
+from ..conf import get_settings
+from ..core import (
     UNREACHABLE,
     EchoMQError,
     EncodedJob,
@@ -46,8 +46,8 @@ from .core import (
     validate_job_id,
     validate_job_name,
 )
-from .outbox_model import OutboxJob, OutboxWorkflow
-from .queues import get_queue
+from ..queues import get_queue
+from .models import OutboxJob, OutboxWorkflow
 
 logger = logging.getLogger("echomq.outbox")
 
@@ -140,7 +140,9 @@ def send(database: str, rows: list[OutboxJob]) -> Sent:
     rows for the relay; a row that cannot be sent as it is (checked as enqueue
     checks a job) keeps its error and is not sent again. Never raises for Redis.
     """
-    done, refused, unsent = [], {}, 0
+    done: list[Any] = []  # the rows' primary keys
+    refused: dict[Any, str] = {}  # primary key -> why
+    unsent = 0
     settings = get_settings()
     record_ms = settings.outbox_max_age_ms + RECORD_MARGIN_MS
     by_queue: dict[str, list[OutboxJob]] = defaultdict(list)
@@ -226,12 +228,12 @@ def _record(database: str, done: list[Any], refused: dict[Any, str]) -> None:
         with transaction.atomic(using=database):
             if done:
                 OutboxJob.objects.using(database).filter(pk__in=done).delete()
-            for pk, error in refused.items():
-                OutboxJob.objects.using(database).filter(pk=pk).update(error=error[:2000])
+            for pk, reason in refused.items():
+                OutboxJob.objects.using(database).filter(pk=pk).update(error=reason[:2000])
     except DatabaseError as error:
         logger.warning("outbox: %d sent row(s) not deleted (%s); a later send adds nothing twice", len(done), error)
-    for pk, error in refused.items():
-        logger.error("outbox: row %s refused, not sent again: %s", pk, error)
+    for pk, reason in refused.items():
+        logger.error("outbox: row %s refused, not sent again: %s", pk, reason)
 
 
 def relay(*, batch: int = RELAY_BATCH, after_s: float = RELAY_AFTER_S, now: int | None = None,

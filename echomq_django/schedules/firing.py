@@ -1,8 +1,8 @@
 """Schedules from ECHOMQ["SCHEDULES"] and from the database, as the scheduler (echomq_beat) fires them.
 
 How one schedule's options are read (checked, with every problem tied to its
-option) is schedule_parsing.py, which the Schedule model uses too; this
-module adds the database's rows and what is done with the result.
+option) is parsing.py, which the Schedule model uses too; this module adds
+the database's rows and what is done with the result.
 """
 
 from __future__ import annotations
@@ -12,14 +12,11 @@ import uuid
 
 from django.db import close_old_connections
 
-from .core import Firing, Record, Schedule, read_records
-from .core import run_now as fire_now
+from ..core import Firing, Record, Schedule, read_records
+from ..core import run_now as fire_now
+from ..queues import get_queue
 from .models import Schedule as ScheduleRow
-from .queues import get_queue
-from .schedule_parsing import Entry, parse_schedule, schedules_problems, settings_entries
-
-__all__ = ["Entry", "database_entries", "load_schedules", "parse_schedule", "records", "run_now",
-           "schedules_problems", "settings_entries"]
+from .parsing import Entry, settings_entries
 
 logger = logging.getLogger("echomq.beat")
 

@@ -26,8 +26,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from .conf import get_settings, settings_problems, unserved_queue
-from .core import (
+from ..conf import get_settings, settings_problems, unserved_queue
+from ..core import (
     ALPHABET,
     MAX_PRIORITY,
     MAX_SCHEDULE_NAME,
@@ -44,10 +44,10 @@ from .core import (
     validate_name,
     zone,
 )
-from .discovery import discover_jobs
-from .job_options import expiry_ms, own_time_limits_ms
-from .jobs import JobFunction, registered_jobs
-from .settings_values import MAX_SECONDS, Problem
+from ..discovery import discover_jobs
+from ..job_options import expiry_ms, own_time_limits_ms
+from ..jobs import JobFunction, registered_jobs
+from ..settings_values import MAX_SECONDS, Problem
 
 logger = logging.getLogger("echomq.beat")
 
@@ -262,7 +262,8 @@ class _Target:
         try:  # the job's (or task's) group too: its ticks count against GROUP_MAX_ACTIVE like its other jobs
             opts = config.job_options.overridden(
                 attempts=attempts if attempts is not None else own_attempts, backoff=backoff,
-                priority=own_priority if priority is None else priority, **own_limits,
+                priority=own_priority if priority is None else priority,
+                time_limit_ms=own_limits["time_limit_ms"], soft_time_limit_ms=own_limits["soft_time_limit_ms"],
                 group=getattr(self.found, "group", "") or "",
                 expires_ms=expiry_ms(getattr(self.found, "expires", None), 0))  # the @job's own, from each firing
         except PayloadError as error:  # a PRIORITY for a job in a group
@@ -311,8 +312,8 @@ def _target(path: Any, where: str, problem: Any, *, importing: bool) -> _Target 
     from django.apps import apps
     from django.utils.module_loading import import_string
 
-    from .backends import EchoMQBackend
-    from .tasks_compat import Task
+    from ..backends import EchoMQBackend
+    from ..tasks_compat import Task
 
     if not isinstance(path, str) or not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+", path):
         problem("TASK", f"{where}['TASK'] must be the dotted path of a @task or @job function, not {path!r}.")

@@ -1,4 +1,8 @@
-"""The echomq loggers' records in a management command's own output, for projects without LOGGING for them."""
+"""The echomq loggers' records in a management command's own output, for projects without LOGGING for them.
+
+The commands use it, and so does a processes-pool child (child.py), whose
+output is its command's.
+"""
 
 import logging
 from collections.abc import Iterator

@@ -5,7 +5,7 @@ enqueue inside `transaction.atomic()` plans the workflow (everything checked,
 its id known) and writes one OutboxWorkflow row of that transaction: the
 workflow's shape and jobs, as planned. Right after the commit the process adds
 the plan and deletes the row; a row left behind (Redis away, the process
-killed) is sent by the relay (relay.Relay) as job rows are.
+killed) is sent by the relay (relaying.Relay) as job rows are.
 
 A row may be sent twice (its process died after the add and before the
 delete, or it raced a relay on SQLite). The relay plans it again under the
@@ -28,8 +28,8 @@ from django.db import DatabaseError, connections, router, transaction
 from django.db.models import Q
 from redis.exceptions import RedisError
 
-from .conf import get_settings
-from .core import (
+from ..conf import get_settings
+from ..core import (
     MAX_DEPTH,
     UNREACHABLE,
     Chain,
@@ -44,9 +44,9 @@ from .core import (
     now_ms,
     validate_job_id,
 )
-from .outbox import RECORD_MARGIN_MS, RELAY_AFTER_S, Sent
-from .outbox_model import OutboxWorkflow
-from .queues import get_queue
+from ..queues import get_queue
+from .jobs import RECORD_MARGIN_MS, RELAY_AFTER_S, Sent
+from .models import OutboxWorkflow
 
 logger = logging.getLogger("echomq.outbox")
 
@@ -189,13 +189,13 @@ def _record(database: str, done: list[Any], refused: dict[Any, str]) -> None:
         with transaction.atomic(using=database):
             if done:
                 OutboxWorkflow.objects.using(database).filter(pk__in=done).delete()
-            for pk, error in refused.items():
-                OutboxWorkflow.objects.using(database).filter(pk=pk).update(error=error[:2000])
+            for pk, reason in refused.items():
+                OutboxWorkflow.objects.using(database).filter(pk=pk).update(error=reason[:2000])
     except DatabaseError as error:
         logger.warning("outbox: %d sent workflow row(s) not deleted (%s); a later send adds nothing twice",
                        len(done), error)
-    for pk, error in refused.items():
-        logger.error("outbox: workflow row %s refused, not sent again: %s", pk, error)
+    for pk, reason in refused.items():
+        logger.error("outbox: workflow row %s refused, not sent again: %s", pk, reason)
 
 
 def relay_batch(*, batch: int = RELAY_BATCH, after_s: float = RELAY_AFTER_S, now: int | None = None,

@@ -11,9 +11,9 @@ from typing import Any
 
 from django.db import DatabaseError, close_old_connections
 
-from .core import now_ms
-from .outbox import RELAY_AFTER_S, RELAY_INTERVAL_S, Sent, outbox_in_use, relay_batch
-from .outbox_workflows import relay_batch as relay_workflows
+from ..core import now_ms
+from .jobs import RELAY_AFTER_S, RELAY_INTERVAL_S, Sent, outbox_in_use, relay_batch
+from .workflows import relay_batch as relay_workflows
 
 logger = logging.getLogger("echomq.outbox")
 

@@ -1,4 +1,4 @@
-"""The outbox's table: defined apart from models.py so that the outbox, which the enqueue paths use, sits below them."""
+"""The outbox's tables, one for jobs and one for workflows (the app's models.py imports them, so Django finds them)."""
 
 import uuid
 
@@ -6,7 +6,7 @@ from django.db import models
 
 
 class OutboxJob(models.Model):
-    """A job enqueued inside a transaction, written in that transaction and sent to Redis after it (outbox.py).
+    """A job enqueued inside a transaction, written in that transaction and sent to Redis after it (jobs.py).
 
     The fields are the job as the add sends it, already validated and encoded.
     The committing process sends its rows right after the commit and deletes
@@ -46,7 +46,7 @@ class OutboxJob(models.Model):
 class OutboxWorkflow(models.Model):
     """A workflow enqueued inside a transaction, written in that transaction and added to Redis after it.
 
-    `canvas` is what planning the workflow again needs (outbox_workflows.py):
+    `canvas` is what planning the workflow again needs (workflows.py):
     its shape and each job, encoded, checked when it was enqueued. Planned
     again with the same id, its jobs get the same ids and its adds the same
     tokens, so a row sent twice adds the workflow once. Sent and deleted as
