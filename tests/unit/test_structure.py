@@ -6,6 +6,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "echomq_django"
 SCRIPTS = PACKAGE.parent / "lua"
 MAX_CLASS_LINES = 300
+MAX_MODULE_LINES = 450
 MAX_SCRIPT_LINES = 250
 
 
@@ -73,3 +74,13 @@ def test_a_worker_is_told_its_options_in_one_object():
         options.concurrency = 2  # type: ignore[misc]
     with pytest.raises(ValueError, match="renewal every 1000 ms must be shorter than the lock duration of 1000 ms"):
         WorkerOptions(lock_duration_ms=1000, renew_interval_ms=1000)
+
+
+def test_no_module_is_longer_than_450_lines():
+    """A module past a few hundred lines holds several things (the issue that split beat.py, pool.py and conf.py
+    found each doing three); the generated migrations aside."""
+    lengths = {str(path.relative_to(PACKAGE.parent)): len(path.read_text().splitlines())
+               for path in PACKAGE.rglob("*.py") if "migrations" not in path.parts}
+    assert len(lengths) > 50, "too few modules found: is PACKAGE right?"
+    too_long = {name: lines for name, lines in lengths.items() if lines > MAX_MODULE_LINES}
+    assert too_long == {}, f"modules longer than {MAX_MODULE_LINES} lines: split them into parts with one job each"
