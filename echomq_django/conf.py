@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.conf import settings
@@ -149,7 +149,7 @@ class QueueConfig:
 
         On threads the children's settings (recycling, `child_init`) are left out, as they do not apply.
         """
-        fields: dict[str, Any] = dict(
+        configured = WorkerOptions(
             prefix=top.prefix, concurrency=self.concurrency, lock_duration_ms=self.lock_duration_ms,
             renew_interval_ms=self.renew_interval_ms, default_attempts=self.attempts,
             keep_completed=self.keep_completed, keep_failed=self.keep_failed, confirm=top.confirm,
@@ -158,10 +158,10 @@ class QueueConfig:
             max_jobs_per_child=self.max_jobs_per_child, max_memory_per_child_kb=self.max_memory_per_child_mb * 1024,
             rate_limit=self.rate_limit, max_active=self.max_active, group_max_active=self.group_max_active,
             trace_as_child=top.trace_as_child)
-        fields.update((key, value) for key, value in overrides.items() if value is not None)
-        if fields["pool"] != "processes":
-            fields.update(max_jobs_per_child=0, max_memory_per_child_kb=0, child_init=None)
-        return WorkerOptions(**fields)
+        options = replace(configured, **{key: value for key, value in overrides.items() if value is not None})
+        if options.pool != "processes":
+            options = replace(options, max_jobs_per_child=0, max_memory_per_child_kb=0, child_init=None)
+        return options
 
 
 @dataclass(frozen=True)

@@ -142,9 +142,8 @@ def worker_options(name: str, **overrides: Any) -> WorkerOptions:
     modules), unless the overrides give a `child_init` of their own.
     """
     settings = get_settings()
-    overrides.setdefault("child_init", None)
-    overrides["child_init"] = overrides["child_init"] or child.setup
-    return settings.queue(name).worker_options(settings, **overrides)
+    child_init = overrides.pop("child_init", None) or child.setup
+    return settings.queue(name).worker_options(settings, child_init=child_init, **overrides)
 
 
 @receiver(setting_changed)

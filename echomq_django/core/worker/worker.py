@@ -152,8 +152,6 @@ class Worker:
         require_text_replies(client)
         self.client = client
         self.scripts = scripts or Scripts(client)
-        self.concurrency, self.pool = options.concurrency, options.pool
-        self.lock_duration_ms, self.renew_interval_ms = options.lock_duration_ms, options.renew_ms
         self._reporter = _Reporter(self.scripts, self.keys, options.max_log_lines)
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.queues = queues or (queue,)
@@ -185,9 +183,9 @@ class Worker:
         """This worker as the workers registry shows it, as of now."""
         return WorkerInfo(
             id=self.worker_id, queue=self.keys.queue, host=socket.gethostname(), pid=os.getpid(),
-            queues=self.queues, pool=self.pool, concurrency=self.concurrency, version=defaults.__version__,
-            started_at_ms=self.started_at_ms, heartbeat_at_ms=now_ms(), done=self._trips.processed,
-            failed=self._trips.failed, running=tuple(self._locks.running()))
+            queues=self.queues, pool=self.options.pool, concurrency=self.options.concurrency,
+            version=defaults.__version__, started_at_ms=self.started_at_ms, heartbeat_at_ms=now_ms(),
+            done=self._trips.processed, failed=self._trips.failed, running=tuple(self._locks.running()))
 
     # -- control ---------------------------------------------------------
 
