@@ -34,6 +34,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from . import routes
 from . import settings_values as read
 from .core import (
     ALPHABET,
@@ -79,6 +80,8 @@ TOP_LEVEL_DEFAULTS: dict[str, Any] = {
     # With OpenTelemetry tracing on (the otel extra): a job's process spans are children of the span that
     # sent it, in its trace; False: each starts a trace of its own, linked to that span (core/producing/tracing.py).
     "TRACE_AS_CHILD": False,
+    # Which queue a task or @job without a queue of its own goes to: Celery's task_routes shapes (routes.py).
+    "TASK_ROUTES": None,
 }
 QUEUE_DEFAULTS: dict[str, Any] = {
     "LOCK_DURATION": defaults.LOCK_DURATION_MS / 1000,  # seconds a lock lives unless renewed
@@ -178,6 +181,7 @@ class EchoMQSettings:
     outbox_max_age_ms: int = TOP_LEVEL_DEFAULTS["OUTBOX_MAX_AGE"] * 1000
     workflow_ttl_ms: int = TOP_LEVEL_DEFAULTS["WORKFLOW_TTL"] * 1000
     trace_as_child: bool = False
+    task_routes: tuple[Any, ...] = ()
 
     def uses_outbox(self, name: str) -> bool:
         """Whether queue `name`'s enqueues inside a transaction go through the outbox."""
@@ -284,6 +288,12 @@ def parse_settings(raw: Any) -> tuple[EchoMQSettings, list[Problem]]:
     outbox_max_age_ms = option("OUTBOX_MAX_AGE", read.seconds_to_ms)
     workflow_ttl_ms = option("WORKFLOW_TTL", read.seconds_to_ms)
     trace_as_child = option("TRACE_AS_CHILD", read.flag)
+    try:
+        task_routes = routes.parse(values["TASK_ROUTES"])
+    except ValueError as error:
+        problems.append(Problem("echomq.E025", f"ECHOMQ['TASK_ROUTES']: {error}.",
+                                "See docs/migrating-from-celery.md, \"Routing\"."))
+        task_routes = ()
     queues: dict[str, QueueConfig] = {}
     raw_queues = values["QUEUES"]
     if not isinstance(raw_queues, dict) or not raw_queues:
@@ -303,7 +313,8 @@ def parse_settings(raw: Any) -> tuple[EchoMQSettings, list[Problem]]:
                               confirm=Confirm(replicas, confirm_ms) if replicas else None,
                               enqueue_timeout_s=enqueue_timeout_ms / 1000, metrics_minutes=metrics_minutes,
                               metrics_token=metrics_token, outbox=outbox, outbox_max_age_ms=outbox_max_age_ms,
-                              workflow_ttl_ms=workflow_ttl_ms, trace_as_child=trace_as_child)
+                              workflow_ttl_ms=workflow_ttl_ms, trace_as_child=trace_as_child,
+                              task_routes=task_routes)
     return resolved, problems
 
 

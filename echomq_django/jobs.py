@@ -36,7 +36,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections
 
 from . import outbox
-from .conf import unserved_queue
+from .calling import MAP_JOB, CeleryCalls
+from .conf import get_settings, unserved_queue
 from .core import (
     Backoff,
     Dedupe,
@@ -53,8 +54,9 @@ from .core import (
     now_ms,
 )
 from .discovery import discover_jobs as discover_jobs  # public here too: echomq_django.jobs.discover_jobs
-from .job_options import expiry_ms, naive_zone, own_time_limits_ms, time_limits_ms
+from .job_options import expiry_ms, naive_zone, time_limits_ms
 from .queues import get_queue
+from .routes import route
 from .signatures import Signature
 
 # The name of the steps of an admin's bulk action run by the queue's workers (bulk_steps.py registers it).
@@ -83,8 +85,8 @@ def current_job() -> Job | None:
 
 
 @dataclass
-class JobFunction:
-    """A registered job function; call it directly, or `enqueue` it."""
+class JobFunction(CeleryCalls):
+    """A registered job function; call it directly, or `enqueue` it (or, in Celery's words, `delay` it)."""
 
     func: Callable[..., Any]
     name: str
@@ -106,9 +108,20 @@ class JobFunction:
     dedupe_ttl_ms: int = 0
     debounce_ms: int = 0
     debounce: str = "replace"
+    routed: bool = False  # no queue of its own: ECHOMQ["TASK_ROUTES"] may give one, else `queue` ("default")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs)
+
+    def invoke(self, job_record: Job, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        """Run the function for a worker: a workflow's inputs before the job's own arguments."""
+        try:
+            return self.func(*job_record.workflow_args, *args, **kwargs)
+        except BaseException as error:
+            # With autoretry_for, another error fails for good (echomq's own errors keep their meaning).
+            if self.autoretry_for and not isinstance(error, (*self.autoretry_for, EchoMQError)):
+                fail_for_good(error)
+            raise
 
     def s(self, *args: Any, **kwargs: Any) -> Signature:
         """A workflow signature (echomq_django.workflows): the previous step's result comes before these."""
@@ -121,18 +134,31 @@ class JobFunction:
     def workflow_member(self, signature: Signature) -> Member:
         """The job a signature of this function adds to a workflow, with its options over the function's."""
         options = signature.options
-        queue_name = options.get("queue", self.queue)
+        queue_name, priority = self.destination(options.get("queue"), options.get("priority"), signature.args,
+                                                signature.kwargs)
         if problem := unserved_queue(queue_name):
             raise ImproperlyConfigured(f"@job {self.name} cannot be added to a workflow: {problem}.")
         queue = get_queue(queue_name)
-        limits = own_time_limits_ms(self)
+        limits = time_limits_ms(options.get("time_limit", self.time_limit),
+                                options.get("soft_time_limit", self.soft_time_limit))
         opts = queue.default_opts.overridden(
             attempts=options.get("attempts", self.attempts), backoff=self.backoff,
-            delay_ms=options.get("delay_ms", 0), priority=options.get("priority", self.priority),
+            delay_ms=options.get("delay_ms", 0), priority=priority,
             time_limit_ms=limits["time_limit_ms"], soft_time_limit_ms=limits["soft_time_limit_ms"],
             group=options.get("group", self.group))
-        return Member(queue, self.name, {"args": list(signature.args), "kwargs": dict(signature.kwargs)}, opts,
-                      immutable=signature.immutable, allow_failure=bool(options.get("allow_failure", False)))
+        return Member(queue, self.name, job_data(signature.args, signature.kwargs, options.get("headers")), opts,
+                      immutable=signature.immutable, allow_failure=bool(options.get("allow_failure", False)),
+                      job_id=options.get("task_id"))
+
+    def destination(self, queue: str | None, priority: int | None, args: Any = (),
+                    kwargs: Any = None) -> tuple[str, int]:
+        """The queue and priority of one of its jobs: the call's, else a route's (a function without a queue of its
+        own, ECHOMQ["TASK_ROUTES"]), else its own."""
+        if queue is None and self.routed and (found := route(get_settings().task_routes, self.name, args, kwargs,
+                                                             self)):
+            queue = found.get("queue")
+            priority = found.get("priority") if priority is None else priority
+        return queue or self.queue, self.priority if priority is None else priority
 
     def enqueue(self, *args: Any, **kwargs: Any) -> JobHandle:
         """Add a job that runs this function with these JSON arguments; its id, a JobHandle (a str with `.status`,
@@ -144,7 +170,8 @@ class JobFunction:
                      group: str | None = None, priority: int | None = None,
                      expires: float | timedelta | datetime | None = None, dedupe: str | None = None,
                      dedupe_ttl_ms: int | None = None, debounce_ms: int | None = None,
-                     debounce: str | None = None) -> JobHandle:
+                     debounce: str | None = None, queue: str | None = None, time_limit: float | None = None,
+                     soft_time_limit: float | None = None, headers: dict[str, Any] | None = None) -> JobHandle:
         """`enqueue` with a delay (`delay_ms`, or `eta`: an aware datetime to run at; a past one runs now), a job id
         of the caller's choosing, a group, a priority or an expiry (the job function's by default).
 
@@ -162,27 +189,36 @@ class JobFunction:
         A group (a tenant, a user: the id alphabet) takes turns with the queue's
         other groups, and the queue's GROUP_MAX_ACTIVE caps its running jobs.
 
+        `queue` sends this job to another queue (a route of ECHOMQ["TASK_ROUTES"]
+        otherwise, for a function without a queue of its own); `time_limit` and
+        `soft_time_limit` (seconds) override the function's for this job;
+        `headers` (a JSON dict) travel with it (a bound task reads them as `self.request.headers`).
+
         Raises ImproperlyConfigured when the queue is not in ECHOMQ["QUEUES"].
         """
-        if problem := unserved_queue(self.queue):
+        queue_name, priority = self.destination(queue, priority, args, kwargs)
+        if problem := unserved_queue(queue_name):
             raise ImproperlyConfigured(f"@job {self.name} cannot be enqueued: {problem}.")
         timestamp = now_ms()  # the job's creation: its delay and expiry count from it
         if eta is not None:
             if delay_ms:
                 raise PayloadError("give a job delay_ms or eta, not both")
             delay_ms = delay_until(eta, timestamp, naive_zone())
-        queue = get_queue(self.queue)
-        opts = queue.default_opts.overridden(attempts=self.attempts, backoff=self.backoff, delay_ms=delay_ms,
-                                             priority=self.priority if priority is None else priority,
+        target = get_queue(queue_name)
+        opts = target.default_opts.overridden(attempts=self.attempts, backoff=self.backoff, delay_ms=delay_ms,
+                                             priority=priority,
                                              expires_ms=expiry_ms(self.expires if expires is None else expires,
                                                                   timestamp),
                                              result_ttl_ms=None if self.result_ttl is None else expiry_ms(
                                                  self.result_ttl, 0),
-                                             **own_time_limits_ms(self), group=self.group if group is None else group)
+                                             **time_limits_ms(self.time_limit if time_limit is None else time_limit,
+                                                              self.soft_time_limit if soft_time_limit is None
+                                                              else soft_time_limit),
+                                             group=self.group if group is None else group)
         deduplicated = self.dedupe_for(args, kwargs or {}, dedupe, dedupe_ttl_ms, debounce_ms, debounce)
-        job_id = outbox.enqueue(queue, NewJob(self.name, {"args": list(args), "kwargs": kwargs or {}}, opts, job_id,
-                                              deduplicated), timestamp_ms=timestamp)
-        return JobHandle(job_id, queue)
+        job_id = outbox.enqueue(target, NewJob(self.name, job_data(args, kwargs, headers), opts, job_id,
+                                               deduplicated), timestamp_ms=timestamp)
+        return JobHandle(job_id, target)
 
 
     def dedupe_for(self, args: tuple[Any, ...], kwargs: dict[str, Any], key: str | None = None,
@@ -206,7 +242,7 @@ class JobFunction:
                       debounce_ms=self.debounce_ms if debounce_ms is None else debounce_ms, keep_first=mode == "keep")
 
 
-def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queue: str = "default",
+def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queue: str | None = None,
         attempts: int | None = None, backoff: Backoff | None = None,
         time_limit: float | None = None, soft_time_limit: float | None = None, group: str = "",
         priority: int = 0, expires: float | timedelta | None = None,
@@ -259,15 +295,31 @@ def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queu
 
     def register(target: Callable[..., Any]) -> JobFunction:
         job_name = name or f"{target.__module__}.{target.__qualname__}"
-        registered = JobFunction(target, job_name, queue, attempts, backoff, time_limit, soft_time_limit, group,
-                                 priority, expires, autoretry_for, result_ttl, dedupe, unique, dedupe_ttl_ms,
-                                 debounce_ms, debounce)
-        if job_name in _registry and _registry[job_name].func is not target:
-            raise ValueError(f"two job functions are registered as {job_name!r}; give one a name=")
-        _registry[job_name] = registered
-        return registered
+        return register_function(JobFunction(
+            target, job_name, queue or "default", attempts, backoff, time_limit, soft_time_limit, group, priority,
+            expires, autoretry_for, result_ttl, dedupe, unique, dedupe_ttl_ms, debounce_ms, debounce,
+            routed=queue is None))
 
     return register(func) if func is not None else register
+
+
+def register_function(registered: JobFunction) -> JobFunction:
+    """Register a job function under its name (ValueError when another function has the name)."""
+    if registered.name in _registry and _registry[registered.name].func is not registered.func:
+        raise ValueError(f"two job functions are registered as {registered.name!r}; give one a name=")
+    _registry[registered.name] = registered
+    return registered
+
+
+def job_data(args: Any, kwargs: Any, headers: Any = None) -> dict[str, Any]:
+    """A job's data: its JSON arguments, and the headers of the call when it gave some (PayloadError if not a
+    dict: a job's data is checked as JSON when it is encoded)."""
+    data: dict[str, Any] = {"args": list(args), "kwargs": dict(kwargs or {})}
+    if headers:
+        if not isinstance(headers, dict):
+            raise PayloadError(f"headers are a dict, not {headers!r}")
+        data["headers"] = headers
+    return data
 
 
 def _celery_retries(attempts: int | None, backoff: Backoff | None, retry_backoff: bool | float | Backoff,
@@ -293,6 +345,15 @@ def _celery_retries(attempts: int | None, backoff: Backoff | None, retry_backoff
     if attempts is not None:
         JobOptions(attempts=attempts)
     return attempts, backoff
+
+
+def _run_map(job_record: Job) -> Any:
+    from .calling import run_map
+
+    return run_map(job_record, _registry)
+
+
+_builtin[MAP_JOB] = _run_map
 
 
 def register_builtin(name: str, handler: Callable[[Job], Any]) -> None:
@@ -347,10 +408,4 @@ def _dispatch(job_record: Job) -> Any:
     if not isinstance(args, list) or not isinstance(kwargs, dict):
         raise UnrecoverableError(
             f"job {job_record.id} has data that is not {{\"args\": [...], \"kwargs\": {{...}}}}")
-    try:
-        return function.func(*job_record.workflow_args, *args, **kwargs)  # a workflow's inputs come first
-    except BaseException as error:
-        # With autoretry_for, another error fails for good (echomq's own errors keep their meaning).
-        if function.autoretry_for and not isinstance(error, (*function.autoretry_for, EchoMQError)):
-            fail_for_good(error)
-        raise
+    return function.invoke(job_record, args, kwargs)

@@ -19,13 +19,14 @@ script that ends each member (core/producing/workflow.py, docs/workflows.md).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from django.db import router
 
+from .calling import expand_links, refuse_unknown
 from .conf import get_settings
-from .core import Chain, Chord, Group, Plan, WorkflowError, WorkflowHandle
+from .core import Chain, Chord, Group, Linked, Plan, WorkflowError, WorkflowHandle
 from .jobs import registered_jobs
 from .outbox import OutboxWorkflow
 from .outbox import workflows as outbox_workflows
@@ -52,28 +53,108 @@ class WorkflowResult(WorkflowHandle):
     `.cancel()`."""
 
 
+def enqueue_plan(node: Any, *, ttl_ms: int | None = None) -> Plan:
+    """Plan `node` (its Celery links made steps) and add it now, or, inside a transaction with the outbox on for its
+    first job's queue, write it as an outbox row of the transaction, added after the commit (outbox/workflows.py).
+
+    Everything is checked before anything is sent or written (a signature
+    of an unknown job, arguments that are not JSON, an empty group, too
+    deep, too large for a row).
+    """
+    plan = Plan.of(expand_links(node), ttl_ms=get_settings().workflow_ttl_ms if ttl_ms is None else ttl_ms)
+    database = router.db_for_write(OutboxWorkflow)
+    if outbox_workflows.uses_outbox(plan, database):
+        outbox_workflows.write(plan, database)
+    else:
+        plan.add()
+    return plan
+
+
 class _Enqueue:
-    """enqueue() and aenqueue() of chain, group and chord in Django: through the outbox, with WORKFLOW_TTL."""
+    """enqueue() and aenqueue() of chain, group and chord in Django: through the outbox, with WORKFLOW_TTL; and
+    Celery's calling API (`delay`, `apply_async`, `|`, `link`, `link_error`)."""
 
     def enqueue(self, *, ttl_ms: int | None = None) -> WorkflowResult:
-        """Add the whole workflow now, or, inside a transaction with the outbox on for its first job's queue, write
-        it as an outbox row of the transaction, added after the commit (outbox/workflows.py).
-
-        Everything is checked before anything is sent or written (a signature
-        of an unknown job, arguments that are not JSON, an empty group, too
-        deep, too large for a row); the result's id is the workflow's either way.
-        """
-        plan = Plan.of(self, ttl_ms=get_settings().workflow_ttl_ms if ttl_ms is None else ttl_ms)
-        database = router.db_for_write(OutboxWorkflow)
-        if outbox_workflows.uses_outbox(plan, database):
-            outbox_workflows.write(plan, database)
-        else:
-            plan.add()
+        """Add the whole workflow (enqueue_plan); the result's id is the workflow's."""
+        plan = enqueue_plan(self, ttl_ms=ttl_ms)
         return WorkflowResult(plan.home, plan.id)
 
     async def aenqueue(self, *, ttl_ms: int | None = None) -> WorkflowResult:
         """`enqueue` for asyncio code, on a thread of its own."""
         return await asyncio.to_thread(self.enqueue, ttl_ms=ttl_ms)
+
+    def delay(self, *args: Any, **kwargs: Any) -> Any:
+        """Add the workflow, these arguments given to its first steps (Celery's partial call): its results."""
+        return self.apply_async(args, kwargs)
+
+    def apply_async(self, args: Iterable[Any] | None = None, kwargs: Mapping[str, Any] | None = None,
+                    **options: Any) -> Any:
+        """Add the workflow, `args` and `kwargs` given to its first steps: a chain's first, a group's and a
+        chord's header's every member. Options: link=, link_error= (the whole's), queue= and priority= (of the
+        steps without their own). Celery's results: a chain's or chord's last AsyncResult, a group's GroupResult."""
+        from .celery.result import result_of
+
+        refuse_unknown(options, ("link", "link_error", "queue", "priority"), f"{self.kind}.apply_async()")
+        node: Any = self
+        if options.get("link") or options.get("link_error"):
+            node = Linked(node, _listed(options.get("link")), None)
+            for errback in _listed(options.get("link_error")):
+                node = Linked(node, (), errback)
+        node = with_call(expand_links(node), tuple(args or ()), dict(kwargs or {}),
+                         {key: options[key] for key in ("queue", "priority") if options.get(key) is not None})
+        return result_of(enqueue_plan(node))
+
+    def link(self, callback: Any) -> Any:
+        """Run `callback` with the workflow's result once it succeeded; returns the callback."""
+        object.__setattr__(self, "links", [*getattr(self, "links", []), callback])
+        return callback
+
+    def link_error(self, errback: Any) -> Any:
+        """Run `errback` once if the workflow fails (a group: for each member that fails); returns the errback."""
+        object.__setattr__(self, "errbacks", [*getattr(self, "errbacks", []), errback])
+        return errback
+
+    def on_error(self, errback: Any) -> Any:
+        self.link_error(errback)
+        return self
+
+    def __or__(self, other: Any) -> Any:
+        """`a | b`: a chain; a group followed by a step is a chord, as Celery upgrades it."""
+        if isinstance(self, Group) and not isinstance(other, Group):
+            return chord(self, other)
+        steps = self.steps if isinstance(self, Chain) and self.on_error is None and not _has_links(self) else (self,)
+        more = other.steps if isinstance(other, Chain) and other.on_error is None and not _has_links(other) \
+            else (other,)
+        return chain(*steps, *more)
+
+
+def _has_links(node: Any) -> bool:
+    return bool(getattr(node, "links", None) or getattr(node, "errbacks", None))
+
+
+def _listed(value: Any) -> list[Any]:
+    return [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def with_call(node: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: dict[str, Any]) -> Any:
+    """`node` with a call's arguments given to its first steps, and its options to every step without its own."""
+    if isinstance(node, Signature):
+        node = node.partial(args, kwargs)
+        extra = {key: value for key, value in options.items() if key not in node.options}
+        return node.set(**extra) if extra else node
+    if isinstance(node, Chain):
+        steps = [with_call(step, args, kwargs, options) if index == 0 else with_call(step, (), {}, options)
+                 for index, step in enumerate(node.steps)]
+        return Chain(*steps, on_error=node.on_error)
+    if isinstance(node, Group):
+        return Group(*[with_call(member, args, kwargs, options) for member in node.members])
+    if isinstance(node, Chord):
+        return Chord(with_call(node.header, args, kwargs, options), with_call(node.body, (), {}, options),
+                     node.on_error)
+    if isinstance(node, Linked):
+        return Linked(with_call(node.body, args, kwargs, options),
+                      [with_call(callback, (), {}, options) for callback in node.callbacks], node.on_error)
+    return node
 
 
 class _Chain(_Enqueue, Chain):

@@ -28,10 +28,13 @@
   ARGV[3] reason  recorded as the job's failedReason
   ARGV[4] now     ms
   ARGV[5] record_ms  how long KEYS[7] keeps the answers, ms
+  ARGV[6] running    "leave": a running job is left to finish (Celery's revoke
+                     without terminate); else it is flagged, as above
 
   Returns
      1 cancelled (also to a call with the same reason and time: a re-send)
      2 running: flagged, its worker will stop it (also when it already was)
+     4 running, and left to finish (ARGV[6] "leave"): nothing changed
      3 already finished (completed or failed): nothing changed
      0 no such job (or an id in no state this script knows): nothing changed
     -1 the id was waiting but its key is not a job hash (another client's
@@ -62,6 +65,7 @@ local function cancel()
     if fields["err"] then return 0 end
     local token, finishedOn, flagged, failedReason = fields[1], fields[2], fields[3], fields[4]
     if token then
+      if ARGV[6] == "leave" then return 4 end
       if not flagged then
         redis.call("HSET", jobHash, "cxl", reason)
         emitEvent(prefix, "cancelling", id, "reason", reason)

@@ -39,9 +39,10 @@
   then eight values per attempt, ARGV[n+1] to ARGV[n+8] with n = 9, 17, 25, ...:
   ARGV[n+1] job_id
   ARGV[n+2] token        worker token
-  ARGV[n+3] outcome      "completed", "failed", or "limited" (the job raised
+  ARGV[n+3] outcome      "completed", "failed", "limited" (the job raised
       RateLimited: back to the queue, no attempt used, the queue's fetching
-      paused for the backoff below)
+      paused for the backoff below) or "postponed" (to delayed for the backoff,
+      no attempt used, the queue goes on)
   ARGV[n+4] value        return value (JSON) when completed, failure reason when failed
   ARGV[n+5] stacktrace   stack trace text of this failure ("" for none)
   ARGV[n+6] backoff_ms   backoff before a retry, ms (0 = retry at once); for "limited", the pause
@@ -57,6 +58,7 @@
      5 this token already finished the job (a replay after a lost reply)
      6 rate limited: back in wait (or paused, or prioritized), ahead of the
        others, `atm` unchanged; meta `limitedUntil` = Redis's now + the pause
+     7 postponed: in delayed until the backoff ends, `atm` unchanged
     -1 the job hash does not exist
     -2 the token does not own the job: its lock was lost
     -3 the job's key holds another type than a hash: nothing was changed
@@ -157,6 +159,14 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
     pushReady(prefix, waitKey, pausedKey, metaKey, markerKey, prioritizedKey, id, true)
     emitEvent(prefix, "limited", id, "until", untilMs)
     return 6
+  end
+
+  if outcome == "postponed" and not fields[6] then  -- a task's own rate limit: later, no attempt used
+    redis.call("HSET", jobKey, "ftk", token)
+    redis.call("ZADD", delayedKey, now + backoffMs, id)
+    redis.call("ZADD", markerKey, 0, "0")
+    emitEvent(prefix, "postponed", id, "until", now + backoffMs)
+    return 7
   end
 
   attemptsMade = attemptsMade + 1

@@ -81,6 +81,20 @@ class RateLimited(EchoMQError):
         return type(self), (self.retry_after, self.message)
 
 
+class Postponed(EchoMQError):
+    """Raised for a job that must wait `countdown` seconds before it runs (a task's own rate limit): it goes to
+    `delayed` without using an attempt, and, unlike RateLimited, the queue's other jobs go on starting."""
+
+    def __init__(self, countdown: float, reason: str = "") -> None:
+        if not 0 <= countdown <= MAX_RETRY_AFTER_S:  # nan fails it too
+            raise ValueError(f"countdown is seconds from 0 to {MAX_RETRY_AFTER_S}, not {countdown!r}")
+        self.countdown, self.reason = countdown, reason
+        super().__init__(f"postponed {countdown:g} s{': ' + reason if reason else ''}")
+
+    def __reduce__(self) -> tuple[type[Postponed], tuple[float, str]]:  # pickled as it was made
+        return type(self), (self.countdown, self.reason)
+
+
 class Retry(EchoMQError):
     """Raised by a job to end this attempt and run again after `countdown` seconds (the job's backoff by default).
 

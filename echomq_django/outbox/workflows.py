@@ -37,6 +37,7 @@ from ..core import (
     EchoMQError,
     Group,
     JobOptions,
+    Linked,
     Member,
     Plan,
     WorkflowError,
@@ -90,7 +91,7 @@ def canvas_text(plan: Plan) -> str:
             return [node[0], [shape(part) for part in node[1]], None if node[2] is None else shape(node[2])]
         member = steps[node[1]].member
         return ["job", member.queue.name, member.name, member.data, member.opts.to_json(), member.immutable,
-                member.allow_failure]
+                member.allow_failure, member.job_id]
 
     return json.dumps(shape(plan.tree), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
@@ -117,9 +118,9 @@ def _canvas(node: Any, depth: int) -> Any:
     if depth > 2 * MAX_DEPTH:
         raise WorkflowError(f"a workflow nests at most {MAX_DEPTH} levels deep")
     if node[0] == "job":
-        _, queue, name, data, opts, immutable, allow_failure = node
+        _, queue, name, data, opts, immutable, allow_failure, *job_id = node  # (a row of 0.x has no job id)
         return Member(get_queue(queue), name, data, JobOptions.from_json(opts), immutable=immutable is True,
-                      allow_failure=allow_failure is True)
+                      allow_failure=allow_failure is True, job_id=job_id[0] if job_id else None)
     kind, parts, handler = node
     children = [_canvas(part, depth + 1) for part in parts]
     on_error = None if handler is None else _canvas(handler, depth + 1)
@@ -129,7 +130,9 @@ def _canvas(node: Any, depth: int) -> Any:
         return Group(*children)
     if kind == "chord" and len(children) == 2 and isinstance(children[0], Group):
         return Chord(children[0], children[1], on_error)
-    raise WorkflowError(f"not a chain, group or chord: {kind!r} of {len(children)} part(s)")
+    if kind == "linked" and children:
+        return Linked(children[0], children[1:], on_error)
+    raise WorkflowError(f"not a chain, group, chord or linked node: {kind!r} of {len(children)} part(s)")
 
 
 _local = threading.local()

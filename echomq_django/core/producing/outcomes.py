@@ -30,6 +30,7 @@ class Cancel(enum.Enum):
     STOPPING = "stopping"  # it is running: its worker stops it within a lock renewal
     FINISHED = "finished"  # it had already completed or failed: nothing changed
     NOT_FOUND = "not found"  # no such job: nothing changed
+    RUNNING = "running"  # it is running and was left to finish (cancel(stop_running=False)): nothing changed
 
     def __bool__(self) -> bool:
         return self in (Cancel.CANCELLED, Cancel.STOPPING)

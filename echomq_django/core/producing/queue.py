@@ -293,7 +293,7 @@ class Queue:
         """Make a delayed job ready now; False when it is not delayed (any more)."""
         return self.scripts.promote_job(self.keys, validate_stored_id(job_id), now_ms())
 
-    def cancel(self, job_id: str, reason: str = "") -> Cancel:
+    def cancel(self, job_id: str, reason: str = "", *, stop_running: bool = True) -> Cancel:
         """Cancel a job: it fails for good with "cancelled" (": reason", when given), and is never retried.
 
         A job that has not started goes to `failed` at once (Cancel.CANCELLED).
@@ -301,13 +301,20 @@ class Queue:
         its next lock renewal and stops it (see Worker), and the attempt then
         fails with the reason. A finished or unknown job is left as it is
         (Cancel.FINISHED, Cancel.NOT_FOUND). The answer is true only for the
-        first two. `retry` sends a cancelled job back to wait.
+        first two. `retry` sends a cancelled job back to wait. With
+        `stop_running=False` a running job is left to finish (Cancel.RUNNING), in the same atomic call.
         """
         text = f"cancelled: {reason}" if reason else "cancelled"
-        code = self.scripts.cancel_job(self.keys, validate_stored_id(job_id), text, now_ms())
+        code = self.scripts.cancel_job(self.keys, validate_stored_id(job_id), text, now_ms(),
+                                       stop_running=stop_running)
         if code == 1:
             deliver_handoffs(self.scripts, self.keys, now_ms())  # a workflow's member: its workflow heard of it
         return _CANCEL_CODES.get(code, Cancel.NOT_FOUND)
+
+    def task_rate_wait(self, name: str, max_starts: int, window_ms: int, job_id: str) -> int:
+        """One start of job `job_id` of function `name`, held to `max_starts` per `window_ms` across every worker
+        (spaced evenly): 0 to start now, else the ms until the start held for it (lua/taskRate-1.lua)."""
+        return self.scripts.task_rate(self.keys, name, max_starts, window_ms, validate_id(job_id))
 
     def pause(self) -> None:
         """Stop workers from taking jobs of this queue; running jobs finish."""
@@ -373,7 +380,7 @@ def _refused(code: Any) -> str:
     return f"Redis refused it: {code}" if isinstance(code, Exception) else f"the script answered {code!r}"
 
 
-_CANCEL_CODES = {1: Cancel.CANCELLED, 2: Cancel.STOPPING, 3: Cancel.FINISHED}
+_CANCEL_CODES = {1: Cancel.CANCELLED, 2: Cancel.STOPPING, 3: Cancel.FINISHED, 4: Cancel.RUNNING}
 
 
 def read_jobs(queue: Queue, job_ids: Iterable[str]) -> list[JobRead]:

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..defaults import WORKFLOW_FAN_EDGES
 from ..errors import WorkflowError
-from ..protocol.keys import validate_job_name
+from ..protocol.keys import validate_job_id, validate_job_name
 from ..protocol.options import JobOptions
 from ..protocol.script_args import script_argv, script_argv_each
 from ..protocol.scripts import ADD_RECORD_MS
@@ -51,6 +51,7 @@ class Member:
 
     `immutable`: the job does not receive the previous step's result.
     `allow_failure`: its failure counts as done, `{"error": reason, "job": id}` in place of its result.
+    `job_id`: the caller's id for its job (Celery's task_id); by default `<workflow id>-<n>`.
     """
 
     queue: Queue
@@ -59,6 +60,7 @@ class Member:
     opts: JobOptions
     immutable: bool = False
     allow_failure: bool = False
+    job_id: str | None = None
 
     def member(self) -> Member:
         return self
@@ -128,6 +130,25 @@ class Chord(Canvas):
         return self.header, self.body
 
 
+@dataclass(frozen=True, init=False)
+class Linked(Canvas):
+    """`body` with callbacks beside it (Celery's `link`): each runs once with the body's result when it succeeded,
+    and its result stays the body's, not theirs; `on_error` (Celery's `link_error`) runs once if the body fails."""
+
+    body: Any
+    callbacks: tuple[Any, ...]
+    on_error: Any = None
+    kind = "linked"
+
+    def __init__(self, body: Any, callbacks: Iterable[Any] = (), on_error: Any = None) -> None:
+        object.__setattr__(self, "body", _children([body], "a linked node")[0])
+        object.__setattr__(self, "callbacks", tuple(callbacks) and _children(tuple(callbacks), "a link"))
+        object.__setattr__(self, "on_error", on_error)
+
+    def parts(self) -> tuple[Any, ...]:
+        return self.body, *self.callbacks
+
+
 def _children(items: Iterable[Any], what: str) -> tuple[Any, ...]:
     if len(items := tuple(items)) == 1 and not _is_node(items[0]) and isinstance(items[0], Iterable):
         items = tuple(items[0])  # chain([a, b]) as chain(a, b); group(generator) as group(*generator)
@@ -193,6 +214,9 @@ class Plan:
             step.edges.append([home.keys.base, "wf:" + plan.id, slot, "r"])
         if len(plan.steps) > MAX_JOBS:
             raise WorkflowError(f"a workflow has at most {MAX_JOBS} jobs, not {len(plan.steps)}")
+        if len({step.id for step in plan.steps}) < len(plan.steps):
+            raise WorkflowError("a job id given to a step is used twice in the workflow (a signature with a task_id "
+                                "used in two places)")
         if (edges := sum(len(step.edges) for step in plan.steps)) > MAX_EDGES:
             raise WorkflowError(f"a workflow has at most {MAX_EDGES:,} edges, not {edges:,}: a group after a group "
                                 "gives each member of the first an edge to each of the second; put a step between")
@@ -202,7 +226,7 @@ class Plan:
 
     def _new(self, member: Member, parents: list[tuple[Step, str]], handlers: list[Step]) -> Step:
         encoded = member.queue.encode(NewJob(member.name, member.data, member.opts))  # refused now, or never
-        step = Step(f"{self.id}-{len(self.steps)}", member, encoded, deps=len(parents),
+        step = Step(member.job_id or f"{self.id}-{len(self.steps)}", member, encoded, deps=len(parents),
                     inputs="" if member.immutable or not parents else "1")
         self.steps.append(step)
         for parent, slot in parents:
@@ -227,9 +251,14 @@ class Plan:
             handler = self._new(members[id(node.on_error)], [], [])
             handler.inputs = "" if handler.member.immutable else "2"  # .si(): its own arguments only
             handlers = [*handlers, handler]
-        ends = parents  # a chain's steps one after another; a chord is its header, then its body
-        for part in node.parts():
-            ends = self._place(part, ends, handlers, members)
+        if isinstance(node, Linked):  # the callbacks hang off the body's ends; the node ends where its body does
+            ends = self._place(node.body, parents, handlers, members)
+            for callback in node.callbacks:
+                self._place(callback, ends, handlers[:-1] if handler is not None else handlers, members)
+        else:
+            ends = parents  # a chain's steps one after another; a chord is its header, then its body
+            for part in node.parts():
+                ends = self._place(part, ends, handlers, members)
         if handler is not None:
             # The scope's ends tell the handler when it is no longer needed ("d"), instead of only failures ("e").
             for index, (step, _) in enumerate(ends):
@@ -349,6 +378,8 @@ def _resolve(node: Any, members: dict[int, Member], depth: int) -> None:
         if not isinstance(member, Member):
             raise WorkflowError(f"{node!r} did not give a workflow member")
         validate_job_name(member.name)
+        if member.job_id is not None:
+            validate_job_id(member.job_id)
         if member.opts.expires_ms:  # addWorkflow writes no expiry, and an expired step would tell no later step
             raise WorkflowError(f"a workflow's job cannot expire (job {member.name!r} has expires): give the "
                                 "workflow a time limit of its own, or let the job check its age")

@@ -32,7 +32,7 @@ class TreeNode:
 
     depth: int
     label: str  # "header" or "callback" in a chord, "on error" for a handler, else ""
-    kind: str = ""  # "chain", "group" or "chord"; "" for a step
+    kind: str = ""  # "chain", "group", "chord" or "linked"; "" for a step
     queue: str = ""  # a step's queue and job id
     job_id: str | None = None
 
@@ -44,10 +44,11 @@ def tree_nodes(tree: Any, *, handlers: bool = True) -> Iterator[TreeNode]:
     def walk(node: Any, depth: int, label: str) -> Iterator[TreeNode]:
         if isinstance(node, list) and len(node) == 2 and all(isinstance(part, str) for part in node):
             yield TreeNode(depth, label, queue=node[0], job_id=node[1])
-        elif isinstance(node, list) and len(node) == 3 and node[0] in ("chain", "group", "chord"):
+        elif isinstance(node, list) and len(node) == 3 and node[0] in ("chain", "group", "chord", "linked"):
             yield TreeNode(depth, label, kind=node[0])
             for index, part in enumerate(node[1] if isinstance(node[1], list) else []):
-                yield from walk(part, depth + 1, ("header", "callback")[min(index, 1)] if node[0] == "chord" else "")
+                yield from walk(part, depth + 1, ("header", "callback")[min(index, 1)] if node[0] == "chord"
+                                else ("", "link")[min(index, 1)] if node[0] == "linked" else "")
             if node[2] is not None and handlers:
                 yield from walk(node[2], depth + 1, "on error")
 

@@ -77,6 +77,7 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "removeJob-10": ("wait", "paused", "active", "delayed", "completed", "failed", "stalled", "prioritized", "meta",
                      "change:<token>"),
     "retryJob-7": ("failed", "wait", "paused", "meta", "marker", "prioritized", "change:<token>"),
+    "taskRate-1": ("task-rate:<name>",),
     "updateProgress-1": ("<id>",),
 }
 # The keys scripts build from the prefix instead, and why. All share the

@@ -7,6 +7,7 @@ side refuses is never used by the other.
 from __future__ import annotations
 
 import functools
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,26 +42,42 @@ def whole_number(value: Any, what: str, low: int, high: int) -> int:
 
 @dataclass(frozen=True)
 class Backoff:
-    """How long to wait before retrying a failed attempt."""
+    """How long to wait before retrying a failed attempt.
+
+    `max_ms` caps an exponential wait (0: MAX_DELAY_MS), and `jitter` picks the wait at random
+    from 0 to that wait, as Celery's retry_jitter does, so that jobs failing together do not
+    all come back at the same moment.
+    """
 
     kind: str = "fixed"  # "fixed" or "exponential"
     delay_ms: int = 0
+    max_ms: int = 0
+    jitter: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in ("fixed", "exponential"):
             raise PayloadError(f"backoff type must be 'fixed' or 'exponential', not {self.kind!r}")
         object.__setattr__(self, "delay_ms", whole_number(self.delay_ms, "backoff delay (ms)", 0, MAX_DELAY_MS))
+        object.__setattr__(self, "max_ms", whole_number(self.max_ms, "backoff max (ms)", 0, MAX_DELAY_MS))
+        if not isinstance(self.jitter, bool):
+            raise PayloadError(f"backoff jitter is True or False, not {self.jitter!r}")
 
     def delay_before(self, attempts_made: int) -> int:
         """The wait (ms) before the next attempt, after `attempts_made` attempts (at most MAX_DELAY_MS)."""
+        wait = self.delay_ms
         if self.kind == "exponential":
             # The exponent is capped first: 2 ** (a huge attempt count) would hold the interpreter.
             factor: int = 2 ** min(max(attempts_made - 1, 0), 64)
-            return min(self.delay_ms * factor, MAX_DELAY_MS)
-        return self.delay_ms
+            wait = min(self.delay_ms * factor, self.max_ms or MAX_DELAY_MS)
+        return random.randint(0, wait) if self.jitter else wait
 
     def to_json(self) -> dict[str, Any]:
-        return {"type": self.kind, "delay": self.delay_ms}
+        shape: dict[str, Any] = {"type": self.kind, "delay": self.delay_ms}
+        if self.max_ms:
+            shape["max"] = self.max_ms
+        if self.jitter:
+            shape["jitter"] = True
+        return shape
 
     @classmethod
     def from_json(cls, value: Any) -> Backoff:
@@ -69,7 +86,8 @@ class Backoff:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return cls("fixed", value)  # type: ignore[arg-type]  # an integral float is made whole
         if isinstance(value, Mapping):
-            return cls(str(value.get("type", "fixed")), value.get("delay", 0))
+            return cls(str(value.get("type", "fixed")), value.get("delay", 0), value.get("max", 0),
+                       value.get("jitter", False))
         raise PayloadError(f"backoff must be a number of ms or {{type, delay}}, not {value!r}")
 
 

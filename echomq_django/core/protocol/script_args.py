@@ -15,7 +15,7 @@ SCRIPT_ARGV: dict[str, tuple[str, ...]] = {
     "addLog-2": ("token", "line", "keep", "call_id"),
     "addWorkflow-8": ("prefix", "timestamp", "token", "record_ms", "workflow_id", "home", "ends", "ttl_ms", "jobs",
                       "tree", "queues"),
-    "cancelJob-7": ("prefix", "job_id", "reason", "now", "record_ms"),
+    "cancelJob-7": ("prefix", "job_id", "reason", "now", "record_ms", "running"),
     "cleanJobs-1": ("prefix", "cutoff_ms", "limit"),
     "deliverWorkflow-5": ("prefix", "now"),
     "extendLocks-1": ("prefix", "lock_ms"),
@@ -33,6 +33,7 @@ SCRIPT_ARGV: dict[str, tuple[str, ...]] = {
     "promoteDelayed-6": ("prefix", "now", "limit", "job_id"),
     "removeJob-10": ("prefix", "job_id", "only_from", "record_ms"),
     "retryJob-7": ("prefix", "job_id", "record_ms"),
+    "taskRate-1": ("max", "window_ms", "job_id"),
     "updateProgress-1": ("prefix", "job_id", "token", "progress"),
 }
 

@@ -48,6 +48,7 @@ class Finish:
     final: bool = False  # no retry whatever attempts are left
     error_class: str = ""
     rate_limited: bool = False  # the job raised RateLimited: back to the queue, no attempt used
+    postponed: bool = False  # the job was Postponed: to delayed for backoff_ms, no attempt used
 
 
 @dataclass(frozen=True)
@@ -148,14 +149,15 @@ class Scripts(ScriptClient):
         for a in attempts:
             args += script_argv_each(
                 "moveToFinished-10", job_id=a.job_id, token=a.token,
-                outcome="completed" if a.completed else "limited" if a.rate_limited else "failed",
+                outcome="completed" if a.completed else "limited" if a.rate_limited
+                else "postponed" if a.postponed else "failed",
                 value=_sendable(a.value), stacktrace=_sendable(a.stacktrace), backoff_ms=a.backoff_ms,
                 final="1" if a.final else "0", error_class=_sendable(a.error_class))
         return ("moveToFinished-10", keys.for_script("moveToFinished-10"), args)
 
     @staticmethod
     def finished(code: int, keys: QueueKeys, job_id: str) -> int:
-        """One of moveToFinished's codes: the status (1..6), or the error it stands for raised."""
+        """One of moveToFinished's codes: the status (1..7), or the error it stands for raised."""
         if code == -1:
             raise JobNotFoundError(f"job {job_id!r} of queue {keys.queue!r} does not exist")
         if code == -2:
@@ -254,23 +256,25 @@ class Scripts(ScriptClient):
                              script_argv("promoteDelayed-6", prefix=keys.base, now=now, limit=1, job_id=job_id))) == 1
 
     def cancel_call(self, keys: QueueKeys, job_id: str, reason: str, now: int, token: str,
-                    record_ms: int = CHANGE_RECORD_MS) -> Call:
-        """The cancelJob call for one job, answered once per `token` (its codes as for `cancel_job`).
+                    record_ms: int = CHANGE_RECORD_MS, *, stop_running: bool = True) -> Call:
+        """The cancelJob call for one job, answered once per `token` (its codes as for `cancel_job`);
+        `stop_running=False` leaves a running job to finish (code 4).
 
         The reason is cut to WORKFLOW_REASON_BYTES: each job cancelled keeps it (a group's cancel, once a member).
         """
         return ("cancelJob-7", keys.for_script("cancelJob-7", token=token),
                 script_argv("cancelJob-7", prefix=keys.base, job_id=job_id,
                             reason=cut_text(reason, defaults.WORKFLOW_REASON_BYTES), now=now,
-                            record_ms=record_ms))
+                            record_ms=record_ms, running="flag" if stop_running else "leave"))
 
-    def cancel_job(self, keys: QueueKeys, job_id: str, reason: str, now: int) -> int:
+    def cancel_job(self, keys: QueueKeys, job_id: str, reason: str, now: int, *, stop_running: bool = True) -> int:
         """Cancel a job with `reason` (see lua/cancelJob-7.lua).
 
         1 cancelled, 2 running and flagged for its worker to stop, 3 already
-        finished, 0 no such job, -1 its key is no job hash.
+        finished, 0 no such job, -1 its key is no job hash; 4 running and left to finish (`stop_running=False`).
         """
-        return int(self._run(*self.cancel_call(keys, job_id, reason, now, change_token())))
+        return int(self._run(*self.cancel_call(keys, job_id, reason, now, change_token(),
+                                               stop_running=stop_running)))
 
     def update_progress(self, keys: QueueKeys, job_id: str, token: str, progress_json: str) -> int:
         """Record a running job's progress for the attempt holding `token`.
@@ -280,6 +284,12 @@ class Scripts(ScriptClient):
         return int(self._run("updateProgress-1", keys.for_script("updateProgress-1", id=job_id),
                              script_argv("updateProgress-1", prefix=keys.base, job_id=job_id, token=token,
                                          progress=progress_json)))
+
+    def task_rate(self, keys: QueueKeys, name: str, max_starts: int, window_ms: int, job_id: str) -> int:
+        """One start of job `job_id` of a function with its own rate limit: 0 to start now, else the ms to wait
+        (its start is held for it then; taskRate)."""
+        return int(self._run("taskRate-1", keys.for_script("taskRate-1", name=name),
+                             script_argv("taskRate-1", max=max_starts, window_ms=window_ms, job_id=job_id)))
 
     def add_log(self, keys: QueueKeys, job_id: str, token: str, line: str, keep: int) -> int:
         """Append a line to a running job's log, keeping the newest `keep`.

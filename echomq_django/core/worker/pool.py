@@ -34,6 +34,7 @@ from ..errors import (
     JobCancelled,
     LockLostError,
     PayloadError,
+    Postponed,
     RateLimited,
     Retry,
     SoftTimeLimitExceeded,
@@ -64,6 +65,9 @@ def run_handler(handler: Handler, job: Job) -> Finish:
     except RateLimited as limited:  # not a failure: the job waits its turn again
         return Finish(job.id, token, completed=False, value=str(limited), rate_limited=True,
                       backoff_ms=math.ceil(limited.retry_after * 1000))
+    except Postponed as postponed:  # not a failure either: it waits, and the queue's other jobs go on
+        return Finish(job.id, token, completed=False, value=str(postponed), postponed=True,
+                      backoff_ms=math.ceil(postponed.countdown * 1000))
     except Retry as retry:  # a failed attempt the job asked for, after its own countdown
         backoff_ms = (job.opts.backoff.delay_before(job.attempts_made + 1) if retry.countdown is None
                       else math.ceil(retry.countdown * 1000))

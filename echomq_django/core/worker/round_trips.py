@@ -278,6 +278,9 @@ class RoundTrips:
         if status == 6:
             logger.info("job %s of queue %s was rate limited: back in the queue, its fetching paused for %g s",
                         job.id, self.keys.queue, finish.backoff_ms / 1000)
+        elif status == 7:
+            logger.info("job %s of queue %s was postponed %g s (%s)", job.id, self.keys.queue,
+                        finish.backoff_ms / 1000, finish.value)
         elif not finish.completed:
             self.failed += 1
             logger.info("job %s of queue %s failed, %s: %s", job.id, self.keys.queue,

@@ -1,0 +1,42 @@
+--[[
+  taskRate: one start of a job whose function has a rate limit of its own
+  (echomq_django.celery's rate_limit), decided for every worker of the queue
+  at once. Starts are spaced evenly, `window_ms / max` apart, as Celery's token
+  bucket spaces them in one worker: the next free start time is kept under
+  `tat`. A job that comes too soon is given the next free start and holds it
+  (`r:<id>`): the worker postpones it to then, and when it comes back it
+  starts without asking again. Its keys all share the queue's hash tag.
+
+  KEYS[1] task-rate:<name>  HASH  "tat", and "r:<id>" for each job holding a start
+
+  ARGV[1] max        starts allowed per window
+  ARGV[2] window_ms  the window, ms
+  ARGV[3] job_id
+
+  Returns 0 when the job may start now, else the ms until its start. The
+  hash expires once no start is held (a window after the last one).
+]]
+-- @include "lockIndex"
+
+local key, id = KEYS[1], ARGV[3]
+local interval = tonumber(ARGV[2]) / tonumber(ARGV[1])
+local now = redisNowMs()
+local fields = redis.pcall("HMGET", key, "tat", "r:" .. id)
+if fields["err"] then return 0 end  -- another client's key of another type: no limit rather than no start
+local held = tonumber(fields[2])
+if held then
+  if held <= now then
+    redis.call("HDEL", key, "r:" .. id)
+    return 0
+  end
+  return math.ceil(held - now)
+end
+local tat = tonumber(fields[1]) or now
+if tat <= now then
+  redis.call("HSET", key, "tat", now + interval)
+  redis.call("PEXPIRE", key, math.ceil(interval + tonumber(ARGV[2])))
+  return 0
+end
+redis.call("HSET", key, "tat", tat + interval, "r:" .. id, tat)
+redis.call("PEXPIRE", key, math.ceil(tat + interval - now + tonumber(ARGV[2])))
+return math.ceil(tat - now)

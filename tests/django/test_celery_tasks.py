@@ -1,0 +1,257 @@
+"""echomq_django.celery: shared_task's options, bound tasks, Celery's results and calling API, on the real scripts."""
+
+import statistics
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from echomq_django import jobs
+from echomq_django.celery import AsyncResult, Celery, Task, shared_task, states
+from echomq_django.celery.exceptions import ImproperlyConfigured, MaxRetriesExceededError, TaskRevokedError
+from echomq_django.core import PayloadError, Queue
+from echomq_django.jobs import run_job
+from echomq_django.queues import make_worker
+from echomq_django.testing import run_jobs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def queues(settings, redis_url, prefix, redis_client, monkeypatch):
+    """Queues `default` and `mail` on this test's prefix, and a registry that forgets this test's tasks."""
+    settings.ECHOMQ = {"REDIS_URL": redis_url, "PREFIX": prefix, "QUEUES": {"default": {}, "mail": {}}}
+    monkeypatch.setattr(jobs, "_registry", dict(jobs.registered_jobs()))
+    return {name: Queue(name, redis_client, prefix=prefix) for name in ("default", "mail")}
+
+
+class Flaky(Exception):
+    pass
+
+
+def test_delay_and_get_through_a_worker(queues):
+    add = shared_task(name="c.add")(lambda x, y: x + y)
+    result = add.delay(2, 3)
+    assert isinstance(result, AsyncResult) and result.queue.name == "default"
+    assert result.state == states.PENDING and result.status == "PENDING" and not result.ready()
+    assert run_jobs() == 1
+    assert result.get(timeout=5) == 5
+    assert result.state == states.SUCCESS and result.ready() and result.successful() and not result.failed()
+    assert result.result == result.info == 5 and result.traceback is None
+    assert abs((result.date_done - datetime.now(UTC)).total_seconds()) < 60
+    assert AsyncResult(result.id).get(timeout=5) == 5  # found by id alone, on its queue
+    result.forget()
+    assert queues["default"].get_job(result.id) is None
+
+
+def test_apply_async_options(queues):
+    seen = []
+
+    @shared_task(bind=True, name="c.look")
+    def look(self, value, **kwargs):
+        seen.append((self.request.id, self.request.delivery_info["routing_key"], self.request.headers,
+                     self.request.args, self.request.kwargs, self.request.retries, self.name, self.request.eta))
+        return value
+
+    result = look.apply_async((1,), {"k": 2}, queue="mail", countdown=30, priority=5, task_id="my-id",
+                              headers={"tenant": "a"}, time_limit=10, soft_time_limit=5)
+    assert result.id == "my-id" and queues["mail"].get_state("my-id") == "delayed"
+    job = queues["mail"].get_job("my-id")
+    assert job.opts.priority == 5 and job.opts.time_limit_ms == 10_000 and job.opts.soft_time_limit_ms == 5_000
+    expired = look.apply_async((2,), expires=datetime.now(UTC) + timedelta(seconds=60),
+                               eta=datetime.now(UTC) + timedelta(seconds=30))
+    assert expired.queue.get_job(expired.id).opts.expires_ms > 0
+    run_jobs()
+    assert result.get(timeout=5) == 1
+    [first, _] = sorted(seen, key=lambda row: row[0] != "my-id")
+    assert first[:7] == ("my-id", "mail", {"tenant": "a"}, [1], {"k": 2}, 0, "c.look")
+    assert first[7] is not None  # the countdown's eta, as ISO text
+    with pytest.raises(PayloadError, match="cannot take serializer=: echomq stores JSON only"):
+        look.apply_async((1,), serializer="pickle")
+    with pytest.raises(PayloadError, match="cannot take colour="):
+        look.apply_async((1,), colour="red")
+
+
+def test_an_error_not_retried_fails_at_once_and_get_raises_it(queues):
+    boom = shared_task(name="c.boom")(_raise_value_error)
+    result = boom.delay()
+    run_jobs()
+    assert result.state == states.FAILURE and result.failed()
+    job = queues["default"].get_job(result.id)
+    assert job.attempts_made == 1  # Celery fails a task that raises at once; max_retries is for self.retry
+    assert isinstance(result.result, ValueError) and str(result.result) == "bad value"
+    with pytest.raises(ValueError, match="bad value"):
+        result.get(timeout=5)
+    assert isinstance(result.get(timeout=5, propagate=False), ValueError)
+    assert "ValueError: bad value" in result.traceback
+
+
+def _raise_value_error():
+    raise ValueError("bad value")
+
+
+def test_bound_retry_countdown_max_retries_and_exc(queues):
+    calls = []
+
+    @shared_task(bind=True, max_retries=2, name="c.retrying")
+    def retrying(self):
+        calls.append(self.request.retries)
+        raise self.retry(exc=Flaky("still down"), countdown=0.01)
+
+    result = retrying.delay()
+    run_jobs()
+    assert calls == [0, 1, 2]
+    assert result.state == states.FAILURE
+    assert type(result.result).__name__ == "Flaky" and isinstance(result.result, Flaky)
+    job = result.queue.get_job(result.id)
+    assert job.attempts_made == 3 and job.opts.attempts == 3
+
+    @shared_task(bind=True, max_retries=1, name="c.noexc")
+    def noexc(self):
+        raise self.retry(countdown=0)
+
+    failed = noexc.delay()
+    run_jobs()
+    with pytest.raises(MaxRetriesExceededError):
+        failed.get(timeout=5)
+
+
+def test_autoretry_for_with_retry_kwargs_and_hooks(queues):
+    events = []
+
+    class Hooked(Task):
+        def on_retry(self, exc, task_id, args, kwargs, einfo):
+            events.append(("retry", type(exc).__name__))
+
+        def on_failure(self, exc, task_id, args, kwargs, einfo):
+            events.append(("failure", type(exc).__name__))
+
+        def on_success(self, retval, task_id, args, kwargs):
+            events.append(("success", retval))
+
+    attempts = []
+
+    @shared_task(base=Hooked, autoretry_for=(Flaky,), retry_kwargs={"max_retries": 3, "countdown": 0},
+                 name="c.auto")
+    def auto():
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise Flaky("again")
+        return "done"
+
+    result = auto.delay()
+    run_jobs()
+    assert result.get(timeout=5) == "done" and len(attempts) == 3
+    assert events == [("retry", "Flaky"), ("retry", "Flaky"), ("success", "done")]
+    other = shared_task(base=Hooked, autoretry_for=(Flaky,), name="c.other")(_raise_value_error).delay()
+    run_jobs()
+    assert other.state == states.FAILURE and events[-1] == ("failure", "ValueError")
+
+
+def test_update_state_is_read_as_state_and_info(queues):
+    seen = {}
+
+    @shared_task(bind=True, name="c.progress")
+    def progress(self):
+        self.update_state(state="PROGRESS", meta={"done": 3})
+        seen["state"], seen["info"] = AsyncResult(self.request.id).state, AsyncResult(self.request.id).info
+        return "ok"
+
+    progress.delay()
+    run_jobs()
+    assert seen == {"state": "PROGRESS", "info": {"done": 3}}
+
+
+def test_revoke_a_waiting_job_and_leave_a_running_one(queues):
+    add = shared_task(name="c.add2")(lambda x, y: x + y)
+    waiting = add.delay(1, 1)
+    waiting.revoke()
+    assert waiting.state == states.REVOKED and waiting.ready()
+    assert isinstance(waiting.result, TaskRevokedError)
+    with pytest.raises(TaskRevokedError):
+        waiting.get(timeout=5)
+
+    @shared_task(bind=True, name="c.self_revoke")
+    def self_revoke(self):
+        AsyncResult(self.request.id).revoke()  # running: left to finish without terminate
+        return "finished"
+
+    running = self_revoke.delay()
+    run_jobs()
+    assert running.get(timeout=5) == "finished"
+
+    @shared_task(bind=True, name="c.terminated")
+    def terminated(self):
+        AsyncResult(self.request.id).revoke(terminate=True)
+        return "finished"
+
+    stopped = terminated.delay()
+    run_jobs()
+    assert stopped.state == states.REVOKED
+
+
+def test_get_inside_a_job_is_refused(queues):
+    add = shared_task(name="c.add3")(lambda x, y: x + y)
+
+    @shared_task(name="c.waits")
+    def waits():
+        return add.delay(1, 2).get(timeout=1)
+
+    result = waits.delay()
+    run_jobs()
+    with pytest.raises(RuntimeError, match="Never call result.get"):
+        result.get(timeout=5)
+
+
+def test_options_echomq_cannot_honour_are_refused_by_name(queues):
+    with pytest.raises(ImproperlyConfigured, match="reject_on_worker_lost=: echomq always gives"):
+        shared_task(reject_on_worker_lost=True)(lambda: None)
+    with pytest.raises(ImproperlyConfigured, match="has no option colour="):
+        shared_task(colour="red")(lambda: None)
+    with pytest.raises(ImproperlyConfigured, match="JSON only"):
+        shared_task(serializer="pickle")(lambda: None)
+    with pytest.raises(PayloadError, match="rate_limit is"):
+        shared_task(rate_limit="ten a second")(lambda: None)
+    with pytest.raises(ImproperlyConfigured, match="retry_kwargs takes"):
+        shared_task(retry_kwargs={"exc": 1})(lambda: None)
+    accepted = shared_task(acks_late=True, track_started=True, name="c.accepted")(lambda: 1)
+    assert accepted() == 1  # a direct call runs here
+
+
+def test_a_direct_call_and_the_app_shim(queues):
+    app = Celery("proj")
+    app.config_from_object("django.conf:settings", namespace="CELERY")
+    app.autodiscover_tasks()
+
+    @app.task(bind=True, name="c.direct")
+    def direct(self, x):
+        return (self.request.called_directly, x)
+
+    assert direct(4) == (True, 4)
+    result = app.send_task("c.direct", args=[5])
+    run_jobs()
+    assert app.AsyncResult(result.id).get(timeout=5) == [False, 5]
+
+
+def test_retries_of_many_jobs_spread_over_the_backoff(queues):
+    """1,000 jobs failing at once with retry_backoff come back spread over [0, 10 s], not all at 10 s."""
+
+    @shared_task(autoretry_for=(Flaky,), retry_backoff=10, name="c.spread")
+    def spread(n):
+        raise Flaky("down")
+
+    for n in range(1000):
+        spread.delay(n)
+    started = time.time() * 1000
+    make_worker("default", run_job, concurrency=8).run(burst=True, max_jobs=1000)
+    span = time.time() * 1000 - started
+    due = [score for _, score in queues["default"].client.zrange(queues["default"].keys.delayed, 0, -1,
+                                                                  withscores=True)]
+    # (a retry drawn shorter than the run was made due again, and may have run: it is not in `delayed`)
+    assert len(due) >= 1000 - 1000 * span / 10_000 - 50
+    waits = [score - started for score in due]
+    # Full jitter over the first backoff (10 s): the waits fill [0, 10 s]; without it all would be 10 s.
+    assert max(waits) <= 10_000 + span
+    assert sum(1 for wait in waits if wait < 5000) > 250 and sum(1 for wait in waits if wait > 5000) > 250
+    assert statistics.pstdev(waits) > 1500
+    assert not all(job.opts.backoff.jitter is False for job in queues["default"].get_jobs("delayed", 0, 1))
