@@ -209,6 +209,11 @@ def _enqueue_canvas(node: Any) -> Any:
     return enqueue_plan(node)
 
 
+def handler_of(node: Any) -> Any:
+    """A chain's or chord's error handler (workflows.py keeps it as `error_handler` on its own classes)."""
+    return getattr(node, "error_handler", None) if hasattr(node, "error_handler") else node.on_error
+
+
 def expand_links(node: Any) -> Any:
     """`node` with every signature's `link` and `link_error` (and a canvas's) made core workflow nodes: a
     signature with callbacks becomes a Linked node, and each error callback its on_error."""
@@ -234,9 +239,9 @@ def expand_links(node: Any) -> Any:
         result: Any = Group(*members)
         errbacks = []
     elif isinstance(node, Chord):
-        result = Chord(expand_links(node.header), expand_links(node.body), node.on_error)
+        result = Chord(expand_links(node.header), expand_links(node.body), handler_of(node))
     elif isinstance(node, Chain):
-        result = Chain(*[expand_links(step) for step in node.steps], on_error=node.on_error)
+        result = Chain(*[expand_links(step) for step in node.steps], on_error=handler_of(node))
     elif isinstance(node, Linked):
         result = Linked(expand_links(node.body), [expand_links(c) for c in node.callbacks], node.on_error)
     else:
@@ -251,8 +256,8 @@ def expand_links(node: Any) -> Any:
 def _with_errbacks(member: Any, errbacks: list[Any]) -> Any:
     from .core import Linked
 
-    for errback in errbacks:
-        member = Linked(member, (), errback.set(immutable=True) if isinstance(errback, Signature) else errback)
+    for errback in errbacks:  # (each member's own copy: Celery clones it per member)
+        member = Linked(member, (), errback)
     return member
 
 

@@ -9,6 +9,7 @@ from django.conf import settings
 from django.core import checks
 from django.db import DatabaseError
 
+from . import routes
 from .conf import get_settings, settings_problems, settings_readable, unserved_queue
 from .core import OWN_CONNECTIONS_ENV, own_connections_wanted
 from .jobs import discover_jobs, registered_jobs
@@ -57,10 +58,41 @@ def check_job_queues(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
     discover_jobs()  # as echomq_worker does, so every @job is registered
     return [
         checks.Error(f"@job {name}: {problem}, and its enqueue raises ImproperlyConfigured.", id="echomq.E013",
-                     hint=f"Add {function.queue!r} to ECHOMQ['QUEUES'], or give the @job a configured queue.")
+                     hint=f"Add {queue!r} to ECHOMQ['QUEUES'], or give the @job a configured queue.")
         for name, function in sorted(registered_jobs().items())
-        if (problem := unserved_queue(function.queue))
+        if (problem := unserved_queue(queue := _queue_of(function)))
     ]
+
+
+def _queue_of(function: Any) -> str:
+    """The queue a function's jobs go to without a call's own: its route's, for one without a queue of its own
+    (a router function that cannot answer without arguments leaves it its own)."""
+    try:
+        return function.destination(None, None)[0]  # type: ignore[no-any-return]
+    except Exception:
+        return function.queue  # type: ignore[no-any-return]
+
+
+@checks.register("echomq")
+def check_task_routes(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """ECHOMQ["TASK_ROUTES"]: every queue a route names is configured, every router's path imports (echomq.E025)."""
+    if not settings_readable():
+        return []
+    errors = []
+    for router in get_settings().task_routes:
+        if isinstance(router, dict):
+            errors += [checks.Error(f"ECHOMQ['TASK_ROUTES'] sends {pattern!r} to {problem}.", id="echomq.E025",
+                                    hint="Add the queue to ECHOMQ['QUEUES'], or route the tasks to one that is.")
+                       for pattern, found in router.items() if (problem := unserved_queue(found.get("queue", "")))
+                       and found.get("queue")]
+            continue
+        try:
+            routes.router_function(router)
+        except (ImportError, AttributeError, TypeError, ValueError) as error:
+            errors.append(checks.Error(f"ECHOMQ['TASK_ROUTES']: the router {router!r} cannot be used ({error}).",
+                                       id="echomq.E025", hint="Give the dotted path of a function, "
+                                       "router(name, args, kwargs, options, task=None)."))
+    return errors
 
 
 @checks.register("echomq_jobs")

@@ -24,7 +24,7 @@ from typing import Any
 
 from django.db import router
 
-from .calling import expand_links, refuse_unknown
+from .calling import expand_links, handler_of, refuse_unknown
 from .conf import get_settings
 from .core import Chain, Chord, Group, Linked, Plan, WorkflowError, WorkflowHandle
 from .jobs import registered_jobs
@@ -114,16 +114,13 @@ class _Enqueue:
         object.__setattr__(self, "errbacks", [*getattr(self, "errbacks", []), errback])
         return errback
 
-    def on_error(self, errback: Any) -> Any:
-        self.link_error(errback)
-        return self
-
     def __or__(self, other: Any) -> Any:
         """`a | b`: a chain; a group followed by a step is a chord, as Celery upgrades it."""
         if isinstance(self, Group) and not isinstance(other, Group):
             return chord(self, other)
-        steps = self.steps if isinstance(self, Chain) and self.on_error is None and not _has_links(self) else (self,)
-        more = other.steps if isinstance(other, Chain) and other.on_error is None and not _has_links(other) \
+        steps = self.steps if isinstance(self, Chain) and handler_of(self) is None and not _has_links(self) \
+            else (self,)
+        more = other.steps if isinstance(other, Chain) and handler_of(other) is None and not _has_links(other) \
             else (other,)
         return chain(*steps, *more)
 
@@ -157,7 +154,24 @@ def with_call(node: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
     return node
 
 
-class _Chain(_Enqueue, Chain):
+class _Handled:
+    """A chain's or chord's `on_error`: core reads its error handler there, and Celery's code calls it to add one
+    (`chain(...).on_error(errback)`). Read here, it is that call; the handler itself is `error_handler`."""
+
+    @property
+    def on_error(self) -> Any:
+        return self.link_error_returning_self  # type: ignore[attr-defined]
+
+    @on_error.setter
+    def on_error(self, handler: Any) -> None:
+        object.__setattr__(self, "error_handler", handler)
+
+    def link_error_returning_self(self, errback: Any) -> Any:
+        self.link_error(errback)  # type: ignore[attr-defined]
+        return self
+
+
+class _Chain(_Handled, _Enqueue, Chain):
     pass
 
 
@@ -165,7 +179,7 @@ class _Group(_Enqueue, Group):
     pass
 
 
-class _Chord(_Enqueue, Chord):
+class _Chord(_Handled, _Enqueue, Chord):
     pass
 
 

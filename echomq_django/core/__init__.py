@@ -36,7 +36,7 @@ from .producing.new_jobs import Dedupe, EncodedJob, NewJob
 from .producing.outcomes import BULK_BATCH, GONE, STOPPING, BulkOutcome, Cancel
 from .producing.queue import Queue
 from .producing.tracing import send_traced, use_tracer_provider
-from .producing.workflow import Chain, Chord, Group, Linked, Member, Plan
+from .producing.workflow import Canvas, Chain, Chord, Group, Linked, Member, Plan
 from .producing.workflow_handle import WorkflowHandle
 from .producing.workflow_tree import MAX_DEPTH, read_tree, tree_nodes
 from .protocol.codec import TooDeep, decode_stored, encode_json, log_line
@@ -99,7 +99,7 @@ __all__ = [
     "SECOND_STOP_GRACE_S",
     "run_until_signalled", "MAX_PRIORITY", "MIN_PRIORITY", "validate_job_name", "delay_until", "Retry", "Chain",
     "Chord", "Group", "Member", "Plan", "WorkflowError", "WorkflowHandle", "read_tree", "tree_nodes", "JobHandle",
-    "JobFailedError", "Linked", "Postponed",
+    "JobFailedError", "Linked", "Postponed", "Canvas",
     "JobNotFinishedError", "Dedupe", "WorkerInfo", "BULK_BATCH", "GONE", "STOPPING", "BulkOutcome", "BulkRun",
     "read_run", "decode_stored", "run_step", "start_run", "MAX_DEPTH", "state_ids",
     "state_size", "send_traced", "use_tracer_provider",
