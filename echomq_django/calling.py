@@ -75,7 +75,7 @@ class CeleryCalls:
         """Add a job with Celery's options: countdown=, eta=, expires=, queue=, priority=, task_id=, link=,
         link_error=, time_limit=, soft_time_limit=, headers=. Its AsyncResult (a JobHandle)."""
         refuse_unknown(options, CALL_OPTIONS, f"{self.name}.apply_async()")
-        return self.signature(args, kwargs, **options).apply_async()  # type: ignore[no-any-return]
+        return self.signature(args, kwargs, **options).apply_async()
 
     def signature(self, args: Iterable[Any] | None = None, kwargs: Mapping[str, Any] | None = None,
                   **options: Any) -> Signature:
@@ -169,7 +169,7 @@ class Chunks:
         """Add the chunks' jobs: a GroupResult whose `.get()` is the list of each chunk's list of results."""
         if args or kwargs:
             raise PayloadError("chunks take their items when made, not when applied")
-        return self.group().apply_async(**options)  # type: ignore[no-any-return]
+        return self.group().apply_async(**options)
 
 
 def apply_signature(signature: Signature, args: Iterable[Any] = (), kwargs: Mapping[str, Any] | None = None,
@@ -181,7 +181,7 @@ def apply_signature(signature: Signature, args: Iterable[Any] = (), kwargs: Mapp
     signature = signature.partial(tuple(args), dict(kwargs or {})).set(**dict(options or {}))
     opts = signature.options
     if opts.get("link") or opts.get("link_error"):
-        return result_of(_enqueue_canvas(signature))  # type: ignore[no-any-return]
+        return result_of(_enqueue_canvas(signature))
     target = signature.target
     if not hasattr(target, "enqueue_with"):  # a map: one job, as a workflow member is made
         member = signature.member()

@@ -68,9 +68,9 @@ def _queue_of(function: Any) -> str:
     """The queue a function's jobs go to without a call's own: its route's, for one without a queue of its own
     (a router function that cannot answer without arguments leaves it its own)."""
     try:
-        return function.destination(None, None)[0]  # type: ignore[no-any-return]
+        return function.destination(None, None)[0]
     except Exception:
-        return function.queue  # type: ignore[no-any-return]
+        return function.queue
 
 
 @checks.register("echomq")

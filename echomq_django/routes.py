@@ -75,7 +75,7 @@ def router_function(router: Any) -> Callable[..., Any]:
     function = import_string(router) if isinstance(router, str) else router
     if not callable(function):
         raise TypeError(f"{router!r} is not a function")
-    return function  # type: ignore[no-any-return]
+    return function
 
 
 def route(routers: tuple[Any, ...], name: str, args: Any = (), kwargs: Any = None,

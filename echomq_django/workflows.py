@@ -74,6 +74,8 @@ class _Enqueue:
     """enqueue() and aenqueue() of chain, group and chord in Django: through the outbox, with WORKFLOW_TTL; and
     Celery's calling API (`delay`, `apply_async`, `|`, `link`, `link_error`)."""
 
+    kind = ""  # (core's Canvas gives each its own)
+
     def enqueue(self, *, ttl_ms: int | None = None) -> WorkflowResult:
         """Add the whole workflow (enqueue_plan); the result's id is the workflow's."""
         plan = enqueue_plan(self, ttl_ms=ttl_ms)
@@ -160,7 +162,7 @@ class _Handled:
 
     @property
     def on_error(self) -> Any:
-        return self.link_error_returning_self  # type: ignore[attr-defined]
+        return self.link_error_returning_self
 
     @on_error.setter
     def on_error(self, handler: Any) -> None:

@@ -14,6 +14,8 @@ from typing import Any
 from . import states
 from .canvas import Signature, chain, chord, chunks, group, maybe_signature, signature
 from .result import AsyncResult, GroupResult
+from .result import AsyncResult as _AsyncResult  # (the names the app's methods of the same names return)
+from .result import GroupResult as _GroupResult
 from .task import Request, Task, shared_task, task
 
 __all__ = ["AsyncResult", "Celery", "GroupResult", "Request", "Signature", "Task", "chain", "chord", "chunks",
@@ -60,16 +62,16 @@ class Celery:
     def autodiscover_tasks(self, *_: Any, **__: Any) -> None:
         """Nothing: workers, beats and the outbox relay import every installed app's jobs.py and tasks.py."""
 
-    def AsyncResult(self, task_id: str) -> AsyncResult:  # noqa: N802  (Celery's name)
-        return AsyncResult(task_id)
+    def AsyncResult(self, task_id: str) -> _AsyncResult:  # noqa: N802  (Celery's name)
+        return _AsyncResult(task_id)
 
-    def GroupResult(self, *args: Any, **kwargs: Any) -> GroupResult:  # noqa: N802
-        return GroupResult(*args, **kwargs)
+    def GroupResult(self, *args: Any, **kwargs: Any) -> _GroupResult:  # noqa: N802
+        return _GroupResult(*args, **kwargs)
 
     def signature(self, name: str, args: Any = (), kwargs: Any = None, **options: Any) -> Signature:
         return signature(name, *args, **(kwargs or {})).set(**options) if options else \
             signature(name, *args, **(kwargs or {}))
 
-    def send_task(self, name: str, args: Any = (), kwargs: Any = None, **options: Any) -> AsyncResult:
+    def send_task(self, name: str, args: Any = (), kwargs: Any = None, **options: Any) -> _AsyncResult:
         """Add a job of the task registered as `name` (apply_async's options)."""
-        return self.signature(name, args, kwargs).apply_async(**options)  # type: ignore[no-any-return]
+        return self.signature(name, args, kwargs).apply_async(**options)

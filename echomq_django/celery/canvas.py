@@ -14,7 +14,7 @@ __all__ = ["Signature", "chain", "chord", "chunks", "group", "maybe_signature", 
 
 def chunks(task: Any, items: Any, n: int) -> Chunks:
     """`task.chunks(items, n)`, spelled as Celery's `chunks(task, items, n)`."""
-    return task.chunks(items, n)  # type: ignore[no-any-return]
+    return task.chunks(items, n)
 
 
 def maybe_signature(value: Any) -> Any:

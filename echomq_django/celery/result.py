@@ -104,6 +104,7 @@ class AsyncResult(JobHandle):
     """
 
     parent: Any = None
+    _queue: Any = None
 
     def __new__(cls, job_id: str, queue: Any = None, *, parent: Any = None, app: Any = None) -> AsyncResult:
         result = str.__new__(cls, validate_id(job_id))
@@ -114,7 +115,7 @@ class AsyncResult(JobHandle):
     def __repr__(self) -> str:
         return f"<AsyncResult: {self.id}>"
 
-    @property  # type: ignore[override]
+    @property
     def queue(self) -> Any:
         """The job's Queue; None while no configured queue holds it."""
         if self._queue is None:
@@ -139,7 +140,7 @@ class AsyncResult(JobHandle):
         return celery_state(*self._read())
 
     @property
-    def status(self) -> str:  # type: ignore[override]
+    def status(self) -> str:
         return self.state
 
     @property
@@ -209,7 +210,7 @@ class AsyncResult(JobHandle):
                 raise error from None
             return error
 
-    def wait(self, timeout: float | None = None, propagate: bool = True, **options: Any) -> Any:  # type: ignore[override]
+    def wait(self, timeout: float | None = None, propagate: bool = True, **options: Any) -> Any:
         """`get` (Celery's older name)."""
         return self.get(timeout=timeout, propagate=propagate, **options)
 
@@ -254,7 +255,8 @@ class GroupResult(list[Any]):
     def __repr__(self) -> str:
         return f"<GroupResult: {self.id} [{', '.join(str(result) for result in self)}]>"
 
-    __hash__ = object.__hash__
+    # A group's results are one object, not a value: hashed as one.
+    __hash__ = object.__hash__  # type: ignore[assignment]
 
     @property
     def results(self) -> list[Any]:

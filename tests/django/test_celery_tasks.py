@@ -1,6 +1,7 @@
 """echomq_django.celery: shared_task's options, bound tasks, Celery's results and calling API, on the real scripts."""
 
 import statistics
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -255,3 +256,35 @@ def test_retries_of_many_jobs_spread_over_the_backoff(queues):
     assert sum(1 for wait in waits if wait < 5000) > 250 and sum(1 for wait in waits if wait > 5000) > 250
     assert statistics.pstdev(waits) > 1500
     assert not all(job.opts.backoff.jitter is False for job in queues["default"].get_jobs("delayed", 0, 1))
+
+
+def test_a_tasks_rate_limit_holds_across_workers_without_using_attempts(queues):
+    """rate_limit="20/s": two workers of 4 threads each start the task's jobs 50 ms apart; a job held
+    back waits in `delayed` with its attempts untouched, and the queue's other jobs do not wait for it."""
+    starts = []
+
+    @shared_task(rate_limit="20/s", max_retries=0, name="c.limited")
+    def limited(n):
+        starts.append(time.time())
+
+    free = shared_task(name="c.free")(lambda: "free")
+    results = [limited.delay(n) for n in range(12)]
+    other = free.delay()
+    deadline = time.monotonic() + 60
+
+    def drain():
+        while time.monotonic() < deadline and not all(r.ready() for r in results):
+            # (a burst ends when nothing is due: the held jobs come due one by one, each to a new burst)
+            make_worker("default", run_job, concurrency=4).run(burst=True)
+            time.sleep(0.01)
+
+    threads = [threading.Thread(target=drain) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(result.successful() for result in results) and other.get(timeout=5) == "free"
+    # The script spaces the starts 50 ms apart on Redis's clock; a thread may begin its function a little late, so
+    # the span is the bound (unlimited, 8 threads start these 12 jobs within a few ms).
+    assert len(starts) == 12 and max(starts) - min(starts) >= 0.5, sorted(starts)
+    assert all(queues["default"].get_job(result.id).attempts_made == 1 for result in results)
