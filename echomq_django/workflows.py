@@ -26,7 +26,7 @@ from django.db import router
 
 from .calling import expand_links, handler_of, refuse_unknown
 from .conf import get_settings
-from .core import Chain, Chord, Group, Linked, Plan, WorkflowError, WorkflowHandle
+from .core import Canvas, Chain, Chord, Group, Linked, Plan, WorkflowError, WorkflowHandle
 from .jobs import registered_jobs
 from .outbox import OutboxWorkflow
 from .outbox import workflows as outbox_workflows
@@ -105,6 +105,10 @@ class _Enqueue:
         node = with_call(expand_links(node), tuple(args or ()), dict(kwargs or {}),
                          {key: options[key] for key in ("queue", "priority") if options.get(key) is not None})
         return result_of(enqueue_plan(node))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """`apply_async` with these arguments, as Celery's `canvas(...)` is."""
+        return self.apply_async(args, kwargs)
 
     def link(self, callback: Any) -> Any:
         """Run `callback` with the workflow's result once it succeeded; returns the callback."""
@@ -198,5 +202,6 @@ def group(*members: Any) -> Group:
 def chord(header: Group | Iterable[Any], body: Any, *, on_error: Signature | None = None) -> Chord:
     """`header` (a group, or its members), then `body` once, with the list of their results first."""
     if not isinstance(header, Group):
-        header = _Group(*header)
+        # One signature or canvas alone is a header of one, as Celery takes it.
+        header = _Group(header) if isinstance(header, (Signature, Canvas)) else _Group(*header)
     return _Chord(header, body, on_error)

@@ -69,8 +69,7 @@ class Celery:
         return _GroupResult(*args, **kwargs)
 
     def signature(self, name: str, args: Any = (), kwargs: Any = None, **options: Any) -> Signature:
-        return signature(name, *args, **(kwargs or {})).set(**options) if options else \
-            signature(name, *args, **(kwargs or {}))
+        return signature(name, args, kwargs, **options)
 
     def send_task(self, name: str, args: Any = (), kwargs: Any = None, **options: Any) -> _AsyncResult:
         """Add a job of the task registered as `name` (apply_async's options)."""

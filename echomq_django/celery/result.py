@@ -18,14 +18,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..conf import get_settings
-from ..core import Job, JobFailedError, JobHandle, JobNotFoundError, Plan, validate_id
+from ..core import EchoMQError, Job, JobFailedError, JobHandle, JobNotFoundError, Plan, validate_id
 from ..core.producing.handle import deadline_of
 from ..queues import get_queue
 from . import states
 from .exceptions import TaskError, TaskRevokedError
 
 # A workflow step failed because a member before it did: "member <id> failed: <the member's error>".
-_MEMBER_FAILED = re.compile(r"member \S+ failed: ")
+_MEMBER_FAILED = re.compile(r"member (\S+) failed: ")
 _ERROR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # The state a job reported with `self.update_state(state=..., meta=...)`: its progress, marked as this.
 UPDATE_STATE_KEY = "celery_state"
@@ -94,6 +94,19 @@ def _find_queue(job_id: str) -> Any:
     for queue in queues:
         pipe.exists(queue.keys.job(job_id))
     return next((queue for queue, found in zip(queues, pipe.execute(), strict=True) if found), None)
+
+
+def _member_class(reason: str | None) -> str:
+    """A workflow step failed by a member before it: the class the member recorded (one read), else ""."""
+    match = _MEMBER_FAILED.match(reason or "")
+    if match is None:
+        return ""
+    try:
+        queue = _find_queue(validate_id(match.group(1)))
+        member = None if queue is None else queue.get_job(match.group(1), log_lines=0)
+    except EchoMQError:
+        return ""
+    return member.error_classes[-1] if member is not None and member.error_classes else ""
 
 
 class AsyncResult(JobHandle):
@@ -239,7 +252,8 @@ def _value(job: Job | None, state: str) -> Any:
     if state == states.REVOKED:
         return TaskRevokedError(job.cancel_reason or "revoked")
     if state in (states.FAILURE, states.RETRY):
-        return rebuilt_error(job.failed_reason, job.error_classes[-1] if job.error_classes else "")
+        return rebuilt_error(job.failed_reason, job.error_classes[-1] if job.error_classes else
+                             _member_class(job.failed_reason))
     if isinstance(job.progress, dict) and UPDATE_STATE_KEY in job.progress:
         return job.progress.get("meta")
     return None

@@ -125,7 +125,7 @@ def test_map_starmap_and_chunks(queues):
 
 def test_signature_by_name_and_options(queues):
     add, _, _, _, _ = tasks()
-    result = signature("cv.add", 1, 2).set(queue="mail", countdown=0).delay()
+    result = signature("cv.add", (1, 2), queue="mail", countdown=0).delay()
     assert result.queue.name == "mail"
     run_jobs()
     assert result.get(timeout=5) == 3

@@ -42,9 +42,9 @@ import pytest
 
 from echomq_django import jobs
 from echomq_django.celery import AsyncResult, GroupResult, chain, chord, group, shared_task, signature
-from echomq_django.celery.exceptions import TaskError
 from echomq_django.core import Queue, WorkflowError
 from echomq_django.testing import run_jobs
+from echomq_django.workflows import signature as echomq_signature
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -230,9 +230,6 @@ class TestLinkError:
         assert same_error(result.get(timeout=TIMEOUT, propagate=False), exception)
         assert echoed("retry_once") == [0, 1]  # the errback ran, was retried once, and succeeded
 
-    @pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-        "echomq_django.celery.signature(name, args=(...)) takes args= as a keyword argument of the task (Celery's "
-        "signature takes args=, kwargs= and options): the job runs fail(args=['test']) and fails with TypeError"))
     def test_link_error_using_signature(self, queues):
         """Celery: test_link_error.test_link_error_using_signature, with Celery's `signature(name, args=(...))`."""
         fail_sig = signature("port.fail", args=("test",))
@@ -245,10 +242,11 @@ class TestLinkError:
 
 
     def test_link_error_using_signature_positional(self, queues):
-        """Celery: test_link_error.test_link_error_using_signature, with echomq's `signature(name, *args)`. The
+        """Celery: test_link_error.test_link_error_using_signature, with echomq_django.workflows' `signature(name,
+        *args)`. The
         errback is Celery's old-style one (it takes one argument): echomq calls it with (request, exc, traceback),
         so it fails with TypeError in its own job; Celery's test does not look at it either."""
-        fail_sig = signature("port.fail", "test")
+        fail_sig = echomq_signature("port.fail", "test")
         return_exception_sig = signature("port.return_exception")
         fail_sig.link_error(return_exception_sig)
         exception = ExpectedException("Task expected to fail", "test")
@@ -261,8 +259,6 @@ class TestLinkError:
 
 
 class TestChain:
-    @pytest.mark.xfail(strict=True, raises=TypeError, reason="a chain, group or chord cannot be called: Celery's "
-                       "`canvas()` applies it (apply_async), echomq's raises TypeError: object is not callable")
     def test_simple_chain(self, queues):
         """Celery: test_chain.test_simple_chain, with Celery's `c()`."""
         c = add.s(4, 4) | add.s(8) | add.s(16)
@@ -298,11 +294,6 @@ class TestChain:
         run_jobs()
         assert result.get(timeout=TIMEOUT) == 42
 
-    @pytest.mark.xfail(strict=True, raises=TaskError, reason=(
-        "a workflow step failed because an earlier task failed re-raises a stand-in class made from the error's name "
-        "(echomq_django.remote.ExpectedException, a TaskError subclass), not the failed task's own exception class: "
-        "only the failed job records the class (error_classes); the steps it fails get only 'member <id> failed: "
-        "<reason>', so `except ExpectedException` around a chain's or chord's .get() does not catch it"))
     def test_chain_on_error(self, queues):
         """Celery: test_chain.test_chain_on_error. The failure reaches the last step and the failed one, each
         raising the task's exception."""
@@ -773,9 +764,6 @@ class TestGroup:
         run_jobs()
         assert result.get(timeout=TIMEOUT) == [[42, 42, [42] * 42, 1337]]
 
-    @pytest.mark.xfail(strict=True, raises=TypeError, reason=(
-        "chord(header, body) with one signature as the header (Celery wraps it: [header]) raises TypeError: "
-        "_Group() argument after * must be an iterable, not Signature (workflows.chord)"))
     def test_nested_group_chord_body_chain(self, queues):
         """Celery: test_group.test_nested_group_chord_body_chain (xfail in Celery, #6734): a chord whose header
         is one signature (not a list) and whose body is a chain."""
