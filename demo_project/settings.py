@@ -22,6 +22,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "echomq_django",
     "demo_project.demo_app",
+    "demo_project.shop",  # a Celery project's tasks.py, moved by changing its imports (shop/tasks.py)
 ]
 if django.VERSION < (6,):
     # Django 5.2 LTS gets the Tasks framework from the backport (pip install "echomq-django[tasks]").

@@ -18,25 +18,25 @@
 ]]
 -- @include "lockIndex"
 
-local key, id = KEYS[1], ARGV[3]
+local id = ARGV[3]
 local interval = tonumber(ARGV[2]) / tonumber(ARGV[1])
 local now = redisNowMs()
-local fields = redis.pcall("HMGET", key, "tat", "r:" .. id)
+local fields = redis.pcall("HMGET", KEYS[1], "tat", "r:" .. id)
 if fields["err"] then return 0 end  -- another client's key of another type: no limit rather than no start
 local held = tonumber(fields[2])
 if held then
   if held <= now then
-    redis.call("HDEL", key, "r:" .. id)
+    redis.call("HDEL", KEYS[1], "r:" .. id)
     return 0
   end
   return math.ceil(held - now)
 end
 local tat = tonumber(fields[1]) or now
 if tat <= now then
-  redis.call("HSET", key, "tat", now + interval)
-  redis.call("PEXPIRE", key, math.ceil(interval + tonumber(ARGV[2])))
+  redis.call("HSET", KEYS[1], "tat", now + interval)
+  redis.call("PEXPIRE", KEYS[1], math.ceil(interval + tonumber(ARGV[2])))
   return 0
 end
-redis.call("HSET", key, "tat", tat + interval, "r:" .. id, tat)
-redis.call("PEXPIRE", key, math.ceil(tat + interval - now + tonumber(ARGV[2])))
+redis.call("HSET", KEYS[1], "tat", tat + interval, "r:" .. id, tat)
+redis.call("PEXPIRE", KEYS[1], math.ceil(tat + interval - now + tonumber(ARGV[2])))
 return math.ceil(tat - now)
