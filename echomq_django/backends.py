@@ -56,7 +56,6 @@ from .core import (
 )
 from .job_options import naive_zone, own_time_limits_ms
 from .queues import get_queue
-from .signatures import Signature
 from .task_results import is_task_job, stored_task, task_datetime, task_result_of
 from .tasks_compat import (
     BaseTaskBackend,
@@ -72,6 +71,7 @@ from .tasks_compat import (
     task_finished,
     task_started,
 )
+from .workflows import Signature
 
 logger = logging.getLogger("echomq.tasks")
 KNOWN_OPTIONS = {"ENQUEUE_ON_COMMIT", "DATABASE"}

@@ -24,7 +24,6 @@ which imports a task's module only from inside an installed app.)
 
 from __future__ import annotations
 
-import contextvars
 import hashlib
 import json
 from collections.abc import Callable
@@ -35,7 +34,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections
 
-from . import outbox
+from . import outbox, registry
 from .calling import MAP_JOB, CeleryCalls
 from .conf import get_settings, unserved_queue
 from .core import (
@@ -56,32 +55,16 @@ from .core import (
 from .discovery import discover_jobs as discover_jobs  # public here too: echomq_django.jobs.discover_jobs
 from .job_options import expiry_ms, naive_zone, time_limits_ms
 from .queues import get_queue
+from .registry import current_job as current_job  # public here: echomq_django.jobs.current_job
+from .registry import register_function as register_function
+from .registry import registered_jobs as registered_jobs
 from .routes import route
-from .signatures import Signature
+from .workflows import Signature
 
 # The name of the steps of an admin's bulk action run by the queue's workers (bulk_steps.py registers it).
 BULK_STEP_JOB = "echomq.bulk-run"
-_current_job: contextvars.ContextVar[Job | None] = contextvars.ContextVar("echomq_current_job", default=None)
-_registry: dict[str, JobFunction] = {}
 # The package's own jobs, by name: each is called with the Job (bulk_steps.py registers the bulk action's step).
 _builtin: dict[str, Callable[[Job], Any]] = {}
-
-
-def current_job() -> Job | None:
-    """The job this thread is running, inside a job function; else None.
-
-    It is also where a running job is stopped: it raises what the worker set on
-    the job (Job.check): JobCancelled at every call once the job was cancelled
-    (Queue.cancel), SoftTimeLimitExceeded once past its soft time limit,
-    TimeLimitExceeded past its hard limit. On the threads pool this is the only way a job learns of
-    these (a thread cannot be interrupted), so a long job should call it now and
-    then; a job may catch SoftTimeLimitExceeded to clean up, while a cancelled
-    attempt fails whatever the job does.
-    """
-    job = _current_job.get()
-    if job is not None:
-        job.check()
-    return job
 
 
 @dataclass
@@ -303,14 +286,6 @@ def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queu
     return register(func) if func is not None else register
 
 
-def register_function(registered: JobFunction) -> JobFunction:
-    """Register a job function under its name (ValueError when another function has the name)."""
-    if registered.name in _registry and _registry[registered.name].func is not registered.func:
-        raise ValueError(f"two job functions are registered as {registered.name!r}; give one a name=")
-    _registry[registered.name] = registered
-    return registered
-
-
 def job_data(args: Any, kwargs: Any, headers: Any = None) -> dict[str, Any]:
     """A job's data: its JSON arguments, and the headers of the call when it gave some (PayloadError if not a
     dict: a job's data is checked as JSON when it is encoded)."""
@@ -350,7 +325,7 @@ def _celery_retries(attempts: int | None, backoff: Backoff | None, retry_backoff
 def _run_map(job_record: Job) -> Any:
     from .calling import run_map
 
-    return run_map(job_record, _registry)
+    return run_map(job_record, registry.registry_now())
 
 
 _builtin[MAP_JOB] = _run_map
@@ -359,11 +334,6 @@ _builtin[MAP_JOB] = _run_map
 def register_builtin(name: str, handler: Callable[[Job], Any]) -> None:
     """Register one of the package's own jobs: `handler(job)` runs it (its module calls this at import)."""
     _builtin[name] = handler
-
-
-def registered_jobs() -> dict[str, JobFunction]:
-    """Every registered job function by name."""
-    return dict(_registry)
 
 
 def run_job(job_record: Job) -> Any:
@@ -376,11 +346,11 @@ def run_job(job_record: Job) -> Any:
     it starts: child.setup).
     """
     close_old_connections()
-    token = _current_job.set(job_record)
+    token = registry.running.set(job_record)
     try:
         return _dispatch(job_record)
     finally:
-        _current_job.reset(token)
+        registry.running.reset(token)
         close_old_connections()
 
 
@@ -397,7 +367,7 @@ def _dispatch(job_record: Job) -> Any:
         raise UnrecoverableError(
             f"job {job_record.id} is a step of an admin's bulk action, and this worker's settings do not install "
             "the admin (django.contrib.admin and echomq_django in INSTALLED_APPS) that runs it")
-    function = _registry.get(job_record.name)
+    function = registry.registry_now().get(job_record.name)
     if function is None:
         raise UnrecoverableError(
             f"no job function named {job_record.name!r} is registered in this worker "

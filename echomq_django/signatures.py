@@ -1,5 +1,6 @@
-"""Signatures: a job with its arguments and options, as a step of a workflow (echomq_django.workflows), or to
-apply on its own, Celery's way (`sig.delay()`, `sig.apply_async()`, `sig | other`).
+"""Signatures: a job with its arguments and options, as a step of a workflow (echomq_django.workflows, whose
+Signature adds Celery's `sig.delay()`, `sig.apply_async()` and `sig | other` to this one); and how a signature's
+Celery links (`link`, `link_error`) become nodes of a workflow (expand_links).
 
 `fn.s(*args, **kwargs)` on an @job function or an EchoMQ task makes one;
 `fn.si(...)` makes one that does not receive the previous step's result.
@@ -11,11 +12,12 @@ backends.EchoMQTask).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, Self
 
-from .core import Member, PayloadError, WorkflowError, validate_job_id
+from .core import Canvas, Chain, Chord, Group, Linked, Member, PayloadError, WorkflowError, validate_job_id
 
 # What `.set()` takes: echomq's options of a step, then Celery's options of a call (calling.py).
 OPTIONS = ("queue", "priority", "delay_ms", "attempts", "group", "allow_failure")
@@ -53,7 +55,7 @@ class Signature:
         """The job id given with `task_id=`, if any."""
         return self.options.get("task_id")
 
-    def set(self, **options: Any) -> Signature:
+    def set(self, **options: Any) -> Self:
         """This signature with other options: queue, priority, delay_ms, attempts, group, allow_failure; and
         Celery's countdown, eta, expires, task_id, link, link_error, time_limit, soft_time_limit, headers,
         immutable."""
@@ -66,8 +68,6 @@ class Signature:
         if not isinstance(options.get("queue", ""), str):
             raise WorkflowError(f"queue is a queue's name, not {options['queue']!r}")
         if "countdown" in options:
-            from .calling import countdown_ms
-
             countdown = options.pop("countdown")
             if countdown is not None:
                 options["delay_ms"] = countdown_ms(countdown)
@@ -80,11 +80,11 @@ class Signature:
         given = {key: value for key, value in options.items() if value is not None}
         return dataclasses.replace(self, options={**self.options, **given}, immutable=bool(immutable))
 
-    def without(self, *names: str) -> Signature:
+    def without(self, *names: str) -> Self:
         """This signature without these options."""
         return dataclasses.replace(self, options={k: v for k, v in self.options.items() if k not in names})
 
-    def partial(self, args: tuple[Any, ...] = (), kwargs: Mapping[str, Any] | None = None) -> Signature:
+    def partial(self, args: tuple[Any, ...] = (), kwargs: Mapping[str, Any] | None = None) -> Self:
         """This signature with a call's arguments: its args before the signature's own (as Celery's partials),
         its kwargs over the signature's; an immutable signature keeps its own arguments."""
         if self.immutable or (not args and not kwargs):
@@ -103,25 +103,12 @@ class Signature:
             raise WorkflowError(f"{self.target!r} did not make a workflow member")
         return member
 
-    # Celery's calling API (calling.py does the work).
-
-    def delay(self, *args: Any, **kwargs: Any) -> Any:
-        """Add the job with these arguments before the signature's own: its AsyncResult."""
-        return self.apply_async(args, kwargs)
-
-    def apply_async(self, args: Iterable[Any] | None = None, kwargs: Mapping[str, Any] | None = None,
-                    **options: Any) -> Any:
-        """Add the job, with a call's arguments and options (countdown=, eta=, queue=, link=...): its AsyncResult."""
-        from .calling import apply_signature, refuse_unknown
-
-        refuse_unknown(options, CALL_OPTIONS, f"{self.name}.apply_async()")
-        return apply_signature(self, tuple(args or ()), kwargs, options)
-
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the function here and now, as Celery's `sig()` does: the call's arguments before the signature's."""
         signature = self.partial(args, kwargs)
-        function = getattr(self.target, "func", None) or self.target
-        return function(*signature.args, **signature.kwargs)
+        if not callable(self.target):
+            raise WorkflowError(f"{self.name} cannot be called here: apply it (.delay())")
+        return self.target(*signature.args, **signature.kwargs)
 
     def link(self, callback: Any) -> Any:
         """Run `callback` with this job's result once it succeeded (Celery's link); returns the callback."""
@@ -133,17 +120,105 @@ class Signature:
         self.options["link_error"] = [*_listed(self.options.get("link_error")), errback]
         return errback
 
-    def on_error(self, errback: Any) -> Signature:
+    def on_error(self, errback: Any) -> Self:
         """`link_error`, returning this signature (Celery's `sig.on_error`)."""
         self.link_error(errback)
         return self
 
-    def __or__(self, other: Any) -> Any:
-        """`sig | other`: a chain of the two (other a signature, a chain, a group or a chord)."""
-        from .workflows import chain
-
-        return chain(self) | other
-
 
 def _listed(value: Any) -> list[Any]:
     return [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+# Celery's options that echomq does not take, and why: refused by name.
+REFUSED = {
+    "serializer": "echomq stores JSON only (never pickle)",
+    "compression": "echomq stores JSON as it is",
+    "exchange": "echomq routes by queue alone",
+    "routing_key": "echomq routes by queue alone: give queue=",
+    "shadow": "a job is shown under its function's name",
+    "retry": "an enqueue is retried within ENQUEUE_TIMEOUT, then raises",
+    "retry_policy": "an enqueue is retried within ENQUEUE_TIMEOUT, then raises",
+    "chord": "give a chord with echomq_django.celery.chord",
+    "add_to_parent": "a job started from another job has no parent result to join",
+    "ignore_result": "give ignore_result on the task",
+    "reply_to": "results are kept in Redis with the job",
+    "connection": "echomq's connection is ECHOMQ['REDIS_URL']",
+    "producer": "echomq's connection is ECHOMQ['REDIS_URL']",
+}
+
+
+def refuse_unknown(options: Mapping[str, Any], allowed: Iterable[str], where: str) -> None:
+    """PayloadError naming the first option of `options` not in `allowed` (with why, for Celery's own)."""
+    allowed = set(allowed)
+    for name in options:
+        if name not in allowed:
+            why = REFUSED.get(name, f"it is not an option echomq knows; it takes {', '.join(sorted(allowed))}")
+            raise PayloadError(f"{where} cannot take {name}=: {why}")
+
+
+def countdown_ms(countdown: Any) -> int:
+    """A countdown in seconds (Celery's) as a delay in ms (PayloadError for a negative or non-number)."""
+    if isinstance(countdown, bool) or not isinstance(countdown, (int, float)) or not countdown >= 0 \
+            or math.isinf(countdown):
+        raise PayloadError(f"countdown is a number of seconds from 0, not {countdown!r}")
+    return math.ceil(countdown * 1000)
+
+
+def handler_of(node: Any) -> Any:
+    """A chain's or chord's error handler (workflows.py keeps it as `error_handler` on its own classes)."""
+    return getattr(node, "error_handler", None) if hasattr(node, "error_handler") else node.on_error
+
+
+def expand_links(node: Any) -> Any:
+    """`node` with every signature's `link` and `link_error` (and a canvas's) made core workflow nodes: a
+    signature with callbacks becomes a Linked node, and each error callback its on_error."""
+    if isinstance(node, Signature):
+        links = _signatures(node.options.get("link"), "link")
+        errbacks = _signatures(node.options.get("link_error"), "link_error")
+        if not links and not errbacks:
+            return node
+        bare = node.without("link", "link_error")
+        wrapped: Any = Linked(bare, [expand_links(link) for link in links], errbacks[0] if errbacks else None)
+        for errback in errbacks[1:]:
+            wrapped = Linked(wrapped, (), errback)
+        return wrapped
+    if not isinstance(node, Canvas):
+        return node
+    links, errbacks = getattr(node, "links", []), getattr(node, "errbacks", [])
+    if isinstance(node, Group):
+        members = [expand_links(member) for member in node.members]
+        if errbacks:  # as Celery: each member gets the group's error callbacks
+            members = [_with_errbacks(member, errbacks) for member in members]
+        result: Any = Group(*members)
+        errbacks = []
+    elif isinstance(node, Chord):
+        result = Chord(expand_links(node.header), expand_links(node.body), handler_of(node))
+    elif isinstance(node, Chain):
+        result = Chain(*[expand_links(step) for step in node.steps], on_error=handler_of(node))
+    elif isinstance(node, Linked):
+        result = Linked(expand_links(node.body), [expand_links(c) for c in node.callbacks], node.on_error)
+    else:
+        raise WorkflowError(f"not a canvas echomq knows: {node!r}")
+    if links or errbacks:  # a canvas's own: its callbacks get its result; an error callback runs once
+        result = Linked(result, [expand_links(link) for link in links], errbacks[0] if errbacks else None)
+        for errback in errbacks[1:]:
+            result = Linked(result, (), errback)
+    return result
+
+
+def _with_errbacks(member: Any, errbacks: list[Any]) -> Any:
+    for errback in errbacks:  # (each member's own copy: Celery clones it per member)
+        member = Linked(member, (), errback)
+    return member
+
+
+def _signatures(value: Any, what: str) -> list[Any]:
+    """A link option's callbacks: one signature or a list of them."""
+    if value is None:
+        return []
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    for item in items:
+        if not callable(getattr(item, "member", None)) and not hasattr(item, "parts"):
+            raise WorkflowError(f"{what} takes signatures (fn.s(...)), not {item!r}")
+    return items

@@ -21,15 +21,15 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from .conf import get_settings
 from .core import EchoMQError
-from .jobs import run_job
-from .queues import get_queue, make_worker
+
+# (The Django layer is imported inside the functions: pytest loads this plugin before Django is set up.)
 
 __all__ = ["EchoMQFixture", "JobsLeft", "echomq", "run_jobs"]
 
 # The states of jobs that are still to run (a deferred workflow step runs once its inputs came).
 _PENDING = ("wait", "prioritized", "paused", "active", "delayed", "deferred")
+_ROUND = 100
 
 
 class JobsLeft(EchoMQError):
@@ -48,33 +48,40 @@ def run_jobs(queue: str | None = None, *, run_delayed: bool = True, timeout: flo
     countdowns; without it, delayed jobs are left for the test to see. A job
     paused by a queue's `pause()` is left too. JobsLeft after `timeout` seconds.
     """
+    from .conf import get_settings
+    from .jobs import run_job
+    from .queues import make_worker
+
     names = [queue] if queue is not None else list(get_settings().queues)
     deadline = time.monotonic() + timeout
     ran = 0
     while True:
         this_round = 0
-        for name in names:
-            this_round += make_worker(name, run_job, concurrency=1, pool="threads").run(burst=True)
+        for name in names:  # (at most _ROUND jobs a burst: a job that enqueues itself for ever ends at the timeout)
+            this_round += make_worker(name, run_job, concurrency=1, pool="threads").run(burst=True, max_jobs=_ROUND)
         ran += this_round
         promoted = sum(_promote_all(name) for name in names) if run_delayed else 0
+        if this_round == 0 and promoted == 0 and not any(_left(name, run_delayed) for name in names):
+            return ran
+        if time.monotonic() >= deadline:
+            left = {name: count for name in names if (count := _left(name, run_delayed))}
+            raise JobsLeft(f"jobs were still to run after {timeout} s: {left}")
         if this_round == 0 and promoted == 0:
-            left = {name: count for name in names
-                    if (count := _left(name, run_delayed))}
-            if not left:
-                return ran
-            if time.monotonic() >= deadline:
-                raise JobsLeft(f"jobs were still to run after {timeout} s: {left}")
-            time.sleep(0.05)  # a job held back by a rate limit, or another worker's: look again
+            time.sleep(0.05)  # a job held back by a rate limit, or running in another worker: look again
 
 
 def _promote_all(name: str, limit: int = 10_000) -> int:
     """Make every delayed job of queue `name` due now (at most `limit`)."""
+    from .queues import get_queue
+
     queue = get_queue(name)
     ids = queue.client.zrange(queue.keys.delayed, 0, limit - 1)
     return sum(1 for job_id in ids if queue.promote(job_id))
 
 
 def _left(name: str, with_delayed: bool) -> int:
+    from .queues import get_queue
+
     counts = get_queue(name).counts()
     return sum(counts.get(state, 0) for state in _PENDING
                if (state != "delayed" or with_delayed) and state != "paused")
@@ -90,9 +97,14 @@ class EchoMQFixture:
         return run_jobs(queue, **options)
 
     def queue(self, name: str = "default") -> Any:
+        from .queues import get_queue
+
         return get_queue(name)
 
     def clean(self) -> None:
+        from .conf import get_settings
+        from .queues import get_queue
+
         for name in get_settings().queues:
             get_queue(name).obliterate()
 

@@ -20,19 +20,68 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping
-from typing import Any
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 from django.db import router
 
-from .calling import expand_links, handler_of, refuse_unknown
+from . import outbox, signatures
 from .conf import get_settings
-from .core import Canvas, Chain, Chord, Group, Linked, Plan, WorkflowError, WorkflowHandle
-from .jobs import registered_jobs
+from .core import Canvas, Chain, Chord, Group, Linked, NewJob, PayloadError, Plan, WorkflowError, WorkflowHandle
 from .outbox import OutboxWorkflow
 from .outbox import workflows as outbox_workflows
-from .signatures import Signature
+from .registry import registered_jobs
+from .signatures import CALL_OPTIONS, expand_links, handler_of, refuse_unknown
+
+if TYPE_CHECKING:
+    from .celery.result import AsyncResult
 
 __all__ = ["Signature", "WorkflowError", "WorkflowResult", "chain", "chord", "group", "signature"]
+
+
+class Signature(signatures.Signature):
+    """A signature (signatures.py) with Celery's calling API: `.delay()`, `.apply_async()`, `sig | other`."""
+
+    def delay(self, *args: Any, **kwargs: Any) -> Any:
+        """Add the job with these arguments before the signature's own: its AsyncResult."""
+        return self.apply_async(args, kwargs)
+
+    def apply_async(self, args: Iterable[Any] | None = None, kwargs: Mapping[str, Any] | None = None,
+                    **options: Any) -> Any:
+        """Add the job, with a call's arguments and options (countdown=, eta=, queue=, link=...): its AsyncResult."""
+        refuse_unknown(options, CALL_OPTIONS, f"{self.name}.apply_async()")
+        return apply_signature(self, tuple(args or ()), kwargs, options)
+
+    def __or__(self, other: Any) -> Any:
+        """`sig | other`: a chain of the two (other a signature, a chain, a group or a chord)."""
+        return chain(self) | other
+
+
+def apply_signature(signature: Signature, args: Iterable[Any] = (), kwargs: Mapping[str, Any] | None = None,
+                    options: Mapping[str, Any] | None = None) -> AsyncResult:
+    """Add a signature's job (Signature.apply_async): the call's arguments before its own, the call's options over
+    its own. With `link` or `link_error`, the job and its callbacks are one workflow."""
+    from .celery.result import AsyncResult, result_of
+
+    signature = signature.partial(tuple(args), dict(kwargs or {})).set(**dict(options or {}))
+    opts = signature.options
+    if opts.get("link") or opts.get("link_error"):
+        return result_of(enqueue_plan(signature))
+    target = signature.target
+    if not hasattr(target, "enqueue_with"):  # a map: one job, as a workflow member is made
+        member = signature.member()
+        job_id = outbox.enqueue(member.queue, NewJob(member.name, member.data, member.opts, member.job_id))
+        return AsyncResult(job_id, member.queue)
+    delay_ms = opts.get("delay_ms", 0)
+    eta = opts.get("eta")
+    if eta is not None and not isinstance(eta, datetime):
+        raise PayloadError(f"eta is a datetime, not {eta!r}")
+    handle = target.enqueue_with(
+        args=signature.args, kwargs=signature.kwargs, delay_ms=delay_ms, eta=eta, job_id=opts.get("task_id"),
+        priority=opts.get("priority"), expires=opts.get("expires"), queue=opts.get("queue"),
+        time_limit=opts.get("time_limit"), soft_time_limit=opts.get("soft_time_limit"), headers=opts.get("headers"),
+        group=opts.get("group"))
+    return AsyncResult(handle.id, handle.queue)
 
 
 def signature(target: Any, *args: Any, **kwargs: Any) -> Signature:

@@ -21,6 +21,8 @@ import pytest
 from echomq_django.core import Queue, Scripts, connect
 from tests.redis_servers import SERVER_PROGRAM, ClusterServers, RedisServer
 
+# The fixtures a project's tests get from echomq (docs/testing.md): `echomq`.
+pytest_plugins = ["echomq_django.testing"]
 _run_servers: ClusterServers | RedisServer | None = None  # the servers this run started for its fixtures
 TESTS = Path(__file__).resolve().parent
 LAYERS = ("unit", "protocol", "runtime", "django", "system")
@@ -139,6 +141,6 @@ def project_jobs_only(monkeypatch):
 
     from echomq_django import jobs
 
-    monkeypatch.setattr(jobs, "_registry", {
+    monkeypatch.setattr(jobs.registry, "_registry", {
         name: function for name, function in jobs.registered_jobs().items()
         if apps.get_containing_app_config(function.func.__module__) is not None})

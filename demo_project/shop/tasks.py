@@ -41,7 +41,7 @@ def reserve_stock(sku):
     return {"reserved": sku}
 
 
-@shared_task(soft_time_limit=5, time_limit=10)
+@shared_task(soft_time_limit=5)
 def ship(payment):
     try:
         return {"shipped": True, **payment}

@@ -26,7 +26,7 @@ class _CurrentTask:
     """`current_task`: the task whose job runs in this thread (its `.request`), as Celery's proxy."""
 
     def __getattr__(self, name: str) -> Any:
-        from ..jobs import current_job, registered_jobs
+        from ..registry import current_job, registered_jobs
 
         job = current_job()
         found = registered_jobs().get(job.name) if job is not None else None
@@ -35,7 +35,7 @@ class _CurrentTask:
         return getattr(found, name)
 
     def __bool__(self) -> bool:
-        from ..jobs import current_job
+        from ..registry import current_job
 
         return current_job() is not None
 

@@ -7,8 +7,7 @@ from typing import Any
 
 from ..calling import Chunks
 from ..core import PayloadError
-from ..signatures import Signature
-from ..workflows import chain, chord, group
+from ..workflows import Signature, chain, chord, group
 from ..workflows import signature as echomq_signature
 
 __all__ = ["Signature", "chain", "chord", "chunks", "group", "maybe_signature", "signature"]

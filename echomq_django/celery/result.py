@@ -18,8 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..conf import get_settings
-from ..core import EchoMQError, Job, JobFailedError, JobHandle, JobNotFoundError, Plan, validate_id
-from ..core.producing.handle import deadline_of
+from ..core import EchoMQError, Job, JobFailedError, JobHandle, JobNotFoundError, Plan, deadline_of, validate_id
 from ..queues import get_queue
 from . import states
 from .exceptions import TaskError, TaskRevokedError
@@ -201,7 +200,7 @@ class AsyncResult(JobHandle):
         another job's result is refused (RuntimeError): it would hold a slot
         that the other one may need; pass disable_sync_subtasks=False to wait anyway.
         """
-        from ..jobs import current_job
+        from ..registry import current_job
 
         if disable_sync_subtasks and current_job() is not None:
             raise RuntimeError("Never call result.get() within a job: it holds a slot the other job may need; "

@@ -297,7 +297,8 @@ def _task_from(func: Callable[..., Any], options: dict[str, Any]) -> Task:
         default_retry_delay=delay, rate_limit=options.get("rate_limit"),
         ignore_result=bool(options.get("ignore_result", False)), rate=rate)
     _check(created)
-    return register_function(created)  # type: ignore[return-value]
+    registered: Task = register_function(created)
+    return registered
 
 
 def _backoff(options: dict[str, Any], delay: Any) -> Backoff:

@@ -31,7 +31,7 @@ from .errors import (
     WorkflowError,
     fail_for_good,
 )
-from .producing.handle import JobHandle
+from .producing.handle import JobHandle, deadline_of
 from .producing.new_jobs import Dedupe, EncodedJob, NewJob
 from .producing.outcomes import BULK_BATCH, GONE, STOPPING, BulkOutcome, Cancel
 from .producing.queue import Queue
@@ -99,7 +99,7 @@ __all__ = [
     "SECOND_STOP_GRACE_S",
     "run_until_signalled", "MAX_PRIORITY", "MIN_PRIORITY", "validate_job_name", "delay_until", "Retry", "Chain",
     "Chord", "Group", "Member", "Plan", "WorkflowError", "WorkflowHandle", "read_tree", "tree_nodes", "JobHandle",
-    "JobFailedError", "Linked", "Postponed", "Canvas",
+    "JobFailedError", "Linked", "Postponed", "Canvas", "deadline_of",
     "JobNotFinishedError", "Dedupe", "WorkerInfo", "BULK_BATCH", "GONE", "STOPPING", "BulkOutcome", "BulkRun",
     "read_run", "decode_stored", "run_step", "start_run", "MAX_DEPTH", "state_ids",
     "state_size", "send_traced", "use_tracer_provider",

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def setup(settings, redis_url, prefix, redis_client, monkeypatch):
     settings.ECHOMQ = {"REDIS_URL": redis_url, "PREFIX": prefix, "QUEUES": {"default": {}}}
-    monkeypatch.setattr(jobs, "_registry", dict(jobs.registered_jobs()))
+    monkeypatch.setattr(jobs.registry, "_registry", dict(jobs.registered_jobs()))
     shout = jobs.job(name="wf.shout")(lambda *parts: "<script>alert(1)</script>")
     return Queue("default", redis_client, prefix=prefix), shout
 

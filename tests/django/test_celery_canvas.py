@@ -15,7 +15,7 @@ CALLS: list = []
 @pytest.fixture
 def queues(settings, redis_url, prefix, redis_client, monkeypatch):
     settings.ECHOMQ = {"REDIS_URL": redis_url, "PREFIX": prefix, "QUEUES": {"default": {}, "mail": {}}}
-    monkeypatch.setattr(jobs, "_registry", dict(jobs.registered_jobs()))
+    monkeypatch.setattr(jobs.registry, "_registry", dict(jobs.registered_jobs()))
     CALLS.clear()
     return {name: Queue(name, redis_client, prefix=prefix) for name in ("default", "mail")}
 

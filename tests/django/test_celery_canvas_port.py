@@ -59,7 +59,7 @@ def port_task(func=None, **options):
 
     def make(function):
         created = shared_task(name=f"port.{function.__name__}", **options)(function)
-        jobs._registry.pop(created.name, None)
+        jobs.registry._registry.pop(created.name, None)
         PORT_TASKS.append(created)
         return created
 
@@ -71,7 +71,7 @@ def queues(settings, redis_url, prefix, redis_client, monkeypatch):
     """Queues `default` and `mail` on this test's prefix, a registry with this module's tasks in it alone, and an
     empty ECHO."""
     settings.ECHOMQ = {"REDIS_URL": redis_url, "PREFIX": prefix, "QUEUES": {"default": {}, "mail": {}}}
-    monkeypatch.setattr(jobs, "_registry", dict(jobs.registered_jobs()))
+    monkeypatch.setattr(jobs.registry, "_registry", dict(jobs.registered_jobs()))
     for created in PORT_TASKS:
         jobs.register_function(created)
     ECHO.clear()

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def queues(settings, redis_url, prefix, redis_client, monkeypatch):
     """Queues `default` and `mail` on this test's prefix, and a registry that forgets this test's tasks."""
     settings.ECHOMQ = {"REDIS_URL": redis_url, "PREFIX": prefix, "QUEUES": {"default": {}, "mail": {}}}
-    monkeypatch.setattr(jobs, "_registry", dict(jobs.registered_jobs()))
+    monkeypatch.setattr(jobs.registry, "_registry", dict(jobs.registered_jobs()))
     return {name: Queue(name, redis_client, prefix=prefix) for name in ("default", "mail")}
 
 

@@ -20,7 +20,7 @@ def default_queue(settings, redis_url, prefix, redis_client) -> Queue:
 
 @pytest.fixture
 def registry(monkeypatch):
-    monkeypatch.setattr(jobs, "_registry", dict(jobs.registered_jobs()))
+    monkeypatch.setattr(jobs.registry, "_registry", dict(jobs.registered_jobs()))
 
 
 def group_of(queue: Queue, job_id: str) -> str | None:

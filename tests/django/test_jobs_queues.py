@@ -15,7 +15,7 @@ BACKEND = "echomq_django.backends.EchoMQBackend"
 @pytest.fixture
 def registry(monkeypatch):
     """The @job registry as it is, restored after the test (the jobs a test registers do not linger)."""
-    monkeypatch.setattr(jobs, "_registry", dict(jobs.registered_jobs()))
+    monkeypatch.setattr(jobs.registry, "_registry", dict(jobs.registered_jobs()))
 
 
 @pytest.fixture

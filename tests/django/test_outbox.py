@@ -29,7 +29,7 @@ def record(*args, **kwargs):
 
 @pytest.fixture
 def registry(monkeypatch):
-    monkeypatch.setattr(jobs, "_registry", dict(jobs.registered_jobs()))
+    monkeypatch.setattr(jobs.registry, "_registry", dict(jobs.registered_jobs()))
 
 
 @pytest.fixture

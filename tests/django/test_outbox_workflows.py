@@ -21,7 +21,7 @@ def queues(settings, redis_url, prefix, redis_client, monkeypatch):
     """Queues `default` and `demo` with the outbox on, on this test's prefix; a registry that forgets its jobs."""
     settings.ECHOMQ = {"REDIS_URL": redis_url, "PREFIX": prefix, "OUTBOX": True, "ENQUEUE_TIMEOUT": 1,
                        "QUEUES": {"default": {}, "demo": {}}}
-    monkeypatch.setattr(jobs, "_registry", dict(jobs.registered_jobs()))
+    monkeypatch.setattr(jobs.registry, "_registry", dict(jobs.registered_jobs()))
     return {name: Queue(name, redis_client, prefix=prefix) for name in ("default", "demo")}
 
 

@@ -113,7 +113,7 @@ def test_no_warning_without_a_hard_limit_on_threads(queue):
 @pytest.fixture
 def registry(monkeypatch):
     """The @job registry and the tasks seen with a time limit as they are, restored after the test."""
-    monkeypatch.setattr(jobs, "_registry", dict(jobs.registered_jobs()))
+    monkeypatch.setattr(jobs.registry, "_registry", dict(jobs.registered_jobs()))
     monkeypatch.setattr(backends, "_time_limited", dict(backends._time_limited))
 
 

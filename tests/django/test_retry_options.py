@@ -13,7 +13,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def queue(settings, redis_url, prefix, redis_client, monkeypatch) -> Queue:
     settings.ECHOMQ = {"REDIS_URL": redis_url, "PREFIX": prefix, "QUEUES": {"default": {"ATTEMPTS": 5}}}
-    monkeypatch.setattr(jobs, "_registry", dict(jobs.registered_jobs()))
+    monkeypatch.setattr(jobs.registry, "_registry", dict(jobs.registered_jobs()))
     return Queue("default", redis_client, prefix=prefix)
 
 

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def registry(monkeypatch):
     """The @job registry and the tasks seen with a time limit (for the checks) as they are, restored after the test."""
-    monkeypatch.setattr(jobs, "_registry", dict(jobs.registered_jobs()))
+    monkeypatch.setattr(jobs.registry, "_registry", dict(jobs.registered_jobs()))
     monkeypatch.setattr(backends, "_time_limited", dict(backends._time_limited))
 
 

@@ -41,7 +41,7 @@ def test_trace_as_child_is_the_workers_option(echomq_settings, as_child):
 def test_an_outbox_enqueue_is_a_send_span_whose_context_the_row_and_the_job_carry(
         settings, redis_url, prefix, redis_client, exporter, monkeypatch):
     settings.ECHOMQ = {"REDIS_URL": redis_url, "PREFIX": prefix, "OUTBOX": True, "QUEUES": {"q": {}}}
-    monkeypatch.setattr(jobs, "_registry", dict(jobs.registered_jobs()))
+    monkeypatch.setattr(jobs.registry, "_registry", dict(jobs.registered_jobs()))
     mail = jobs.job(name="mail.send", queue="q")(lambda: None)
     with transaction.atomic():
         job_id = mail.enqueue()

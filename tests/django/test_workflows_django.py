@@ -20,7 +20,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def queues(settings, redis_url, prefix, redis_client, monkeypatch):
     """Queues `default` and `demo` on this test's prefix, and a registry that forgets this test's jobs."""
     settings.ECHOMQ = {"REDIS_URL": redis_url, "PREFIX": prefix, "QUEUES": {"default": {}, "demo": {}}}
-    monkeypatch.setattr(jobs, "_registry", dict(jobs.registered_jobs()))
+    monkeypatch.setattr(jobs.registry, "_registry", dict(jobs.registered_jobs()))
     return {name: Queue(name, redis_client, prefix=prefix) for name in ("default", "demo")}
 
 

@@ -339,7 +339,7 @@ def registry(monkeypatch):
     """The @job registry as it is, restored after the test."""
     from echomq_django import jobs
 
-    monkeypatch.setattr(jobs, "_registry", dict(jobs.registered_jobs()))
+    monkeypatch.setattr(jobs.registry, "_registry", dict(jobs.registered_jobs()))
 
 
 def reporting_job(steps: int) -> int:

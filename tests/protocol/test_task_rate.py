@@ -17,7 +17,7 @@ def test_starts_are_spaced_evenly_and_a_held_start_is_kept(queue):
     again = queue.task_rate_wait("t.send", 10, 1000, "job-3")
     assert 0 < again <= waits[3]
     assert queue.task_rate_wait("t.other", 10, 1000, "job-9") == 0, "each task has its own limit"
-    assert queue.client.pttl(queue.keys.base + "task-rate:t.send") > 0, "the record expires once idle"
+    assert queue.client.pttl(queue.keys.task_rate("t.send")) > 0, "the record expires once idle"
 
 
 def test_many_threads_asking_at_once_each_get_their_own_start(queue):
@@ -36,7 +36,7 @@ def test_many_threads_asking_at_once_each_get_their_own_start(queue):
     for thread in threads:
         thread.join()
     assert sum(1 for wait in waits.values() if wait == 0) == 1, "one start now; each other one 10 ms after the last"
-    held = queue.client.hgetall(queue.keys.base + "task-rate:t.burst")
+    held = queue.client.hgetall(queue.keys.task_rate("t.burst"))
     starts = sorted(float(value) for key, value in held.items() if key.startswith("r:"))
     assert len(starts) == 39 and len(set(starts)) == 39
     assert all(later - earlier >= 9.99 for earlier, later in zip(starts, starts[1:]))

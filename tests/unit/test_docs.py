@@ -126,7 +126,7 @@ def hash_writes(script: str) -> set[tuple[str, str]]:
             continue
         command_name, where = command.group(1).upper(), f"{script}: {command.group(1)}"
         target = hash_of(script, args[1])
-        # Fields named in includes and protocol.md's prose (a task's rate record: "tat" and one per job holding a start).
+        # Fields named in includes and protocol.md's prose (a task's rate record: "tat", one per job holding a start).
         if target in ("metrics", "groups", "record", "inputs", "<id>:nxt", "task-rate:<name>"):
             continue
         if command_name in SINGLE_WRITES:

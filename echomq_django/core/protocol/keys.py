@@ -373,6 +373,10 @@ class QueueKeys:
         """A schedule's record (HASH): the latest tick decided and the latest job added; see fireSchedule."""
         return self.base + "schedule:" + name
 
+    def task_rate(self, name: str) -> str:
+        """A task's own rate limit (HASH: "tat", and "r:<id>" per job holding a start); see taskRate."""
+        return self.base + "task-rate:" + name
+
     def lock(self, job_id: str) -> str:
         return self.base + job_id + ":lock"
 
