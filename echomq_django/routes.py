@@ -24,7 +24,7 @@ from typing import Any
 
 from django.utils.module_loading import import_string
 
-from .core import PayloadError
+from .core import MAX_PRIORITY, MIN_PRIORITY, PayloadError
 
 ROUTE_KEYS = ("queue", "priority")
 # A route's keys that mean something only to an AMQP broker: refused by name (echomq.E025) with this why.
@@ -65,8 +65,12 @@ def _route(name: str, route: Any) -> dict[str, Any]:
     if unknown := sorted(set(route) - set(ROUTE_KEYS)):
         raise ValueError(f"the route of {name!r} has unknown key(s) {', '.join(map(repr, unknown))}; a route takes "
                          f"{', '.join(ROUTE_KEYS)}")
-    if not isinstance(route.get("queue", ""), str):
-        raise ValueError(f"the route of {name!r} names its queue with a string, not {route['queue']!r}")
+    if "queue" in route and (not isinstance(route["queue"], str) or not route["queue"]):
+        raise ValueError(f"the route of {name!r} names its queue with a queue's name, not {route['queue']!r}")
+    priority = route.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int) or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise ValueError(f"the route of {name!r} has a priority that is not a whole number from {MIN_PRIORITY} "
+                         f"to {MAX_PRIORITY}: {priority!r}")
     return dict(route)
 
 
@@ -95,7 +99,10 @@ def route(routers: tuple[Any, ...], name: str, args: Any = (), kwargs: Any = Non
         if isinstance(answer, str):
             return {"queue": answer}
         if isinstance(answer, Mapping):
-            return _route(name, answer)
+            try:
+                return _route(name, answer)
+            except ValueError as error:
+                raise PayloadError(f"the router {router!r}: {error}") from None
         raise PayloadError(f"the router {router!r} answered {answer!r} for task {name!r}: a router returns "
                            "{'queue': ...}, a queue's name or None")
     return None

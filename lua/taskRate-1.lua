@@ -23,7 +23,13 @@ local interval = tonumber(ARGV[2]) / tonumber(ARGV[1])
 local now = redisNowMs()
 local fields = redis.pcall("HMGET", KEYS[1], "tat", "r:" .. id)
 if fields["err"] then return 0 end  -- another client's key of another type: no limit rather than no start
-local held = tonumber(fields[2])
+-- A number no script writes (another client's: nan, inf, far off) counts as none.
+local function sane(value)
+  local number = tonumber(value)
+  if number and number == number and math.abs(number - now) < 1e12 then return number end
+  return nil
+end
+local held = sane(fields[2])
 if held then
   if held <= now then
     redis.call("HDEL", KEYS[1], "r:" .. id)
@@ -31,7 +37,7 @@ if held then
   end
   return math.ceil(held - now)
 end
-local tat = tonumber(fields[1]) or now
+local tat = sane(fields[1]) or now
 if tat <= now then
   redis.call("HSET", KEYS[1], "tat", now + interval)
   redis.call("PEXPIRE", KEYS[1], math.ceil(interval + tonumber(ARGV[2])))

@@ -18,7 +18,17 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..conf import get_settings
-from ..core import EchoMQError, Job, JobFailedError, JobHandle, JobNotFoundError, Plan, deadline_of, validate_id
+from ..core import (
+    EchoMQError,
+    Job,
+    JobFailedError,
+    JobHandle,
+    JobNotFoundError,
+    Plan,
+    deadline_of,
+    validate_id,
+    validate_stored_id,
+)
 from ..queues import get_queue
 from . import states
 from .exceptions import TaskError, TaskRevokedError
@@ -37,12 +47,14 @@ def rebuilt_error(reason: str | None, class_path: str = "") -> Exception:
     """The exception a failed job raised, made again from its reason ("ValueError: boom") and, where the job
     recorded it, its class's dotted path: that class if this process has imported it (and it is an Exception),
     a builtin of that name, else a TaskError subclass of that name. Nothing is imported for it."""
-    text = reason or ""
+    text = reason if isinstance(reason, str) else ""
     while match := _MEMBER_FAILED.match(text):  # a step failed by its workflow: the member's own error
         text = text[match.end():]
     name, colon, message = text.partition(": ")
     if not colon or not _ERROR_NAME.fullmatch(name):
         name, message = "", text
+    if not isinstance(class_path, str):  # another client's `errc`
+        class_path = ""
     kind = _class_at(class_path) if class_path and class_path.rpartition(".")[2] == name else None
     if kind is None and name:
         found = getattr(builtins, name, None)
@@ -119,7 +131,7 @@ class AsyncResult(JobHandle):
     _queue: Any = None
 
     def __new__(cls, job_id: str, queue: Any = None, *, parent: Any = None, app: Any = None) -> AsyncResult:
-        result = str.__new__(cls, validate_id(job_id))
+        result = str.__new__(cls, validate_stored_id(job_id))
         result._queue = queue
         result.parent = parent
         return result

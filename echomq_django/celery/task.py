@@ -30,13 +30,16 @@ from typing import Any
 
 from ..core import (
     MAX_ATTEMPTS,
+    MAX_WAIT_S,
     Backoff,
     EchoMQError,
+    InvalidNameError,
     Job,
     PayloadError,
     Postponed,
     Retry,
     fail_for_good,
+    validate_job_name,
 )
 from ..jobs import JobFunction, current_job, register_function
 from ..queues import get_queue
@@ -164,17 +167,26 @@ class Task(JobFunction):
                                        "with its own arguments and options")
         if not throw:
             raise ImproperlyConfigured("self.retry(throw=False) cannot be: the retry is the attempt's end")
+        if exc is not None and not isinstance(exc, BaseException):
+            raise ImproperlyConfigured(f"self.retry(exc=) takes an exception, not {exc!r}")
+        if eta is not None and (not isinstance(eta, datetime) or eta.tzinfo is None):
+            raise ImproperlyConfigured(f"self.retry(eta=) takes an aware datetime, not {eta!r}")
+        if countdown is not None and not _seconds(countdown):
+            raise ImproperlyConfigured(f"self.retry(countdown=) takes seconds from 0 to {MAX_WAIT_S}, "
+                                       f"not {countdown!r}")
         request = self.request
         if request.called_directly:
             raise exc if exc is not None else MaxRetriesExceededError(f"{self.name} retried outside a job")
         limit = self.max_retries if max_retries is None else max_retries
+        if request.job is not None:  # the attempts were fixed when the job was added: a retry past them cannot be
+            limit = request.job.opts.attempts - 1 if limit is None else min(limit, request.job.opts.attempts - 1)
         if limit is not None and request.retries >= limit:
             if exc is not None:
                 raise fail_for_good(exc)
             raise fail_for_good(MaxRetriesExceededError(
                 f"Can't retry {self.name}[{request.id}] args:{request.args} kwargs:{request.kwargs}"))
         if eta is not None:
-            countdown = max((eta - datetime.now(UTC)).total_seconds(), 0)
+            countdown = min(max((eta - datetime.now(UTC)).total_seconds(), 0), MAX_WAIT_S)
         elif countdown is None:
             countdown = self.default_retry_delay
         raise Retry(countdown=countdown, reason=f"{type(exc).__name__}: {exc}" if exc is not None else "")
@@ -274,9 +286,13 @@ def _task_from(func: Callable[..., Any], options: dict[str, Any]) -> Task:
     base = options.get("base", Task)
     if not (isinstance(base, type) and issubclass(base, Task)):
         raise ImproperlyConfigured(f"base is a subclass of echomq_django.celery.Task, not {base!r}")
-    autoretry_for = tuple(options.get("autoretry_for", ()))
-    if not all(isinstance(kind, type) and issubclass(kind, BaseException) for kind in autoretry_for):
+    autoretry_for = options.get("autoretry_for", ())
+    if not isinstance(autoretry_for, (tuple, list)) or not all(
+            isinstance(kind, type) and issubclass(kind, BaseException) for kind in autoretry_for):
         raise ImproperlyConfigured(f"autoretry_for is a tuple of exception classes, not {autoretry_for!r}")
+    autoretry_for = tuple(autoretry_for)
+    if not isinstance(options.get("retry_kwargs") or {}, dict):
+        raise ImproperlyConfigured(f"retry_kwargs is a dict, not {options['retry_kwargs']!r}")
     retry_kwargs = dict(options.get("retry_kwargs") or {})
     if unknown := set(retry_kwargs) - {"max_retries", "countdown"}:
         raise ImproperlyConfigured(f"retry_kwargs takes max_retries and countdown, not {', '.join(sorted(unknown))}")
@@ -289,6 +305,10 @@ def _task_from(func: Callable[..., Any], options: dict[str, Any]) -> Task:
     rate = parse_rate(options.get("rate_limit"))
     expires = options.get("expires")
     name = options.get("name") or f"{func.__module__}.{func.__qualname__}"
+    try:
+        validate_job_name(name)
+    except (InvalidNameError, TypeError) as error:
+        raise ImproperlyConfigured(f"shared_task cannot be named {name!r}: {error}") from None
     created = base(func, name, options.get("queue") or "default", attempts=(
         MAX_ATTEMPTS if max_retries is None else max_retries + 1), backoff=backoff,
         time_limit=options.get("time_limit"), soft_time_limit=options.get("soft_time_limit"),
@@ -304,17 +324,23 @@ def _task_from(func: Callable[..., Any], options: dict[str, Any]) -> Task:
 def _backoff(options: dict[str, Any], delay: Any) -> Backoff:
     """The wait before a retry: exponential with retry_backoff (capped, jittered), else default_retry_delay."""
     factor = options.get("retry_backoff", False)
+    if not _seconds(delay):
+        raise ImproperlyConfigured(f"default_retry_delay (or retry_kwargs' countdown) is seconds from 0 to "
+                                   f"{MAX_WAIT_S}, not {delay!r}")
     if factor is False or factor is None or factor == 0:
-        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or delay < 0:
-            raise ImproperlyConfigured(f"default_retry_delay is a number of seconds from 0, not {delay!r}")
         return Backoff("fixed", round(delay * 1000))
     factor = 1 if factor is True else factor
     maximum = options.get("retry_backoff_max", 600)
     for value, what in ((factor, "retry_backoff"), (maximum, "retry_backoff_max")):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise ImproperlyConfigured(f"{what} is a positive number of seconds, not {value!r}")
+        if not _seconds(value) or value == 0:
+            raise ImproperlyConfigured(f"{what} is a positive number of seconds up to {MAX_WAIT_S}, not {value!r}")
     return Backoff("exponential", round(factor * 1000), max_ms=round(maximum * 1000),
                    jitter=bool(options.get("retry_jitter", True)))
+
+
+def _seconds(value: Any) -> bool:
+    """Whether `value` is a number of seconds a job may wait: from 0 to MAX_WAIT_S (nan and inf are not)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 <= value <= MAX_WAIT_S
 
 
 def _check(created: Task) -> None:

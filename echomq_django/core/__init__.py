@@ -9,6 +9,7 @@ models and the admin.
 from . import defaults
 from .defaults import __version__
 from .errors import (
+    MAX_WAIT_S,
     EchoMQError,
     InvalidNameError,
     JobCancelled,
@@ -99,7 +100,7 @@ __all__ = [
     "SECOND_STOP_GRACE_S",
     "run_until_signalled", "MAX_PRIORITY", "MIN_PRIORITY", "validate_job_name", "delay_until", "Retry", "Chain",
     "Chord", "Group", "Member", "Plan", "WorkflowError", "WorkflowHandle", "read_tree", "tree_nodes", "JobHandle",
-    "JobFailedError", "Linked", "Postponed", "Canvas", "deadline_of",
+    "JobFailedError", "Linked", "Postponed", "Canvas", "deadline_of", "MAX_WAIT_S",
     "JobNotFinishedError", "Dedupe", "WorkerInfo", "BULK_BATCH", "GONE", "STOPPING", "BulkOutcome", "BulkRun",
     "read_run", "decode_stored", "run_step", "start_run", "MAX_DEPTH", "state_ids",
     "state_size", "send_traced", "use_tracer_provider",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 MAX_RETRY_AFTER_S = 86_400  # a day: a longer pause of a whole queue is a mistake
+# The longest wait of one job (a retry's countdown, a postponement): ten years, as protocol/options.py's MAX_DELAY_MS.
+MAX_WAIT_S = 10 * 365 * 86_400
 
 
 class EchoMQError(Exception):
@@ -86,8 +88,8 @@ class Postponed(EchoMQError):
     `delayed` without using an attempt, and, unlike RateLimited, the queue's other jobs go on starting."""
 
     def __init__(self, countdown: float, reason: str = "") -> None:
-        if not 0 <= countdown <= MAX_RETRY_AFTER_S:  # nan fails it too
-            raise ValueError(f"countdown is seconds from 0 to {MAX_RETRY_AFTER_S}, not {countdown!r}")
+        if not 0 <= countdown <= MAX_WAIT_S:  # nan fails it too
+            raise ValueError(f"countdown is seconds from 0 to {MAX_WAIT_S}, not {countdown!r}")
         self.countdown, self.reason = countdown, reason
         super().__init__(f"postponed {countdown:g} s{': ' + reason if reason else ''}")
 
@@ -103,8 +105,8 @@ class Retry(EchoMQError):
     """
 
     def __init__(self, countdown: float | None = None, reason: str = "") -> None:
-        if countdown is not None and not 0 <= countdown <= MAX_RETRY_AFTER_S:  # nan fails it too
-            raise ValueError(f"countdown is seconds from 0 to {MAX_RETRY_AFTER_S}, not {countdown!r}")
+        if countdown is not None and not 0 <= countdown <= MAX_WAIT_S:  # nan fails it too
+            raise ValueError(f"countdown is seconds from 0 to {MAX_WAIT_S}, not {countdown!r}")
         self.countdown, self.reason = countdown, reason
         super().__init__(f"retry requested{': ' + reason if reason else ''}"
                          + (f" (in {countdown:g} s)" if countdown is not None else ""))

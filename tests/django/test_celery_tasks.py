@@ -288,3 +288,69 @@ def test_a_tasks_rate_limit_holds_across_workers_without_using_attempts(queues):
     # the span is the bound (unlimited, 8 threads start these 12 jobs within a few ms).
     assert len(starts) == 12 and max(starts) - min(starts) >= 0.5, sorted(starts)
     assert all(queues["default"].get_job(result.id).attempts_made == 1 for result in results)
+
+
+def test_a_rate_limit_backlog_longer_than_a_day_waits_and_loses_nothing(queues):
+    """(Found by a hostile run: a hold past a day was refused, and the job failed.) 27 jobs at 1 an hour: one runs,
+    the others wait in delayed, up to 26 hours ahead, with no attempt used."""
+
+    @shared_task(name="c.hourly", rate_limit="1/h", max_retries=0)
+    def hourly(n):
+        return n
+
+    results = [hourly.delay(n) for n in range(27)]
+    make_worker("default", run_job, concurrency=4).run(burst=True)
+    rows = [(queues["default"].get_state(r.id), queues["default"].get_job(r.id).attempts_made) for r in results]
+    assert sorted(rows) == [("completed", 1)] + [("delayed", 0)] * 26
+    latest = max(score for _, score in queues["default"].client.zrange(queues["default"].keys.delayed, 0, -1,
+                                                                        withscores=True))
+    assert latest - time.time() * 1000 > 25 * 3_600_000
+
+
+def test_long_retry_countdowns_and_bad_retry_arguments(queues):
+    @shared_task(bind=True, name="c.long_retry", default_retry_delay=3 * 86400)
+    def long_retry(self):
+        raise self.retry()
+
+    @shared_task(bind=True, name="c.bad_retry")
+    def bad_retry(self, how):
+        if how == "nan":
+            raise self.retry(countdown=float("nan"))
+        if how == "naive":
+            raise self.retry(eta=datetime.now())
+        raise self.retry(exc="not an exception")
+
+    waiting = long_retry.delay()
+    bad = [bad_retry.delay(how) for how in ("nan", "naive", "exc")]
+    run_jobs(run_delayed=False)
+    assert waiting.state == states.RETRY
+    assert [type(result.result).__name__ for result in bad] == ["ImproperlyConfigured"] * 3
+    with pytest.raises(ImproperlyConfigured, match="default_retry_delay"):
+        shared_task(default_retry_delay=float("inf"))(lambda: None)
+    with pytest.raises(ImproperlyConfigured, match="autoretry_for is a tuple"):
+        shared_task(autoretry_for=ValueError)(lambda: None)
+    with pytest.raises(ImproperlyConfigured, match="cannot be named"):
+        shared_task(name="a b")(lambda: None)
+
+
+def test_a_retry_past_the_jobs_attempts_fails_as_max_retries_exceeded(queues):
+    @shared_task(bind=True, max_retries=1, name="c.past")
+    def past(self):
+        raise self.retry(countdown=0, max_retries=10)  # more than the job was added with: its own ceiling holds
+
+    result = past.delay()
+    run_jobs()
+    assert isinstance(result.result, MaxRetriesExceededError)
+
+
+def test_results_of_crafted_records(queues):
+    from echomq_django.core import InvalidNameError
+
+    with pytest.raises(InvalidNameError):
+        AsyncResult("wait")
+    boom = shared_task(name="c.crafted")(_raise_value_error).delay()
+    run_jobs()
+    queues["default"].client.hset(queues["default"].keys.job(boom.id), "errc", '[{"a": 1}]')
+    assert type(boom.result).__name__ == "ValueError"
+    queues["default"].client.hset(queues["default"].keys.job(boom.id), "errc", '["os.system"]')
+    assert type(boom.result).__name__ == "ValueError", "nothing is imported or called because a record names it"

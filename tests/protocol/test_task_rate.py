@@ -82,3 +82,12 @@ def test_jitter_and_max_bound_the_backoff():
     assert Backoff("exponential", 1000, max_ms=5000).delay_before(10) == 5000
     assert Backoff.from_json(backoff.to_json()) == backoff
     assert Backoff("fixed", 10).to_json() == {"type": "fixed", "delay": 10}, "old shape kept without the new fields"
+
+
+def test_a_corrupt_rate_record_counts_as_none(queue):
+    """(Found by a hostile run: nan left the record without a TTL, and every start raised.)"""
+    key = queue.keys.task_rate("t.corrupt")
+    queue.client.hset(key, mapping={"tat": "nan", "r:job-1": "1e300"})
+    assert queue.task_rate_wait("t.corrupt", 10, 1000, "job-1") == 0
+    assert queue.client.pttl(key) > 0
+    assert 0 < queue.task_rate_wait("t.corrupt", 10, 1000, "job-2") <= 100

@@ -119,7 +119,7 @@ _PLACEHOLDER = re.compile(r"<([a-z]+)>")
 RESERVED_IDS = frozenset(
     {"wait", "paused", "active", "stalled", "failed", "completed", "delayed", "prioritized",
      "stalled-check", "meta", "marker", "id", "events", "locks", "schedule", "limiter", "groups", "group-active",
-     "group-waiting", "group-running", "sent", "deferred", "handoff", "result-ttl", "workers"}
+     "group-waiting", "group-running", "sent", "deferred", "handoff", "result-ttl", "workers", "task-rate"}
 )
 
 
