@@ -21,12 +21,13 @@ QUEUE = "demo"  # the queue of demo_project.demo_app.jobs.greet
 ECHOMQ = {
     "REDIS_URL": env.str("ECHOMQ_REDIS_URL", default="redis://127.0.0.1:6379/0"),
     "PREFIX": env.str("ECHOMQ_PREFIX", default="emq"),
-    # The demo app's other jobs are on "heavy" and "api": configured, so its @jobs pass the checks.
-    "QUEUES": {QUEUE: {}, "heavy": {"POOL": "processes"}, "api": {}},
+    # The demo apps' other jobs and tasks are on "default", "heavy" and "api": configured, so they pass the checks
+    # (a beat imports every app's jobs.py and tasks.py).
+    "QUEUES": {QUEUE: {}, "default": {}, "heavy": {"POOL": "processes"}, "api": {}},
     "SCHEDULES": {
         f"s{n:04d}": {"TASK": "demo_project.demo_app.jobs.greet", "EVERY": EVERY[n % len(EVERY)],
                       "ARGS": [f"s{n:04d}"]}
         for n in range(SCHEDULES)
     },
 }
-TASKS = {"default": {"BACKEND": "echomq_django.backends.EchoMQBackend", "QUEUES": [QUEUE]}}
+TASKS = {"default": {"BACKEND": "echomq_django.backends.EchoMQBackend", "QUEUES": [QUEUE, "default"]}}
