@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import uuid
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, Self
@@ -170,16 +171,51 @@ def handler_of(node: Any) -> Any:
     return getattr(node, "error_handler", None) if hasattr(node, "error_handler") else node.on_error
 
 
+# A header of the jobs of an immutable error callback of a Celery task, made mutable in the plan so that its job
+# still hears which job failed, and why (celery/task.py then calls it with its own arguments alone).
+IMMUTABLE_ERRBACK = "echomq-immutable-errback"
+# A header of the jobs of a Celery task's error callback linked to one signature: that signature's job id. Its
+# workflow fails a job that never ran when a job before it failed; the callback then hears of that job, not of
+# the one it watches, and, as Celery never sent the one it watches, it is not called.
+ERRBACK_OF = "echomq-errback-of"
+
+
 def expand_links(node: Any) -> Any:
     """`node` with every signature's `link` and `link_error` (and a canvas's) made core workflow nodes: a
     signature with callbacks becomes a Linked node, and each error callback its on_error."""
+    return _mark_errbacks(_expand(node))
+
+
+def _mark_errbacks(node: Any) -> Any:
+    """Each error handler of a Celery task that is immutable, made mutable with the IMMUTABLE_ERRBACK header:
+    the task must know whether the failed job ran at all (a job failed before it ran calls no error callback)."""
+    if not isinstance(node, Canvas):
+        return node
+    handler = node.on_error
+    if isinstance(handler, Signature) and handler.immutable and getattr(handler.target, "hears_failures", False):
+        # (made mutable in the plan only: the task is then called with its own arguments alone)
+        handler = dataclasses.replace(handler, immutable=False).set(
+            headers={**(handler.options.get("headers") or {}), IMMUTABLE_ERRBACK: True})
+    if isinstance(node, Group):
+        return Group(*[_mark_errbacks(member) for member in node.members])
+    if isinstance(node, Chord):
+        return Chord(_mark_errbacks(node.header), _mark_errbacks(node.body), handler)
+    if isinstance(node, Chain):
+        return Chain(*[_mark_errbacks(step) for step in node.steps], on_error=handler)
+    if isinstance(node, Linked):
+        return Linked(_mark_errbacks(node.body), [_mark_errbacks(c) for c in node.callbacks], handler)
+    return node
+
+
+def _expand(node: Any) -> Any:
     if isinstance(node, Signature):
         links = _signatures(node.options.get("link"), "link")
         errbacks = _signatures(node.options.get("link_error"), "link_error")
         if not links and not errbacks:
             return node
         bare = node.without("link", "link_error")
-        wrapped: Any = Linked(bare, [expand_links(link) for link in links], errbacks[0] if errbacks else None)
+        bare, errbacks = _watched(bare, errbacks)
+        wrapped: Any = Linked(bare, [_expand(link) for link in links], errbacks[0] if errbacks else None)
         for errback in errbacks[1:]:
             wrapped = Linked(wrapped, (), errback)
         return wrapped
@@ -187,27 +223,46 @@ def expand_links(node: Any) -> Any:
         return node
     links, errbacks = getattr(node, "links", []), getattr(node, "errbacks", [])
     if isinstance(node, Group):
-        members = [expand_links(member) for member in node.members]
+        members = [_expand(member) for member in node.members]
         if errbacks:  # as Celery: each member gets the group's error callbacks
             members = [_with_errbacks(member, errbacks) for member in members]
         result: Any = Group(*members)
         errbacks = []
     elif isinstance(node, Chord):
-        result = Chord(expand_links(node.header), expand_links(node.body), handler_of(node))
+        body = node.body
+        if isinstance(body, Signature) and body.options.get("link_error"):
+            # A chord body's error callbacks are the chord's, as in Celery: they run when the header fails too.
+            errbacks = [*_signatures(body.options["link_error"], "link_error"), *errbacks]
+            body = body.without("link_error")
+        result = Chord(_expand(node.header), _expand(body), handler_of(node))
     elif isinstance(node, Chain):
-        result = Chain(*[expand_links(step) for step in node.steps], on_error=handler_of(node))
+        result = Chain(*[_expand(step) for step in node.steps], on_error=handler_of(node))
     elif isinstance(node, Linked):
-        result = Linked(expand_links(node.body), [expand_links(c) for c in node.callbacks], node.on_error)
+        result = Linked(_expand(node.body), [_expand(c) for c in node.callbacks], node.on_error)
     else:
         raise WorkflowError(f"not a canvas echomq knows: {node!r}")
     if links or errbacks:  # a canvas's own: its callbacks get its result; an error callback runs once
-        result = Linked(result, [expand_links(link) for link in links], errbacks[0] if errbacks else None)
+        result = Linked(result, [_expand(link) for link in links], errbacks[0] if errbacks else None)
         for errback in errbacks[1:]:
             result = Linked(result, (), errback)
     return result
 
 
+def _watched(signature: Signature, errbacks: list[Any]) -> tuple[Signature, list[Any]]:
+    """A signature with a job id of its own, and its Celery error callbacks told it (ERRBACK_OF)."""
+    if not any(isinstance(errback, Signature) and getattr(errback.target, "hears_failures", False)
+               for errback in errbacks):
+        return signature, errbacks
+    job_id = signature.options.get("task_id") or str(uuid.uuid4())
+    return signature.set(task_id=job_id), [
+        errback.set(headers={**(errback.options.get("headers") or {}), ERRBACK_OF: job_id})
+        if isinstance(errback, Signature) and getattr(errback.target, "hears_failures", False) else errback
+        for errback in errbacks]
+
+
 def _with_errbacks(member: Any, errbacks: list[Any]) -> Any:
+    if isinstance(member, Signature):
+        member, errbacks = _watched(member, errbacks)
     for errback in errbacks:  # (each member's own copy: Celery clones it per member)
         member = Linked(member, (), errback)
     return member

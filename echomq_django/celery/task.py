@@ -43,6 +43,7 @@ from ..core import (
 )
 from ..jobs import JobFunction, current_job, register_function
 from ..queues import get_queue
+from ..signatures import ERRBACK_OF, IMMUTABLE_ERRBACK
 from .exceptions import ImproperlyConfigured, MaxRetriesExceededError
 from .result import UPDATE_STATE_KEY, AsyncResult, rebuilt_error
 
@@ -99,7 +100,8 @@ class Request:
         data = job.data if job and isinstance(job.data, dict) else {}
         self.args = list(data.get("args", [])) if job else []
         self.kwargs = dict(data.get("kwargs", {})) if job else {}
-        self.headers = dict(data.get("headers") or {}) if job else {}
+        self.headers = {key: value for key, value in (data.get("headers") or {}).items()
+                        if key not in (IMMUTABLE_ERRBACK, ERRBACK_OF)} if job else {}
         self.eta = self.expires = None
         if job is not None and job.opts.delay_ms:
             self.eta = _moment(job.timestamp + job.opts.delay_ms)
@@ -133,6 +135,7 @@ class Task(JobFunction):
     """
 
     bind: bool = False
+    hears_failures = True  # (signatures.py: an immutable error callback still hears which job failed)
     max_retries: int | None = 3
     default_retry_delay: float = 180
     rate_limit: str | None = None
@@ -221,10 +224,17 @@ class Task(JobFunction):
             if wait_ms > 0:
                 raise Postponed(wait_ms / 1000, f"rate limit {self.rate_limit} of {self.name}")
         inputs = list(job_record.workflow_args)
+        headers = job_record.data.get("headers") if isinstance(job_record.data, dict) else None
         if job_record.inputs_mode == "2" and len(inputs) == 2:  # an error callback: Celery's (request, exc, tb)
+            watched = headers.get(ERRBACK_OF) if isinstance(headers, dict) else None
+            if watched is not None and str(inputs[0]) != watched:  # Celery never sends a task after a failed one
+                logger.info("job %s: error callback %s not called: job %s never ran (job %s before it failed)",
+                            job_record.id, self.name, watched, inputs[0])
+                return None
             failed = Request(None, None)
             failed.id = failed.correlation_id = str(inputs[0])
-            inputs = [failed, rebuilt_error(str(inputs[1])), None]
+            immutable = isinstance(headers, dict) and headers.get(IMMUTABLE_ERRBACK) is True
+            inputs = [] if immutable else [failed, rebuilt_error(str(inputs[1])), None]
         token = _request.set(Request(job_record, self))
         try:
             value = self.func(*([self] if self.bind else []), *inputs, *args, **kwargs)

@@ -11,12 +11,11 @@ test_chain.test_simple_chain) and says in its docstring what was changed. What c
   ECHO list instead of Redis keys; `echoed(key)` reads it back. The keys are the same strings Celery used.
 - The tasks are registered per test: they are made at import (named `port.<name>`), taken out of the global
   registry, and the `queues` fixture registers them into the registry it monkeypatches for the test.
-- A canvas is applied with `.delay()` / `.apply_async()`: echomq's chain, group and chord cannot be called (`c()`),
-  see TestChain.test_simple_chain, the one port that keeps Celery's `c()` (xfail).
+- A canvas is applied with `.delay()` / `.apply_async()`; TestChain.test_simple_chain keeps Celery's `c()`.
 - A failure's exception is rebuilt from the failed job's class and message (`ExpectedException(str(args))`), so it is
-  compared by class and text (`same_error`), not with ExpectedException.__eq__ on its args. A step that fails
-  because an earlier task failed re-raises a stand-in class of the same name: `raises_expected()` checks name and
-  text, and TestChain.test_chain_on_error (xfail) pins the class.
+  compared by class and text (`same_error`), not with ExpectedException.__eq__ on its args. A step failed because
+  an earlier task failed raises that task's class (TestChain.test_chain_on_error pins it); `raises_expected()`
+  checks name and text.
 - echomq keeps a nested group's results nested (a member that is a group contributes a list; docs/workflows.md),
   where Celery unrolls them into the enclosing group or chord header: those expectations are adapted and say so.
 - A canvas's own link_error (a chain's, a chord's: expand_links) runs once for the whole canvas, with the failed
@@ -29,7 +28,8 @@ test_chain.test_simple_chain) and says in its docstring what was changed. What c
 - Celery's add_to_all replaces itself with a group (`self.replace`); here it returns the same list directly, so the
   chord tests that only use it as a body are ported.
 
-A test marked xfail(strict=True) is a port that shows an echomq defect; its reason says which. Tests that rely on
+The port found five defects, each fixed with its test here (a signature's `args=`, a canvas called, a step's
+exception class, a chord of one signature, and the error callback of a chain step that never ran). Tests that rely on
 what echomq does not have (eager `apply`, `replace`, `add_to_chord`, stamping, the result backend's internals,
 `GroupResult.save/restore`, signature (de)serialisation, AMQP redelivery) are not ported: NOT_PORTED, at the end of
 this file, lists them with why.
@@ -193,9 +193,8 @@ def same_error(actual, expected):
 
 @contextlib.contextmanager
 def raises_expected():
-    """`pytest.raises(ExpectedException)` for a result that may be a later step's than the failed task's: such a
-    step re-raises a stand-in class of the same name (echomq_django.remote.ExpectedException, a TaskError), not
-    ExpectedException itself (TestChain.test_chain_on_error, xfail, pins that). Name and text are checked."""
+    """`pytest.raises(ExpectedException)` for a result that may be a later step's than the failed task's, checked by
+    name and text (TestChain.test_chain_on_error pins the class itself)."""
     with pytest.raises(Exception) as info:
         yield info
     assert type(info.value).__name__ == "ExpectedException", repr(info.value)
@@ -303,7 +302,7 @@ class TestChain:
         with pytest.raises(ExpectedException):
             result.parent.get(timeout=TIMEOUT, propagate=True)  # the failed task: its own class
         with pytest.raises(ExpectedException):
-            result.get(timeout=TIMEOUT, propagate=True)  # the step after it: a stand-in class (xfail)
+            result.get(timeout=TIMEOUT, propagate=True)  # the step after it: the failed task's class too
 
     def test_chain_inside_group_receives_arguments(self, queues):
         """Celery: test_chain.test_chain_inside_group_receives_arguments."""
@@ -517,10 +516,6 @@ class TestChain:
         assert result.get(timeout=TIMEOUT) == 1337
         assert counted(redis_key) == child_task_count
 
-    @pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-        "the link_error of a chain step that never ran runs: when the first step fails, each later step is failed "
-        "by the workflow ('member <id> failed') and its own errback is made ready, so one failure runs 42 errbacks "
-        "(Celery never sends the later steps: 1)"))
     def test_chain_children_with_errbacks(self, queues):
         """Celery: test_chain.test_chain_children_with_errbacks. Only the first child runs and fails: one errback."""
         redis_key = new_key()
