@@ -105,6 +105,8 @@ def test_the_demo_tells_the_whole_story(demo_env, tmp_path):
                      r"\d+ done; worker 1 \(pid \d+\) dropped out with its lock duration$", out, re.M)
     assert re.search(r"^workflow w\w+: a chord of three import_rows jobs, then add_up once with their results: "
                      r"succeeded, 60 rows \(its page: /admin/echomq/job/demo/workflow/w\w+/\)$", out, re.M)
+    assert re.search(r"^Celery-style checkout \(demo_project/shop/tasks.py: .*\): SUCCESS, 'receipt for 600 to "
+                     r"ada@example.com'; the charge ran 2 times \(self.retry once\)$", out, re.M)
     assert re.search(r"^cancel of job heavy\.\d+ \(export\) while it runs: stopping;", out, re.M)
     assert re.search(r"^job heavy\.\d+ \(stuck\) of 'heavy': failed, time limit of 2 s exceeded$", out, re.M)
     assert re.search(r"^job heavy\.\d+ \(export\) of 'heavy': failed, cancelled: not needed any more$", out, re.M)

@@ -23,6 +23,7 @@ from django.urls import reverse
 from demo_project.demo_app import tasks
 from demo_project.demo_app.jobs import API, HEAVY, QUEUE, STORY, add_up, call_api, export, import_rows, stuck
 from demo_project.demo_app.relay import Relay, SweepNarrator
+from demo_project.shop.tasks import place_order
 from echomq_django.conf import get_settings
 from echomq_django.core import connect
 from echomq_django.core.producing.queue import now_ms
@@ -184,6 +185,7 @@ class Command(BaseCommand):
         self.stdout.write(f"\nDjango task add(2, 3) through the Tasks framework: {task_result.status}, "
                           f"return value {task_result.return_value if task_result.is_finished else '-'}")
         self.workflow()
+        self.celery_checkout()
         self.limit_and_cancel()
         self.rate_limits_and_groups()
         return sweeper
@@ -196,6 +198,15 @@ class Command(BaseCommand):
             f"\nworkflow {result.id}: a chord of three import_rows jobs, then add_up once with their results: "
             f"{result.status}, {result.results() if result.status == 'succeeded' else result.reason} rows "
             f"(its page: /admin/echomq/job/{QUEUE}/workflow/{result.id}/)")
+
+    def celery_checkout(self) -> None:
+        """A Celery project's tasks (demo_project/shop/tasks.py, only its imports changed), on this queue."""
+        receipt = place_order([(250, 2), (100, 1)], "busy-once", "ada@example.com", queue=QUEUE)
+        self.wait_for(receipt.ready, "the Celery-style checkout")
+        self.stdout.write(
+            f"\nCelery-style checkout (demo_project/shop/tasks.py: shared_task, self.retry, a chord piped into a "
+            f"chain, link_error; only its imports changed): {receipt.state}, {receipt.get(timeout=5)!r}; the "
+            f"charge ran {receipt.parent.parent.get(timeout=5)['attempt']} times (self.retry once)")
 
     def limit_and_cancel(self) -> None:
         """A job stopped by its time limit and one cancelled while it runs, on the processes pool."""
