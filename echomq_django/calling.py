@@ -1,4 +1,4 @@
-"""Celery's calling API on every @job function and EchoMQ task: `delay`, `apply_async`, `signature`, `map`,
+"""Celery's calling API on every @job function and shared_task: `delay`, `apply_async`, `signature`, `map`,
 `starmap` and `chunks`, on echomq's own enqueue and workflows.
 
     send_receipt.delay(order.pk)                                      # -> AsyncResult
@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 # The name of the job that runs a function over many argument lists (map, starmap, chunks).
 MAP_JOB = "echomq.map"
+
+
 class CeleryCalls:
     """Celery's calling API: the methods every @job function (jobs.JobFunction) has besides `enqueue`."""
 
