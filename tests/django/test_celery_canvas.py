@@ -161,6 +161,10 @@ def test_task_routes_are_checked(settings, redis_url):
                        "TASK_ROUTES": {"a.b": {"queue": "nowhere"}}}
     messages = [error.msg for error in checks.run_checks() if error.id == "echomq.E025"]
     assert any("nowhere" in message for message in messages)
+    for route, said in (({"queue": "default", "priority": 500}, "priority"), ({"queue": ""}, "queue's name")):
+        settings.ECHOMQ = {"REDIS_URL": redis_url, "QUEUES": {"default": {}}, "TASK_ROUTES": {"a.b": route}}
+        messages = [error.msg for error in checks.run_checks() if error.id == "echomq.E025"]
+        assert any(said in message for message in messages), messages
     settings.ECHOMQ = {"REDIS_URL": redis_url, "QUEUES": {"default": {}}, "TASK_ROUTES": "no.such.router"}
     messages = [error.msg for error in checks.run_checks() if error.id == "echomq.E025"]
     assert any("no.such.router" in message for message in messages)
