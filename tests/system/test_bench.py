@@ -169,3 +169,15 @@ def test_light_load_runs_every_figure_in_interleaved_blocks():
     assert rows == ["single enqueue, jobs/s"] * 2 + ["pickup latency p50 c1, ms", "pickup latency p50 c8, ms",
                                                      "no-op jobs/s, concurrency 1"], proc.stdout
     assert "ping() " in proc.stdout and ">= 0.85" in proc.stdout, proc.stdout
+
+
+@pytest.mark.timeout(120)
+def test_retry_spread_runs_and_shows_the_jitter():
+    command = [sys.executable, "bench/retry_spread.py", "--jobs", "200", "--backoff", "30",
+               "--redis-url", current_redis_url()]
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    without, with_jitter = proc.stdout.splitlines()
+    assert without.startswith("without jitter") and with_jitter.startswith("with jitter")
+    stdev = [float(line.rsplit("stdev ", 1)[1].split()[0]) for line in (without, with_jitter)]
+    assert stdev[1] > 5 > stdev[0], "a 30 s backoff drawn at random spreads over seconds; without jitter it does not"
