@@ -5,7 +5,10 @@
   list, paused) or delayed. The queue that holds the workflow's record (its
   home) creates it in the same call. A workflow's ids are the caller's, so a
   job that exists is not added again, and the call's reply is recorded under
-  its token for record_ms: a re-sent call adds nothing twice.
+  its token for record_ms: a re-sent call adds nothing twice. A job id that
+  is another job's (a caller's id, Celery's task_id, used before) refuses the
+  whole call before anything is written: its step would never end, and what
+  waits for it would wait for good.
 
   KEYS[1] wait        LIST
   KEYS[2] paused      LIST
@@ -51,6 +54,13 @@ local record = redis.call("GET", KEYS[8])
 if record then return tonumber(record) end
 
 local workflowId, home = ARGV[5], ARGV[6]
+for i = 12, #ARGV, 11 do
+  local owner = redis.pcall("HGET", prefix .. ARGV[i], "wf")
+  if type(owner) ~= "string" and redis.call("EXISTS", prefix .. ARGV[i]) == 1 then owner = "" end
+  if type(owner) == "string" and owner ~= workflowId then
+    return redis.error_reply("TAKEN job id " .. ARGV[i] .. " is another job's")
+  end
+end
 if ARGV[7] ~= "" and redis.call("EXISTS", prefix .. "wf:" .. workflowId) == 0 then
   local recordKey = prefix .. "wf:" .. workflowId
   redis.call("HSET", recordKey, "status", "waiting", "deps", ARGV[7], "ttl", ARGV[8], "created", timestamp,

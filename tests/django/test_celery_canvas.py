@@ -168,3 +168,26 @@ def test_task_routes_are_checked(settings, redis_url):
     settings.ECHOMQ = {"REDIS_URL": redis_url, "QUEUES": {"default": {}}, "TASK_ROUTES": "no.such.router"}
     messages = [error.msg for error in checks.run_checks() if error.id == "echomq.E025"]
     assert any("no.such.router" in message for message in messages)
+
+
+def test_a_task_id_that_is_another_jobs_is_refused_and_nothing_waits_for_it(queues):
+    """A caller's id used again (Celery's task_id) in a workflow: the step would never be added nor end, and its
+    callback would wait in `deferred` for good (BullMQ's parents stuck in waiting-children). Refused, nothing sent."""
+    add, _, _, record, _ = tasks()
+    add.apply_async((1, 1), task_id="order-7")
+    with pytest.raises(WorkflowError, match="job id 'order-7' is another job's"):
+        add.apply_async((2, 2), task_id="order-7", link=record.s())
+    assert queues["default"].counts()["deferred"] == 0
+    # The same refusal inside the script, for an id taken between the check and the add: the call writes nothing.
+    from redis.exceptions import ResponseError
+
+    from echomq_django.core import Plan
+    from echomq_django.signatures import expand_links
+
+    plan = Plan.of(expand_links(chain(add.s(3).set(task_id="order-8"), record.s())))
+    add.apply_async((4, 4), task_id="order-8")
+    home = plan.home
+    with pytest.raises(ResponseError, match="TAKEN job id order-8 is another job's"):
+        home.scripts.run_confirmed([plan._call(home, plan.steps, True, "0.0")], home.confirm, raise_on_error=True)
+    assert queues["default"].counts()["deferred"] == 0
+    assert home.client.exists(home.keys.workflow(plan.id)) == 0, "not even the record"

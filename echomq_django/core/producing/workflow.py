@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from ..defaults import WORKFLOW_FAN_EDGES
 from ..errors import WorkflowError
 from ..protocol.keys import validate_job_id, validate_job_name
@@ -302,6 +304,7 @@ class Plan:
         by_queue: dict[str, list[Step]] = defaultdict(list)
         for step in self.steps:
             by_queue[step.member.queue.name].append(step)
+        self._check_caller_ids()
         tree_bytes = text_bytes(self._tree_text())
         if len(by_queue) == 1 and len(self.steps) <= ADD_JOBS_PER_CALL and (
                 tree_bytes + sum(_step_bytes(step) for step in self.steps) <= CALL_BYTES):
@@ -323,8 +326,29 @@ class Plan:
                 calls = [self._call(queue, chunk, record and index == 0, f"{number}.{index}", trace)
                          for index, chunk in enumerate(chunks)]
                 if calls:
-                    queue.scripts.run_confirmed(calls, queue.confirm, raise_on_error=True)
+                    try:
+                        queue.scripts.run_confirmed(calls, queue.confirm, raise_on_error=True)
+                    except ResponseError as error:
+                        if str(error).startswith("TAKEN "):  # a caller's id another job took meanwhile
+                            raise WorkflowError(f"{str(error)[6:]}: give each step a new one") from None
+                        raise
         return []
+
+    def _check_caller_ids(self) -> None:
+        """WorkflowError, before anything is sent, for a step whose caller-given id (Celery's task_id) is another
+        job's: the step would never be added, never end, and what waits for it would wait for good. (Each
+        addWorkflow call refuses such an id too, atomically; this keeps a plan of many calls from starting.)"""
+        given = [step for step in self.steps if step.member.job_id is not None]
+        if not given:
+            return
+        pipe = self.home.client.pipeline(transaction=False)
+        for step in given:
+            pipe.exists(step.member.queue.keys.job(step.id))
+            pipe.hget(step.member.queue.keys.job(step.id), "wf")
+        replies = pipe.execute(raise_on_error=False)
+        for step, exists, owner in zip(given, replies[::2], replies[1::2], strict=True):
+            if exists == 1 and owner != self.id:
+                raise WorkflowError(f"job id {step.id!r} is another job's: give each step a new one")
 
     def _call(self, queue: Queue, steps: Sequence[Step], record: bool, part: str, trace: str = "") -> Any:
         token = f"{self.id}.{part}"
