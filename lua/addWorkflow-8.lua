@@ -54,12 +54,16 @@ local record = redis.call("GET", KEYS[8])
 if record then return tonumber(record) end
 
 local workflowId, home = ARGV[5], ARGV[6]
+-- Checked before the first write (a script that errors halfway keeps its earlier writes): each job is new,
+-- or already this workflow's (a re-send).
+local fresh = {}
 for i = 12, #ARGV, 11 do
   local owner = redis.pcall("HGET", prefix .. ARGV[i], "wf")
   if type(owner) ~= "string" and redis.call("EXISTS", prefix .. ARGV[i]) == 1 then owner = "" end
   if type(owner) == "string" and owner ~= workflowId then
     return redis.error_reply("TAKEN job id " .. ARGV[i] .. " is another job's")
   end
+  if not owner then fresh[#fresh + 1] = i end
 end
 if ARGV[7] ~= "" and redis.call("EXISTS", prefix .. "wf:" .. workflowId) == 0 then
   local recordKey = prefix .. "wf:" .. workflowId
@@ -67,32 +71,30 @@ if ARGV[7] ~= "" and redis.call("EXISTS", prefix .. "wf:" .. workflowId) == 0 th
     "jobs", ARGV[9], "tree", ARGV[10], "queues", ARGV[11])
 end
 local added = 0
-for i = 12, #ARGV, 11 do
+for _, i in ipairs(fresh) do
   local id = ARGV[i]
   local jobKey = prefix .. id
-  if redis.call("EXISTS", jobKey) == 0 then
-    added = added + 1
-    local delay, priority, group, deps = tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5]), ARGV[i + 6],
-      tonumber(ARGV[i + 7])
-    redis.call("HSET", jobKey, "name", ARGV[i + 1], "data", ARGV[i + 2], "opts", ARGV[i + 3],
-      "timestamp", timestamp, "atm", 0, "ats", 0, "stc", 0, "wf", workflowId, "wfq", home, "nxt", ARGV[i + 8])
-    if ARGV[i + 9] ~= "" then redis.call("HSET", jobKey, "inp", ARGV[i + 9]) end
-    if ARGV[i + 10] == "1" then redis.call("HSET", jobKey, "af", "1") end
-    if group ~= "" then redis.call("HSET", jobKey, "grp", group) end
-    if priority ~= 0 and group == "" then redis.call("HSET", jobKey, "pri", priority) end
-    if deps > 0 then
-      redis.call("HSET", jobKey, "deps", deps)
-      if delay > 0 then redis.call("HSET", jobKey, "dly", delay) end
-      redis.call("ZADD", KEYS[7], timestamp, id)
-    elseif delay > 0 then
-      redis.call("HSET", jobKey, "due", timestamp + delay)
-      redis.call("ZADD", KEYS[4], timestamp + delay, id)
-      redis.call("ZADD", KEYS[5], 0, "0")
-      emitEvent(prefix, "delayed", id, "due", timestamp + delay)
-    else
-      emitEvent(prefix, "added", id)
-      pushReady(prefix, KEYS[1], KEYS[2], KEYS[3], KEYS[5], KEYS[6], id)
-    end
+  added = added + 1
+  local delay, priority, group, deps = tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5]), ARGV[i + 6],
+    tonumber(ARGV[i + 7])
+  redis.call("HSET", jobKey, "name", ARGV[i + 1], "data", ARGV[i + 2], "opts", ARGV[i + 3],
+    "timestamp", timestamp, "atm", 0, "ats", 0, "stc", 0, "wf", workflowId, "wfq", home, "nxt", ARGV[i + 8])
+  if ARGV[i + 9] ~= "" then redis.call("HSET", jobKey, "inp", ARGV[i + 9]) end
+  if ARGV[i + 10] == "1" then redis.call("HSET", jobKey, "af", "1") end
+  if group ~= "" then redis.call("HSET", jobKey, "grp", group) end
+  if priority ~= 0 and group == "" then redis.call("HSET", jobKey, "pri", priority) end
+  if deps > 0 then
+    redis.call("HSET", jobKey, "deps", deps)
+    if delay > 0 then redis.call("HSET", jobKey, "dly", delay) end
+    redis.call("ZADD", KEYS[7], timestamp, id)
+  elseif delay > 0 then
+    redis.call("HSET", jobKey, "due", timestamp + delay)
+    redis.call("ZADD", KEYS[4], timestamp + delay, id)
+    redis.call("ZADD", KEYS[5], 0, "0")
+    emitEvent(prefix, "delayed", id, "due", timestamp + delay)
+  else
+    emitEvent(prefix, "added", id)
+    pushReady(prefix, KEYS[1], KEYS[2], KEYS[3], KEYS[5], KEYS[6], id)
   end
 end
 redis.call("SET", KEYS[8], added, "PX", ARGV[4])
