@@ -58,9 +58,10 @@ local workflowId, home = ARGV[5], ARGV[6]
 -- or already this workflow's (a re-send).
 local fresh = {}
 for i = 12, #ARGV, 11 do
-  local owner = redis.pcall("HGET", prefix .. ARGV[i], "wf")
-  if type(owner) ~= "string" and redis.call("EXISTS", prefix .. ARGV[i]) == 1 then owner = "" end
-  if type(owner) == "string" and owner ~= workflowId then
+  -- (one read: a job's hash always has a name; another type of key answers an error)
+  local fields = redis.pcall("HMGET", prefix .. ARGV[i], "wf", "name")
+  local owner = fields["err"] and "" or fields[1] or (fields[2] and "")
+  if owner and owner ~= workflowId then
     return redis.error_reply("TAKEN job id " .. ARGV[i] .. " is another job's")
   end
   if not owner then fresh[#fresh + 1] = i end
