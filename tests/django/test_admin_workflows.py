@@ -78,3 +78,20 @@ def test_a_record_whose_tree_another_client_nested_5000_deep_shows_and_cancels(c
     done = client.post(reverse("admin:echomq_workflow_cancel", args=["default", result.id]), {"post": "yes"})
     assert done.status_code == 302 and result.status == "failed"
     assert queue.counts()["failed"] == 3 and queue.counts()["deferred"] == 0
+
+
+def test_a_celery_link_shows_as_a_linked_node_with_its_callbacks(client, setup):
+    """apply_async(link=, link_error=) is a small workflow: its page shows the job, its callback under "link",
+    its error callback under "on error", each escaped and linked to its job page."""
+    from django.core.management import call_command
+
+    _queue, shout = setup
+    result = shout.apply_async(("<b>",), link=shout.s(), link_error=shout.si("<i>"))
+    call_command("echomq_worker", "--queue", "default", "--burst", "-v", "0")
+    assert result.get(timeout=5) == "<script>alert(1)</script>"
+    workflow = result.queue.get_job(result.id).workflow_id
+    user(client, "view_job")
+    text = client.get(reverse("admin:echomq_workflow_detail", args=["default", workflow])).content.decode()
+    assert "<strong>linked</strong>" in text and "link: " in text and "on error: " in text
+    assert reverse("admin:echomq_job_detail", args=["default", result.id]) in text
+    assert "<script>alert(1)" not in text and "&lt;script&gt;" in text
