@@ -258,11 +258,8 @@ def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queu
     """
 
     # Wrong values fail at import (PayloadError), not at the first enqueue.
-    if group or priority:
-        JobOptions(group=group, priority=priority)
-    if isinstance(expires, datetime):
-        raise PayloadError("@job(expires=) is a duration (seconds, a timedelta); a datetime goes to enqueue_with")
-    expiry_ms(expires, 0)
+    check_function_options(priority=priority, group=group, expires=expires, time_limit=time_limit,
+                           soft_time_limit=soft_time_limit)
     attempts, backoff = _celery_retries(attempts, backoff, retry_backoff, max_retries)
     if result_ttl is not None:
         expiry_ms(result_ttl, 0)  # a positive duration, as an expiry
@@ -274,7 +271,6 @@ def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queu
     autoretry_for = tuple(autoretry_for)
     if not all(isinstance(kind, type) and issubclass(kind, BaseException) for kind in autoretry_for):
         raise PayloadError(f"autoretry_for is a tuple of exception classes, not {autoretry_for!r}")
-    time_limits_ms(time_limit, soft_time_limit)
 
     def register(target: Callable[..., Any]) -> JobFunction:
         job_name = name or f"{target.__module__}.{target.__qualname__}"
@@ -284,6 +280,18 @@ def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queu
             routed=queue is None))
 
     return register(func) if func is not None else register
+
+
+def check_function_options(*, priority: int = 0, group: str = "", expires: Any = None, time_limit: Any = None,
+                           soft_time_limit: Any = None, what: str = "@job", call: str = "enqueue_with") -> None:
+    """The options every job of a function gets, checked when it is registered (PayloadError): its priority and
+    group, its expiry (a duration: a datetime belongs to one call, `call`), its time limits."""
+    if group or priority:
+        JobOptions(group=group, priority=priority)
+    if isinstance(expires, datetime):
+        raise PayloadError(f"{what}(expires=) is a duration (seconds, a timedelta); a datetime goes to {call}")
+    expiry_ms(expires, 0)
+    time_limits_ms(time_limit, soft_time_limit)
 
 
 def job_data(args: Any, kwargs: Any, headers: Any = None) -> dict[str, Any]:

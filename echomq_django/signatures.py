@@ -186,16 +186,35 @@ def expand_links(node: Any) -> Any:
     return _mark_errbacks(_expand(node))
 
 
+def linked(node: Any, links: list[Any], errbacks: list[Any]) -> Any:
+    """`node` with these callbacks beside it and these error callbacks, as Linked nodes (one per error callback:
+    a Linked node has one); `node` itself when there are none."""
+    if not links and not errbacks:
+        return node
+    node = Linked(node, links, errbacks[0] if errbacks else None)
+    for errback in errbacks[1:]:
+        node = Linked(node, (), errback)
+    return node
+
+
+def _hears_failures(errback: Any) -> bool:
+    """Whether an error callback is a Celery task's, which is told of failures by headers (celery/task.py)."""
+    return isinstance(errback, Signature) and getattr(errback.target, "hears_failures", False) is True
+
+
+def _with_header(signature: Signature, key: str, value: Any) -> Signature:
+    return signature.set(headers={**(signature.options.get("headers") or {}), key: value})
+
+
 def _mark_errbacks(node: Any) -> Any:
     """Each error handler of a Celery task that is immutable, made mutable with the IMMUTABLE_ERRBACK header:
     the task must know whether the failed job ran at all (a job failed before it ran calls no error callback)."""
     if not isinstance(node, Canvas):
         return node
     handler = node.on_error
-    if isinstance(handler, Signature) and handler.immutable and getattr(handler.target, "hears_failures", False):
+    if _hears_failures(handler) and handler.immutable:
         # (made mutable in the plan only: the task is then called with its own arguments alone)
-        handler = dataclasses.replace(handler, immutable=False).set(
-            headers={**(handler.options.get("headers") or {}), IMMUTABLE_ERRBACK: True})
+        handler = _with_header(dataclasses.replace(handler, immutable=False), IMMUTABLE_ERRBACK, True)
     if isinstance(node, Group):
         return Group(*[_mark_errbacks(member) for member in node.members])
     if isinstance(node, Chord):
@@ -209,16 +228,12 @@ def _mark_errbacks(node: Any) -> Any:
 
 def _expand(node: Any) -> Any:
     if isinstance(node, Signature):
-        links = _signatures(node.options.get("link"), "link")
-        errbacks = _signatures(node.options.get("link_error"), "link_error")
+        links = callbacks_of(node.options.get("link"), "link")
+        errbacks = callbacks_of(node.options.get("link_error"), "link_error")
         if not links and not errbacks:
             return node
-        bare = node.without("link", "link_error")
-        bare, errbacks = _watched(bare, errbacks)
-        wrapped: Any = Linked(bare, [_expand(link) for link in links], errbacks[0] if errbacks else None)
-        for errback in errbacks[1:]:
-            wrapped = Linked(wrapped, (), errback)
-        return wrapped
+        bare, errbacks = _watched(node.without("link", "link_error"), errbacks)
+        return linked(bare, [_expand(link) for link in links], errbacks)
     if not isinstance(node, Canvas):
         return node
     links, errbacks = getattr(node, "links", []), getattr(node, "errbacks", [])
@@ -232,7 +247,7 @@ def _expand(node: Any) -> Any:
         body = node.body
         if isinstance(body, Signature) and body.options.get("link_error"):
             # A chord body's error callbacks are the chord's, as in Celery: they run when the header fails too.
-            errbacks = [*_signatures(body.options["link_error"], "link_error"), *errbacks]
+            errbacks = [*callbacks_of(body.options["link_error"], "link_error"), *errbacks]
             body = body.without("link_error")
         result = Chord(_expand(node.header), _expand(body), handler_of(node))
     elif isinstance(node, Chain):
@@ -241,34 +256,27 @@ def _expand(node: Any) -> Any:
         result = Linked(_expand(node.body), [_expand(c) for c in node.callbacks], node.on_error)
     else:
         raise WorkflowError(f"not a canvas echomq knows: {node!r}")
-    if links or errbacks:  # a canvas's own: its callbacks get its result; an error callback runs once
-        result = Linked(result, [_expand(link) for link in links], errbacks[0] if errbacks else None)
-        for errback in errbacks[1:]:
-            result = Linked(result, (), errback)
-    return result
+    # A canvas's own callbacks get its result; its error callbacks run once.
+    return linked(result, [_expand(link) for link in links], errbacks)
 
 
 def _watched(signature: Signature, errbacks: list[Any]) -> tuple[Signature, list[Any]]:
     """A signature with a job id of its own, and its Celery error callbacks told it (ERRBACK_OF)."""
-    if not any(isinstance(errback, Signature) and getattr(errback.target, "hears_failures", False)
-               for errback in errbacks):
+    if not any(_hears_failures(errback) for errback in errbacks):
         return signature, errbacks
     job_id = signature.options.get("task_id") or str(uuid.uuid4())
     return signature.set(task_id=job_id), [
-        errback.set(headers={**(errback.options.get("headers") or {}), ERRBACK_OF: job_id})
-        if isinstance(errback, Signature) and getattr(errback.target, "hears_failures", False) else errback
-        for errback in errbacks]
+        _with_header(errback, ERRBACK_OF, job_id) if _hears_failures(errback) else errback for errback in errbacks]
 
 
 def _with_errbacks(member: Any, errbacks: list[Any]) -> Any:
+    """A group's member with the group's error callbacks (each member its own copy, as Celery clones them)."""
     if isinstance(member, Signature):
         member, errbacks = _watched(member, errbacks)
-    for errback in errbacks:  # (each member's own copy: Celery clones it per member)
-        member = Linked(member, (), errback)
-    return member
+    return linked(member, [], errbacks)
 
 
-def _signatures(value: Any, what: str) -> list[Any]:
+def callbacks_of(value: Any, what: str) -> list[Any]:
     """A link option's callbacks: one signature or a list of them."""
     if value is None:
         return []

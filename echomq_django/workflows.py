@@ -20,18 +20,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import router
 
 from . import outbox, signatures
 from .conf import get_settings
-from .core import Canvas, Chain, Chord, Group, Linked, NewJob, PayloadError, Plan, WorkflowError, WorkflowHandle
+from .core import Canvas, Chain, Chord, Group, Linked, NewJob, Plan, WorkflowError, WorkflowHandle
 from .outbox import OutboxWorkflow
 from .outbox import workflows as outbox_workflows
 from .registry import registered_jobs
-from .signatures import CALL_OPTIONS, expand_links, handler_of, refuse_unknown
+from .signatures import CALL_OPTIONS, callbacks_of, expand_links, handler_of, linked, refuse_unknown
 
 if TYPE_CHECKING:
     from .celery.result import AsyncResult
@@ -72,12 +71,9 @@ def apply_signature(signature: Signature, args: Iterable[Any] = (), kwargs: Mapp
         member = signature.member()
         job_id = outbox.enqueue(member.queue, NewJob(member.name, member.data, member.opts, member.job_id))
         return AsyncResult(job_id, member.queue)
-    delay_ms = opts.get("delay_ms", 0)
-    eta = opts.get("eta")
-    if eta is not None and not isinstance(eta, datetime):
-        raise PayloadError(f"eta is a datetime, not {eta!r}")
-    handle = target.enqueue_with(
-        args=signature.args, kwargs=signature.kwargs, delay_ms=delay_ms, eta=eta, job_id=opts.get("task_id"),
+    handle = target.enqueue_with(  # (set() checked the options: eta a datetime, task_id an id...)
+        args=signature.args, kwargs=signature.kwargs, delay_ms=opts.get("delay_ms", 0), eta=opts.get("eta"),
+        job_id=opts.get("task_id"),
         priority=opts.get("priority"), expires=opts.get("expires"), queue=opts.get("queue"),
         time_limit=opts.get("time_limit"), soft_time_limit=opts.get("soft_time_limit"), headers=opts.get("headers"),
         group=opts.get("group"))
@@ -146,11 +142,8 @@ class _Enqueue:
         from .celery.result import result_of
 
         refuse_unknown(options, ("link", "link_error", "queue", "priority"), f"{self.kind}.apply_async()")
-        node: Any = self
-        if options.get("link") or options.get("link_error"):
-            node = Linked(node, _listed(options.get("link")), None)
-            for errback in _listed(options.get("link_error")):
-                node = Linked(node, (), errback)
+        node = linked(self, callbacks_of(options.get("link"), "link"),
+                      callbacks_of(options.get("link_error"), "link_error"))
         node = with_call(expand_links(node), tuple(args or ()), dict(kwargs or {}),
                          {key: options[key] for key in ("queue", "priority") if options.get(key) is not None})
         return result_of(enqueue_plan(node))
@@ -182,10 +175,6 @@ class _Enqueue:
 
 def _has_links(node: Any) -> bool:
     return bool(getattr(node, "links", None) or getattr(node, "errbacks", None))
-
-
-def _listed(value: Any) -> list[Any]:
-    return [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 def with_call(node: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: dict[str, Any]) -> Any:

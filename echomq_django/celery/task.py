@@ -25,7 +25,7 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from ..core import (
@@ -41,7 +41,7 @@ from ..core import (
     fail_for_good,
     validate_job_name,
 )
-from ..jobs import JobFunction, current_job, register_function
+from ..jobs import JobFunction, check_function_options, current_job, register_function
 from ..queues import get_queue
 from ..signatures import ERRBACK_OF, IMMUTABLE_ERRBACK
 from .exceptions import ImproperlyConfigured, MaxRetriesExceededError
@@ -100,8 +100,8 @@ class Request:
         data = job.data if job and isinstance(job.data, dict) else {}
         self.args = list(data.get("args", [])) if job else []
         self.kwargs = dict(data.get("kwargs", {})) if job else {}
-        self.headers = {key: value for key, value in (data.get("headers") or {}).items()
-                        if key not in (IMMUTABLE_ERRBACK, ERRBACK_OF)} if job else {}
+        self.headers = {key: value for key, value in _headers(job).items()
+                        if key not in (IMMUTABLE_ERRBACK, ERRBACK_OF)}
         self.eta = self.expires = None
         if job is not None and job.opts.delay_ms:
             self.eta = _moment(job.timestamp + job.opts.delay_ms)
@@ -120,6 +120,12 @@ class Request:
 
     def __repr__(self) -> str:
         return f"<Request {self.task} {self.id} retries={self.retries}>"
+
+
+def _headers(job: Job | None) -> dict[str, Any]:
+    """The headers a job was sent with (apply_async's, and echomq's own for error callbacks); {} for none."""
+    headers = job.data.get("headers") if job is not None and isinstance(job.data, dict) else None
+    return headers if isinstance(headers, dict) else {}
 
 
 def _moment(ms: int) -> str:
@@ -224,16 +230,16 @@ class Task(JobFunction):
             if wait_ms > 0:
                 raise Postponed(wait_ms / 1000, f"rate limit {self.rate_limit} of {self.name}")
         inputs = list(job_record.workflow_args)
-        headers = job_record.data.get("headers") if isinstance(job_record.data, dict) else None
+        headers = _headers(job_record)
         if job_record.inputs_mode == "2" and len(inputs) == 2:  # an error callback: Celery's (request, exc, tb)
-            watched = headers.get(ERRBACK_OF) if isinstance(headers, dict) else None
+            watched = headers.get(ERRBACK_OF)
             if watched is not None and str(inputs[0]) != watched:  # Celery never sends a task after a failed one
                 logger.info("job %s: error callback %s not called: job %s never ran (job %s before it failed)",
                             job_record.id, self.name, watched, inputs[0])
                 return None
             failed = Request(None, None)
             failed.id = failed.correlation_id = str(inputs[0])
-            immutable = isinstance(headers, dict) and headers.get(IMMUTABLE_ERRBACK) is True
+            immutable = headers.get(IMMUTABLE_ERRBACK) is True
             inputs = [] if immutable else [failed, rebuilt_error(str(inputs[1])), None]
         token = _request.set(Request(job_record, self))
         try:
@@ -354,17 +360,10 @@ def _seconds(value: Any) -> bool:
 
 
 def _check(created: Task) -> None:
-    """What @job checks at import, for a task: its priority, expiry and time limits (ImproperlyConfigured)."""
-    from ..core import JobOptions
-    from ..job_options import expiry_ms, time_limits_ms
-
+    """What @job checks at import, for a task (ImproperlyConfigured): its priority, expiry and time limits."""
     try:
-        JobOptions(priority=created.priority, attempts=created.attempts or 1)
-        if isinstance(created.expires, datetime):
-            raise PayloadError("a task's expires is a duration (seconds, a timedelta); a datetime goes to "
-                               "apply_async(expires=...)")
-        if created.expires is not None and not isinstance(created.expires, timedelta):
-            expiry_ms(created.expires, 0)
-        time_limits_ms(created.time_limit, created.soft_time_limit)
+        check_function_options(priority=created.priority, expires=created.expires, time_limit=created.time_limit,
+                               soft_time_limit=created.soft_time_limit, what="shared_task",
+                               call="apply_async(expires=...)")
     except PayloadError as error:
         raise ImproperlyConfigured(f"shared_task {created.name}: {error}") from None
