@@ -127,3 +127,25 @@ class Worker(models.Model):
         managed = False
         verbose_name = "worker"
         default_permissions = ("view",)
+
+
+class DurableStep(models.Model):
+    """An atomic step of a durable job (echomq_django.durable.atomic_step), committed with the step's own writes.
+
+    Its row decides the step on every later run of the job: it is what makes
+    those writes happen exactly once.
+    """
+
+    queue = models.CharField(max_length=128)
+    job_id = models.CharField("job id", max_length=149)
+    name = models.CharField(max_length=128)
+    result = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name = "durable step"
+        constraints = [models.UniqueConstraint(fields=["queue", "job_id", "name"], name="echomq_durablestep_unique")]
+        indexes = [models.Index(fields=["created_at"], name="echomq_durablestep_created")]
+
+    def __str__(self) -> str:
+        return f"{self.queue}/{self.job_id} {self.name}"

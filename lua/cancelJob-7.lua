@@ -1,8 +1,8 @@
 --[[
   cancelJob: cancel a job, whatever it is doing.
 
-  A job that has not started (in wait, paused, prioritized, delayed, or its
-  group's list) goes
+  A job that has not started (in wait, paused, prioritized, delayed, parked
+  (docs/durable.md) or its group's list) goes
   to failed at once, with the reason, as a final failure (retryJob can still
   send it back). A running job (it has a `tok`) cannot be stopped from here:
   its hash gets the reason in `cxl`, and the worker that holds it sees the
@@ -56,6 +56,7 @@ local function cancel()
   workflowKeys(prefix, KEYS[1], KEYS[2], KEYS[6], KEYS[4], KEYS[5], now)
   local found = redis.call("LREM", KEYS[1], 0, id) + redis.call("LREM", KEYS[2], 0, id)
     + redis.call("ZREM", KEYS[3], id) + redis.call("ZREM", KEYS[4], id) + redis.call("ZREM", prefix .. "deferred", id)
+    + redis.call("ZREM", prefix .. "parked", id)
   local group = jobHash and groupOf(redis.pcall("HGET", jobHash, "grp"))
   if group and groupRemove(prefix, KEYS[6], id, group) then found = found + 1 end
   if found == 0 then

@@ -72,8 +72,9 @@
   but no wait the reply gives is longer than the window.
 
   Returns {nextDue, waitMs, broken, more, id1, fields1, id2, fields2, ...}: nextDue
-  is the due time (ms) of the earliest delayed job, or false when none is
-  delayed; waitMs is 0, or when flow control held jobs back, how long until it
+  is the due time (ms) of the earliest delayed job or parked job's deadline
+  (meta `parkedNext`, includes/parked.lua), or false when there is none;
+  waitMs is 0, or when flow control held jobs back, how long until it
   lets one start (ms, > 0, at most ARGV[9] for the rate limit) or -1 when the
   cap did (it frees when an active job ends); broken is a list of lines, one
   for each broken key this fetch met (the worker reports each once); more is
@@ -98,6 +99,7 @@
 -- @include "flowGate"
 -- @include "groupRing"
 -- @include "startJob"
+-- @include "parked"
 
 local waitKey, activeKey, metaKey, delayedKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local markerKey, pausedKey, failedKey, prioritizedKey = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
@@ -136,7 +138,13 @@ if record then
   return result
 end
 
-local paused, limitedUntil = unpack(redis.call("HMGET", metaKey, "paused", "limitedUntil"))
+local paused, limitedUntil, parkedNext = unpack(redis.call("HMGET", metaKey, "paused", "limitedUntil",
+  "parkedNext"))
+parkedNext = tonumber(parkedNext)
+if parkedNext and parkedNext <= now then  -- a durable signal wait timed out (includes/parked.lua)
+  parkedNext = promoteParked(prefix, waitKey, pausedKey, metaKey, markerKey, prioritizedKey, now, 1000)
+end
+if parkedNext and (not result[1] or parkedNext < tonumber(result[1])) then result[1] = parkedNext end
 if paused then
   return result
 end

@@ -41,11 +41,15 @@
   ARGV[n+2] token        worker token
   ARGV[n+3] outcome      "completed", "failed", "limited" (the job raised
       RateLimited: back to the queue, no attempt used, the queue's fetching
-      paused for the backoff below) or "postponed" (to delayed for the backoff,
-      no attempt used, the queue goes on)
+      paused for the backoff below), "postponed" (to delayed for the backoff,
+      no attempt used, the queue goes on) or "parked" (a durable signal wait,
+      docs/durable.md: to `parked` until the signal named in `value` comes or
+      the deadline in `backoff_ms` passes, no attempt used; a signal that came
+      meanwhile sends it straight back to wait)
   ARGV[n+4] value        return value (JSON) when completed, failure reason when failed
   ARGV[n+5] stacktrace   stack trace text of this failure ("" for none)
-  ARGV[n+6] backoff_ms   backoff before a retry, ms (0 = retry at once); for "limited", the pause
+  ARGV[n+6] backoff_ms   backoff before a retry, ms (0 = retry at once); for "limited", the pause;
+      for "parked", the wait's deadline (ms since the epoch, 0 = none)
   ARGV[n+7] final        "1" = the failure is final: no retry whatever attempts are left
   ARGV[n+8] error_class  dotted path of the exception class of this failure ("" for none),
       appended to the JSON list `errc` beside the stack trace
@@ -59,6 +63,9 @@
      6 rate limited: back in wait (or paused, or prioritized), ahead of the
        others, `atm` unchanged; meta `limitedUntil` = Redis's now + the pause
      7 postponed: in delayed until the backoff ends, `atm` unchanged
+     8 parked: in `parked` until its signal or deadline, `atm` unchanged
+     9 parked, but its signal came meanwhile (or its deadline passed): back in
+       wait (or paused, or prioritized), `atm` unchanged
     -1 the job hash does not exist
     -2 the token does not own the job: its lock was lost
     -3 the job's key holds another type than a hash: nothing was changed
@@ -73,6 +80,7 @@
 -- @include "workflow"
 -- @include "dedupe"
 -- @include "callInChunks"
+-- @include "setAside"
 
 local activeKey, completedKey, failedKey, delayedKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local waitKey, pausedKey, metaKey, markerKey = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
@@ -145,28 +153,11 @@ local function finishOne(id, token, outcome, value, stacktrace, backoffMs, final
     return 2
   end
 
-  if outcome == "limited" and not fields[6] then
-    -- The job raised RateLimited: it goes back ahead of the queue with no
-    -- attempt used, and every worker's fetch waits out `limitedUntil`
-    -- (moveToActive), on Redis's clock like the check. A cancel wins.
+  local aside = outcome == "limited" or outcome == "postponed" or outcome == "parked"
+  if aside and not fields[6] then  -- no attempt used (a cancel wins: below)
     redis.call("HSET", jobKey, "ftk", token)
-    local redisNow = redisNowMs()
-    local untilMs, current = redisNow + backoffMs, tonumber(redis.call("HGET", metaKey, "limitedUntil") or "")
-    -- (a pause further than MAX_PAUSE_MS ahead, or inf, is not ours: moveToActive ignores it, and so does this)
-    if not current or untilMs > current or current > redisNow + MAX_PAUSE_MS then
-      redis.call("HSET", metaKey, "limitedUntil", untilMs)
-    end
-    pushReady(prefix, waitKey, pausedKey, metaKey, markerKey, prioritizedKey, id, true)
-    emitEvent(prefix, "limited", id, "until", untilMs)
-    return 6
-  end
-
-  if outcome == "postponed" and not fields[6] then  -- a task's own rate limit: later, no attempt used
-    redis.call("HSET", jobKey, "ftk", token)
-    redis.call("ZADD", delayedKey, now + backoffMs, id)
-    redis.call("ZADD", markerKey, 0, "0")
-    emitEvent(prefix, "postponed", id, "until", now + backoffMs)
-    return 7
+    return setAside(prefix, delayedKey, waitKey, pausedKey, metaKey, markerKey, prioritizedKey, id, outcome, value,
+      backoffMs, now)
   end
 
   attemptsMade = attemptsMade + 1

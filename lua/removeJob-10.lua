@@ -30,6 +30,7 @@
 -- @include "workflow"
 -- @include "dedupe"
 -- @include "answerOnce"
+-- @include "jobKey"
 
 local prefix, id = ARGV[1], ARGV[2]
 local before = answeredBefore(KEYS[10], id)
@@ -50,7 +51,7 @@ local function remove()
   dedupeRelease(prefix, id, links[4], links[5])  -- (before the hash goes: its key names the job)
   if links[3] then links = {} end
   local found = redis.call("DEL", jobKey)
-  redis.call("DEL", prefix .. id .. ":logs", prefix .. id .. ":in")
+  redis.call("DEL", jobCompanions(prefix, id))
   local wasActive = redis.call("LREM", KEYS[3], 0, id)
   for i = 1, 2 do found = found + redis.call("LREM", KEYS[i], 0, id) end
   found = found + wasActive
@@ -61,6 +62,7 @@ local function remove()
   if wasActive > 0 then groupRelease(prefix, KEYS[9], id) end
   for _, i in ipairs({4, 5, 6, 8}) do found = found + redis.call("ZREM", KEYS[i], id) end
   found = found + redis.call("SREM", KEYS[7], id) + redis.call("ZREM", prefix .. "deferred", id)
+    + redis.call("ZREM", prefix .. "parked", id)
   redis.call("ZREM", prefix .. "locks", id)  -- the lock index, built from the prefix
   if found == 0 then
     return 0

@@ -115,6 +115,29 @@ class Retry(EchoMQError):
         return type(self), (self.countdown, self.reason)
 
 
+class DurableError(EchoMQError, ValueError):
+    """A durable step that cannot be: a name used twice in one run, a limit passed, a step replayed as another kind."""
+
+
+class SignalTimeout(EchoMQError):
+    """Raised inside a job by `wait_for_signal` when its timeout passed with no signal; the job may catch it."""
+
+
+class SignalRefused(EchoMQError):
+    """A signal that cannot be sent: its name was sent before, its wait is over, or the job has finished."""
+
+
+class StepFailed(EchoMQError):
+    """Raised inside a job by `fan_out` when one of its children failed for good: `child_id` names it."""
+
+    def __init__(self, step: str, child_id: str, reason: str) -> None:
+        self.step, self.child_id, self.reason = step, child_id, reason
+        super().__init__(f"step {step!r}: child job {child_id} failed: {reason}")
+
+    def __reduce__(self) -> tuple[type[StepFailed], tuple[str, str, str]]:  # pickled as it was made
+        return type(self), (self.step, self.child_id, self.reason)
+
+
 class SoftTimeLimitExceeded(EchoMQError):
     """Raised inside a job that ran past its soft time limit; the job may catch it and clean up.
 

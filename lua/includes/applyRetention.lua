@@ -2,7 +2,8 @@
 -- @include "callInChunks"
 
 -- Trim a finished set (completed or failed) to keepCount newest jobs and drop
--- jobs older than keepAgeMs, deleting their hashes and logs. keepCount < 0 keeps any
+-- jobs older than keepAgeMs, deleting their hashes and what lives with them
+-- (jobCompanions). keepCount < 0 keeps any
 -- number; keepAgeMs <= 0 keeps any age. Each call removes at most 1000 jobs so
 -- one finish can never block Redis for long; later finishes remove the rest.
 -- The jobs leave the set in one ZREM (by age) and one ZPOPMIN (the oldest
@@ -25,8 +26,7 @@ local function applyRetention(prefix, setKey, keepCount, keepAgeMs, now)
     local key = jobKey(prefix, id)
     if key then
       keys[#keys + 1] = key
-      keys[#keys + 1] = key .. ":logs"
-      keys[#keys + 1] = key .. ":in"
+      for _, companion in ipairs({jobCompanions(prefix, id)}) do keys[#keys + 1] = companion end
     end
   end
   callInChunks("DEL", nil, keys)
@@ -44,7 +44,7 @@ local function trimResults(prefix, completedKey, now)
     local id, at = due[i], due[i + 1]
     local key = jobKey(prefix, id)
     if key and redis.pcall("HGET", key, "rexp") == at and redis.call("ZSCORE", completedKey, id) then
-      redis.call("DEL", key, key .. ":logs", key .. ":in")
+      redis.call("DEL", key, jobCompanions(prefix, id))
       redis.call("ZREM", completedKey, id)
     end
     redis.call("ZREM", ttlKey, id)

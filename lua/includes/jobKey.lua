@@ -8,3 +8,9 @@ local function jobKey(prefix, id)
   if RESERVED_IDS[id] or string.find(id, "[:{}]") then return nil end
   return prefix .. id
 end
+
+-- The keys that live and die with a job's hash: its log lines, its workflow
+-- inputs, its durable steps and the signals sent to it (docs/durable.md).
+local function jobCompanions(prefix, id)
+  return prefix .. id .. ":logs", prefix .. id .. ":in", prefix .. id .. ":steps", prefix .. id .. ":signals"
+end

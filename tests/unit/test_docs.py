@@ -105,6 +105,8 @@ def hash_of(script: str, key: str) -> str:
         return "groups"
     if key.endswith('.. ":in"'):  # a workflow step's inputs, or a workflow's results: one field per slot
         return "inputs"
+    if key in ("stepsKey", "signalsKey"):  # a job's durable steps and signals: one field per name (docs/durable.md)
+        return key[:-3]
     if "record" in key.lower():  # a workflow's record: its fields are named in protocol.md's prose
         return "record"
     assert re.fullmatch(r"jobKey|jobHash|prefix \.\. id", key), \
@@ -127,7 +129,7 @@ def hash_writes(script: str) -> set[tuple[str, str]]:
         command_name, where = command.group(1).upper(), f"{script}: {command.group(1)}"
         target = hash_of(script, args[1])
         # Fields named in includes and protocol.md's prose (a task's rate record: "tat", one per job holding a start).
-        if target in ("metrics", "groups", "record", "inputs", "<id>:nxt", "task-rate:<name>"):
+        if target in ("metrics", "groups", "record", "inputs", "<id>:nxt", "task-rate:<name>", "steps", "signals"):
             continue
         if command_name in SINGLE_WRITES:
             writes.add((target, literal(args[2], where)))

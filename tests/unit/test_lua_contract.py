@@ -93,7 +93,8 @@ def test_the_table_names_the_same_keys_as_queue_keys():
     named = {keys.wait, keys.paused, keys.active, keys.stalled, keys.failed, keys.completed, keys.delayed,
              keys.prioritized, keys.stalled_check, keys.meta, keys.marker, keys.id_counter, keys.add_record("T"),
              keys.fetch_record("T"), keys.change_record("T"), keys.failed, keys.job("J"), keys.logs("J"),
-             keys.schedule("S"), keys.limiter, keys.sent, keys.deferred, keys.edge_pages("J"), keys.task_rate("S")}
+             keys.schedule("S"), keys.limiter, keys.sent, keys.deferred, keys.edge_pages("J"), keys.task_rate("S"),
+             keys.parked, keys.steps("J"), keys.signals("J")}
     for name in SCRIPT_KEYS:
         assert set(keys.for_script(name, token="T", state="failed", id="J", name="S")) <= named, name
 

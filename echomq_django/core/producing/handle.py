@@ -82,6 +82,10 @@ class JobHandle(str):
         job, state = self.queue.get_job_with_state(self.id, log_lines=0)
         return self._outcome(job, state)
 
+    def signal(self, name: str, payload: Any = None) -> bool:
+        """Send the job the signal `name` with a JSON payload, for its `wait_for_signal` (Queue.signal)."""
+        return bool(self.queue.signal(self.id, name, payload))
+
     def _outcome(self, job: Any, state: str | None) -> Any:
         if job is None:
             raise JobNotFoundError(f"job {self.id} of queue {self.queue.name} is not in Redis (removed, trimmed "

@@ -6,8 +6,15 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from .. import defaults
-from ..errors import InvalidNameError, NotConfirmedError, PayloadError, QueueStateError
+from .. import defaults, durable
+from ..errors import (
+    InvalidNameError,
+    JobNotFoundError,
+    NotConfirmedError,
+    PayloadError,
+    QueueStateError,
+    SignalRefused,
+)
 from ..protocol.codec import encode_json
 from ..protocol.connection import require_text_replies
 from ..protocol.job import Job
@@ -19,6 +26,7 @@ from ..protocol.keys import (
     validate_id,
     validate_job_id,
     validate_job_name,
+    validate_name,
     validate_stored_id,
 )
 from ..protocol.options import MAX_TIMESTAMP_MS, JobOptions, whole_number
@@ -311,6 +319,10 @@ class Queue:
             deliver_handoffs(self.scripts, self.keys, now_ms())  # a workflow's member: its workflow heard of it
         return _CANCEL_CODES.get(code, Cancel.NOT_FOUND)
 
+    def signal(self, job_id: str, name: str, payload: Any = None) -> bool:
+        """Send the job the signal `name` with a JSON payload, for its `wait_for_signal(name)` (send_signal)."""
+        return send_signal(self, job_id, name, payload)
+
     def task_rate_wait(self, name: str, max_starts: int, window_ms: int, job_id: str) -> int:
         """One start of job `job_id` of function `name`, held to `max_starts` per `window_ms` across every worker
         (spaced evenly): 0 to start now, else the ms until the start held for it (lua/taskRate-1.lua)."""
@@ -341,11 +353,38 @@ class Queue:
 
     def obliterate(self) -> int:
         """Delete every key of this queue (for tests and teardown); returns how many."""
-        deleted = 0
-        pattern = re.sub(r"([*?\[\]\\])", r"\\\1", self.keys.base) + "*"
-        for batch in batched(self.client.scan_iter(match=pattern, count=1000), 500):
-            deleted += self.client.delete(*batch)
-        return deleted
+        return obliterate(self)
+
+
+def send_signal(queue: Queue, job_id: str, name: str, payload: Any = None) -> bool:
+    """Send job `job_id` the signal `name` with a JSON `payload`, for its `wait_for_signal(name)` (docs/durable.md).
+
+    True: the job was parked waiting for it and is back in the queue; False: it was kept, and the job takes it
+    when it reaches the wait. SignalRefused when a signal of that name was sent before, the wait timed out,
+    or the job has finished; JobNotFoundError for no such job. Delivery and the job's return are one call.
+    """
+    code = queue.scripts.signal_job(
+        queue.keys, validate_stored_id(job_id), validate_name(name, "a signal's name"),
+        encode_json(payload, f"the payload of signal {name!r}", durable.MAX_RESULT_BYTES),
+        max_signals=durable.MAX_SIGNALS)
+    if code in (1, 2):
+        return code == 2
+    if code == -1:
+        raise JobNotFoundError(f"job {job_id!r} of queue {queue.name!r} does not exist")
+    raise SignalRefused(f"job {job_id!r} of queue {queue.name!r}: signal {name!r} refused: " + {
+        0: "a signal of that name was sent to it before",
+        -3: "the job has finished",
+        -4: "its wait for that signal is over (it timed out)",
+        -5: f"it keeps {durable.MAX_SIGNALS:,} signals already"}.get(code, f"code {code}"))
+
+
+def obliterate(queue: Queue) -> int:
+    """Delete every key of `queue`; returns how many."""
+    deleted = 0
+    pattern = re.sub(r"([*?\[\]\\])", r"\\\1", queue.keys.base) + "*"
+    for batch in batched(queue.client.scan_iter(match=pattern, count=1000), 500):
+        deleted += queue.client.delete(*batch)
+    return deleted
 
 
 def bulk_calls(queue: Queue, job_ids: Iterable[str], batch: int, call: Callable[[str, str], Call],

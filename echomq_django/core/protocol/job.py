@@ -73,6 +73,10 @@ class Reporter(Protocol):
 
     def log(self, job: Job, line: str) -> bool: ...
 
+    def step(self, job: Job, op: str, name: str, kind: str, text: str, deadline: int) -> Any:
+        """A durable step's read ("read": its record or None) or write ("write", "wait": recordStep's reply)."""
+        ...
+
 
 @dataclass
 class Job:

@@ -44,12 +44,14 @@ _JOB_NAME = re.compile(r"[^\s\x00-\x1f\x7f]+")
 # The states a job can be in, each one key of the queue: a LIST (newest at the
 # head) or a sorted set. A job is in exactly one of them, or in none once removed.
 LIST_STATES = ("wait", "paused", "active")
-SORTED_SET_STATES = ("prioritized", "delayed", "deferred", "completed", "failed")
-# `deferred`: a workflow's steps that wait for their inputs (docs/workflows.md).
-STATES = ("wait", "prioritized", "paused", "active", "delayed", "deferred", "completed", "failed")
+SORTED_SET_STATES = ("prioritized", "delayed", "deferred", "parked", "completed", "failed")
+# `deferred`: a workflow's steps that wait for their inputs (docs/workflows.md); `parked`: durable jobs that wait
+# for a signal (docs/durable.md).
+STATES = ("wait", "prioritized", "paused", "active", "delayed", "deferred", "parked", "completed", "failed")
 # What a count of the queue reports: every state, and `stalled`, the SET of
 # marked jobs (a subset of active).
-COUNTED = ("wait", "prioritized", "paused", "active", "stalled", "delayed", "deferred", "completed", "failed")
+COUNTED = ("wait", "prioritized", "paused", "active", "stalled", "delayed", "deferred", "parked", "completed",
+           "failed")
 
 # The KEYS of each script, in order, named as they follow the queue's base
 # ("emq:{q}:"); `<token>`, `<state>` and `<id>` are filled in per call. Each script's
@@ -65,8 +67,8 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "deliverWorkflow-5": ("wait", "paused", "meta", "prioritized", "failed"),
     "extendLocks-1": ("stalled",),
     "fireSchedule-6": ("schedule:<name>", "wait", "paused", "meta", "marker", "prioritized"),
-    "getCounts-10": (*COUNTED, "meta"),
-    "getJob-10": (*STATES, "<id>", "<id>:logs"),
+    "getCounts-11": (*COUNTED, "meta"),
+    "getJob-11": (*STATES, "<id>", "<id>:logs"),
     "moveStalledJobsToWait-8": ("stalled", "wait", "active", "failed", "stalled-check", "meta", "paused", "marker"),
     "moveToActive-10": ("wait", "active", "meta", "delayed", "marker", "paused", "failed", "prioritized",
                         "fetch:<token>", "limiter"),
@@ -74,9 +76,11 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
                           "prioritized"),
     "pauseQueue-5": ("meta", "wait", "paused", "marker", "prioritized"),
     "promoteDelayed-6": ("delayed", "wait", "paused", "meta", "marker", "prioritized"),
+    "recordStep-3": ("<id>", "<id>:steps", "<id>:signals"),
     "removeJob-10": ("wait", "paused", "active", "delayed", "completed", "failed", "stalled", "prioritized", "meta",
                      "change:<token>"),
     "retryJob-7": ("failed", "wait", "paused", "meta", "marker", "prioritized", "change:<token>"),
+    "signalJob-9": ("<id>", "<id>:steps", "<id>:signals", "parked", "wait", "paused", "meta", "marker", "prioritized"),
     "taskRate-1": ("task-rate:<name>",),
     "updateProgress-1": ("<id>",),
 }
@@ -102,6 +106,10 @@ DERIVED_KEYS: dict[str, str] = {
     "delayed": "includes/workflow.lua's, for the same reason: a released step may have a delay of its own",
     "marker": "includes/workflow.lua's, for the same reason: a released step wakes a worker",
     "handoff": "includes/workflow.lua's: a member's end bound for another queue waits there to be delivered",
+    "<id>:steps": "a job's durable steps (recordStep), deleted with the job wherever its hash is",
+    "<id>:signals": "the signals sent to a job (signalJob), deleted with the job wherever its hash is",
+    "parked": "includes/parked.lua's: a fetch resumes parked jobs whose wait timed out, a finish parks a job, and a "
+              "cancel or removal takes one out",
     "<id>:in": "a workflow step's inputs, written where its inputs end and deleted with the job",
     "<id>:nxt": "a workflow step's edges in pages (includes/workflow.lua): named by its edge of kind \"f\", deleted "
                 "once the last page is delivered",
@@ -119,7 +127,7 @@ _PLACEHOLDER = re.compile(r"<([a-z]+)>")
 RESERVED_IDS = frozenset(
     {"wait", "paused", "active", "stalled", "failed", "completed", "delayed", "prioritized",
      "stalled-check", "meta", "marker", "id", "events", "locks", "schedule", "limiter", "groups", "group-active",
-     "group-waiting", "group-running", "sent", "deferred", "handoff", "result-ttl", "workers", "task-rate"}
+     "group-waiting", "group-running", "sent", "deferred", "handoff", "result-ttl", "workers", "task-rate", "parked"}
 )
 
 
@@ -281,6 +289,11 @@ class QueueKeys:
         return self.base + "deferred"
 
     @property
+    def parked(self) -> str:
+        """Durable jobs waiting for a signal (ZSET, score: the deadline, +inf: none); see includes/parked.lua."""
+        return self.base + "parked"
+
+    @property
     def handoff(self) -> str:
         """Ends of this queue's workflow members bound for another queue, to be delivered (LIST of JSON)."""
         return self.base + "handoff"
@@ -383,6 +396,14 @@ class QueueKeys:
     def edge_pages(self, job_id: str) -> str:
         """A workflow step's edges in pages (HASH: "n", then "0", "1", ...), for a step with many; see addEdgePages."""
         return self.base + job_id + ":nxt"
+
+    def steps(self, job_id: str) -> str:
+        """A job's durable steps (HASH: step name -> record JSON); see recordStep and docs/durable.md."""
+        return self.base + job_id + ":steps"
+
+    def signals(self, job_id: str) -> str:
+        """The signals sent to a job (HASH: "p:<name>" -> payload JSON, "c:<name>" -> call id); see signalJob."""
+        return self.base + job_id + ":signals"
 
     def logs(self, job_id: str) -> str:
         """The log lines a job wrote while running (LIST, oldest first)."""

@@ -21,8 +21,8 @@ SCRIPT_ARGV: dict[str, tuple[str, ...]] = {
     "extendLocks-1": ("prefix", "lock_ms"),
     "fireSchedule-6": ("prefix", "now", "tick", "job_id", "name", "data", "opts", "priority", "missed_after_ms",
                        "catch_up", "skip_if_running", "deadline", "group", "floor", "expires_ms"),
-    "getCounts-10": (),
-    "getJob-10": ("job_id", "log_lines", "prefix"),
+    "getCounts-11": (),
+    "getJob-11": ("job_id", "log_lines", "prefix"),
     "moveStalledJobsToWait-8": ("prefix", "max_stalled_count", "now", "interval_ms", "phase", "cursor", "budget",
                                 "default_attempts", "force", "lock_ms", "metrics_minutes"),
     "moveToActive-10": ("prefix", "token", "lock_ms", "now", "count", "worker_id", "metrics_minutes", "rate_max",
@@ -31,8 +31,10 @@ SCRIPT_ARGV: dict[str, tuple[str, ...]] = {
                           "keep_completed_age_ms", "keep_failed_count", "keep_failed_age_ms", "metrics_minutes"),
     "pauseQueue-5": ("paused",),
     "promoteDelayed-6": ("prefix", "now", "limit", "job_id"),
+    "recordStep-3": ("token", "name", "kind", "record", "max_steps", "now", "deadline"),
     "removeJob-10": ("prefix", "job_id", "only_from", "record_ms"),
     "retryJob-7": ("prefix", "job_id", "record_ms"),
+    "signalJob-9": ("prefix", "job_id", "name", "payload", "call_id", "max_signals"),
     "taskRate-1": ("max", "window_ms", "job_id"),
     "updateProgress-1": ("prefix", "job_id", "token", "progress"),
 }
@@ -46,7 +48,7 @@ SCRIPT_ARGV_EACH: dict[str, tuple[str, ...]] = {
                       "inputs", "allow_failure"),
     "deliverWorkflow-5": ("target", "slot", "kind", "passed", "value", "origin"),
     "extendLocks-1": ("job_id", "token"),
-    "getCounts-10": ("command",),
+    "getCounts-11": ("command",),
     "moveToFinished-10": ("job_id", "token", "outcome", "value", "stacktrace", "backoff_ms", "final", "error_class"),
 }
 

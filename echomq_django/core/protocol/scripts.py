@@ -49,6 +49,7 @@ class Finish:
     error_class: str = ""
     rate_limited: bool = False  # the job raised RateLimited: back to the queue, no attempt used
     postponed: bool = False  # the job was Postponed: to delayed for backoff_ms, no attempt used
+    parked: bool = False  # a durable signal wait: `value` is the signal's name, `backoff_ms` the deadline (0: none)
 
 
 @dataclass(frozen=True)
@@ -150,14 +151,14 @@ class Scripts(ScriptClient):
             args += script_argv_each(
                 "moveToFinished-10", job_id=a.job_id, token=a.token,
                 outcome="completed" if a.completed else "limited" if a.rate_limited
-                else "postponed" if a.postponed else "failed",
+                else "postponed" if a.postponed else "parked" if a.parked else "failed",
                 value=_sendable(a.value), stacktrace=_sendable(a.stacktrace), backoff_ms=a.backoff_ms,
                 final="1" if a.final else "0", error_class=_sendable(a.error_class))
         return ("moveToFinished-10", keys.for_script("moveToFinished-10"), args)
 
     @staticmethod
     def finished(code: int, keys: QueueKeys, job_id: str) -> int:
-        """One of moveToFinished's codes: the status (1..7), or the error it stands for raised."""
+        """One of moveToFinished's codes: the status (1..9), or the error it stands for raised."""
         if code == -1:
             raise JobNotFoundError(f"job {job_id!r} of queue {keys.queue!r} does not exist")
         if code == -2:
@@ -291,6 +292,25 @@ class Scripts(ScriptClient):
         return int(self._run("taskRate-1", keys.for_script("taskRate-1", name=name),
                              script_argv("taskRate-1", max=max_starts, window_ms=window_ms, job_id=job_id)))
 
+    def record_step(self, keys: QueueKeys, job_id: str, token: str, name: str, kind: str, record: str, *,
+                    max_steps: int, now: int, deadline: int = 0) -> list[Any]:
+        """recordStep's reply for one durable step of a running job (see lua/recordStep-3.lua): [code, ...]."""
+        reply = self._run("recordStep-3", keys.for_script("recordStep-3", id=job_id), script_argv(
+            "recordStep-3", token=token, name=name, kind=kind, record=record, max_steps=max_steps, now=now,
+            deadline=deadline))
+        return list(reply)
+
+    def read_step(self, keys: QueueKeys, job_id: str, name: str) -> str | None:
+        """A durable step's record as written (None: not recorded): a read, no script."""
+        value = self.client.hget(keys.steps(job_id), name)
+        return None if value is None else str(value)
+
+    def signal_job(self, keys: QueueKeys, job_id: str, name: str, payload: str, *, max_signals: int) -> int:
+        """Send a job the signal `name` (signalJob-9): 2 delivered, 1 kept, or a refusal code (see the script)."""
+        return int(self._run("signalJob-9", keys.for_script("signalJob-9", id=job_id), script_argv(
+            "signalJob-9", prefix=keys.base, job_id=job_id, name=name, payload=payload, call_id=uuid.uuid4().hex,
+            max_signals=max_signals)))
+
     def add_log(self, keys: QueueKeys, job_id: str, token: str, line: str, keep: int) -> int:
         """Append a line to a running job's log, keeping the newest `keep`.
 
@@ -311,21 +331,21 @@ class Scripts(ScriptClient):
         The hash is [] when there is none, None when its key holds another type.
         """
         state, fields, kept, lines = self._run(
-            "getJob-10", keys.for_script("getJob-10", id=job_id),
-            script_argv("getJob-10", job_id=job_id, log_lines=log_lines, prefix=keys.base))
+            "getJob-11", keys.for_script("getJob-11", id=job_id),
+            script_argv("getJob-11", job_id=job_id, log_lines=log_lines, prefix=keys.base))
         return state or None, None if fields is None else list(fields), int(kept), list(lines)
 
     def job_state(self, keys: QueueKeys, job_id: str) -> str | None:
         """Which state holds the job (one of STATES), or None; sorted sets are asked before lists are scanned."""
-        [state] = self._run("getJob-10", keys.for_script("getJob-10", id=job_id),
-                            script_argv("getJob-10", job_id=job_id, log_lines="state", prefix=keys.base))
+        [state] = self._run("getJob-11", keys.for_script("getJob-11", id=job_id),
+                            script_argv("getJob-11", job_id=job_id, log_lines="state", prefix=keys.base))
         return state or None
 
     def get_counts(self, keys: QueueKeys) -> dict[str, int]:
         """Jobs per state, read atomically; `stalled` counts marked jobs (also in active)."""
         commands = ["SCARD" if state == "stalled" else "LLEN" if state in LIST_STATES else "ZCARD"
                     for state in COUNTED]
-        *values, grouped = self._run("getCounts-10", keys.for_script("getCounts-10"), commands)
+        *values, grouped = self._run("getCounts-11", keys.for_script("getCounts-11"), commands)
         counts = dict(zip(COUNTED, (int(v) for v in values)))
         counts["wait"] += int(grouped)  # jobs waiting in their group's list
         return counts

@@ -37,12 +37,20 @@ class _Child:
         self.soft_ms = 0  # the running job's soft limit, for its message
 
     def progress(self, job: Job, progress_json: str) -> bool:
-        return self._ask(job, "progress", progress_json)
+        return bool(self._ask(job, "progress", progress_json))
 
     def log(self, job: Job, line: str) -> bool:
-        return self._ask(job, "log", line)
+        return bool(self._ask(job, "log", line))
 
-    def _ask(self, job: Job, kind: str, text: str) -> bool:
+    def step(self, job: Job, op: str, name: str, kind: str, text: str, deadline: int) -> Any:
+        answer = self._ask(job, "step", (op, name, kind, text, deadline))
+        if isinstance(answer, BaseException):  # the worker could not reach Redis, or it refused the call
+            raise answer
+        if answer is False:  # from a thread a finished job left behind
+            raise RuntimeError(f"job {job.id}'s attempt has ended: its steps can no longer be recorded")
+        return answer
+
+    def _ask(self, job: Job, kind: str, text: Any) -> Any:
         # A soft limit must not land between the question and its answer (the
         # answer would stay in the pipe, read as the next job): it is noted,
         # and raised once the answer is in. Signal handlers run on the main
@@ -54,7 +62,7 @@ class _Child:
             self.asking = main
             try:
                 self.conn.send((kind, text))
-                answer = bool(self.conn.recv())
+                answer = self.conn.recv()
             finally:
                 self.asking = False
         if main and self.soft_pending:

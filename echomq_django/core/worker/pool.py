@@ -30,6 +30,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from ..durable import Suspended, now_ms
 from ..errors import (
     JobCancelled,
     LockLostError,
@@ -65,6 +66,8 @@ def run_handler(handler: Handler, job: Job) -> Finish:
     except RateLimited as limited:  # not a failure: the job waits its turn again
         return Finish(job.id, token, completed=False, value=str(limited), rate_limited=True,
                       backoff_ms=math.ceil(limited.retry_after * 1000))
+    except Suspended as suspended:  # a durable sleep or signal wait: the job waits without a slot
+        return suspended_finish(job, suspended)
     except Postponed as postponed:  # not a failure either: it waits, and the queue's other jobs go on
         return Finish(job.id, token, completed=False, value=str(postponed), postponed=True,
                       backoff_ms=math.ceil(postponed.countdown * 1000))
@@ -82,6 +85,15 @@ def run_handler(handler: Handler, job: Job) -> Finish:
             error_class=class_path(error),
         )
     return Finish(job.id, token, completed=True, value=value)
+
+
+def suspended_finish(job: Job, suspended: Suspended) -> Finish:
+    """The end of an attempt that sleeps (to delayed) or waits for a signal (to parked), no attempt used."""
+    if suspended.parked:
+        return Finish(job.id, job.token or "", completed=False, value=suspended.step, parked=True,
+                      backoff_ms=suspended.until_ms)
+    return Finish(job.id, job.token or "", completed=False, value=f"sleep {suspended.step}", postponed=True,
+                  backoff_ms=max(suspended.until_ms - now_ms(), 0))
 
 
 def ended(job: Job, reason: str, error: type[BaseException] | None = None, *, final: bool = False) -> Finish:

@@ -24,7 +24,7 @@ from ..protocol.scripts import Finish
 from ..protocol.times import seconds_text
 from .child_side import child_main
 from .pool import Handler, ended, over_limit, stopped
-from .reports import ReportWriter
+from .reports import STALE, ReportWriter
 from .signals import SOFT_LIMIT_SIGNAL
 
 logger = logging.getLogger("echomq.worker")
@@ -231,7 +231,7 @@ class ProcessSlot:
                         self._writer.ask(job, message[0], message[1])
                 elif process.sentinel in ready:
                     return self._died(job)
-                if answers is not None and answers in ready and (written := self._writer.answer()) is not None:
+                if answers is not None and answers in ready and (written := self._writer.answer()) is not STALE:
                     with contextlib.suppress(OSError, ValueError):
                         conn.send(written)
                 # The deadlines, whatever the wait returned for: a job that reports without a pause

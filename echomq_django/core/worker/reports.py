@@ -1,17 +1,21 @@
-"""A process slot's report writer: its child's progress and log lines, written to Redis off the job's thread."""
+"""A process slot's report writer: its child's progress, log lines and durable steps, written to Redis off the job's
+thread."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import multiprocessing
+import pickle
 import queue as threadqueue
 import threading
 from multiprocessing.connection import Connection
+from typing import Any
 
 from ..protocol.job import Job, Reporter
 
 logger = logging.getLogger("echomq.worker")
+STALE = object()  # ReportWriter.answer's for an answer the running job no longer waits for
 
 
 class ReportWriter:
@@ -25,7 +29,7 @@ class ReportWriter:
     def __init__(self, reporter: Reporter, name: str) -> None:
         self._reporter = reporter
         self._name = name  # of the writer's thread
-        self._reports: threadqueue.SimpleQueue[tuple[int, Job, str, str] | None] = threadqueue.SimpleQueue()
+        self._reports: threadqueue.SimpleQueue[tuple[int, Job, str, Any] | None] = threadqueue.SimpleQueue()
         self._answers: Connection | None = None  # where the writer's answers come back
         self._asks = 0  # reports asked for so far, each one's number
         self._asked = 0  # the number of the report the running job waits for; 0: none
@@ -35,7 +39,7 @@ class ReportWriter:
         """The pipe the answer of the report the running job waits for comes back on; None when it waits for none."""
         return self._answers if self._asked else None
 
-    def ask(self, job: Job, kind: str, text: str) -> None:
+    def ask(self, job: Job, kind: str, text: Any) -> None:
         """Have a report of the child's job written off this thread; its answer comes back on `awaited`."""
         if self._answers is None:
             self._answers, answers = multiprocessing.Pipe(duplex=False)
@@ -45,14 +49,15 @@ class ReportWriter:
         self._asked = self._asks
         self._reports.put((self._asks, job, kind, text))
 
-    def answer(self) -> bool | None:
-        """Take the next answer off the pipe: whether the awaited report was written; None for an earlier one's."""
+    def answer(self) -> Any:
+        """Take the next answer off the pipe: whether the awaited report was written (a durable step: its reply, or
+        the error it met); STALE for an earlier one's."""
         assert self._answers is not None
         number, written = self._answers.recv()
         if number != self._asked:
-            return None
+            return STALE
         self._asked = 0
-        return bool(written)
+        return written
 
     def forget(self) -> None:
         """The attempt ended: a report of it not written yet never will be."""
@@ -72,10 +77,24 @@ class ReportWriter:
                     answers.send((number, written))
         answers.close()
 
-    def _report(self, job: Job, kind: str, text: str) -> bool:
-        """Write a report of the child's job; False when it was not written (the job goes on)."""
+    def _report(self, job: Job, kind: str, text: Any) -> Any:
+        """Write a report of the child's job; False when it was not written (the job goes on). A durable step's
+        answer is its reply, or the error it met (raised in the child)."""
+        if kind == "step":
+            try:
+                return self._reporter.step(job, *text)
+            except Exception as error:
+                return error if _picklable(error) else RuntimeError(f"{type(error).__name__}: {error}")
         try:
             return (self._reporter.progress if kind == "progress" else self._reporter.log)(job, text)
         except Exception as error:  # a report is not the job's result: the child must get its answer
             logger.warning("job %s of queue %s: its %s was not recorded (%s)", job.id, job.queue, kind, error)
             return False
+
+
+def _picklable(error: Exception) -> bool:
+    try:
+        pickle.dumps(error)
+    except Exception:
+        return False
+    return True

@@ -281,6 +281,9 @@ class RoundTrips:
         elif status == 7:
             logger.info("job %s of queue %s was postponed %g s (%s)", job.id, self.keys.queue,
                         finish.backoff_ms / 1000, finish.value)
+        elif status in (8, 9):
+            logger.info("job %s of queue %s waits for its signal %r%s", job.id, self.keys.queue, finish.value,
+                        ": parked" if status == 8 else ", which has come: back in the queue")
         elif not finish.completed:
             self.failed += 1
             logger.info("job %s of queue %s failed, %s: %s", job.id, self.keys.queue,

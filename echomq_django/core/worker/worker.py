@@ -29,7 +29,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from .. import defaults
+from .. import defaults, durable
 from ..errors import InvalidNameError
 from ..protocol.connection import UNREACHABLE, require_text_replies
 from ..protocol.job import Job
@@ -71,6 +71,13 @@ class _Reporter:
     def log(self, job: Job, line: str) -> bool:
         return self._written(job, "log line", lambda: self.scripts.add_log(
             self.keys, job.id, job.token or "", line, self.max_log_lines) > 0)
+
+    def step(self, job: Job, op: str, name: str, kind: str, text: str, deadline: int) -> Any:
+        """A durable step's read or write (core/durable.py); unlike a report, an error reaches the job."""
+        if op == "read":
+            return self.scripts.read_step(self.keys, job.id, name)
+        return self.scripts.record_step(self.keys, job.id, job.token or "", name, kind, text,
+                                        max_steps=durable.MAX_STEPS, now=durable.now_ms(), deadline=deadline)
 
     def _written(self, job: Job, what: str, write: Callable[[], bool]) -> bool:
         try:

@@ -11,10 +11,11 @@
   KEYS[4] active      LIST
   KEYS[5] delayed     ZSET
   KEYS[6] deferred    ZSET  a workflow's steps waiting for their inputs
-  KEYS[7] completed   ZSET
-  KEYS[8] failed      ZSET
-  KEYS[9] <id>        HASH  the job
-  KEYS[10] <id>:logs  LIST  its log lines
+  KEYS[7] parked      ZSET  durable jobs waiting for a signal (includes/parked.lua)
+  KEYS[8] completed   ZSET
+  KEYS[9] failed       ZSET
+  KEYS[10] <id>       HASH  the job
+  KEYS[11] <id>:logs  LIST  its log lines
 
   ARGV[1] job_id
   ARGV[2] log_lines  "state" for the state alone, else how many of the newest log
@@ -34,7 +35,7 @@
 
 local id = ARGV[1]
 local state = false
-for _, i in ipairs({2, 5, 6, 7, 8}) do
+for _, i in ipairs({2, 5, 6, 7, 8, 9}) do
   if redis.call("ZSCORE", KEYS[i], id) then
     state = i
     break
@@ -48,23 +49,23 @@ if not state then
     end
   end
 end
-local names = {"wait", "prioritized", "paused", "active", "delayed", "deferred", "completed", "failed"}
+local names = {"wait", "prioritized", "paused", "active", "delayed", "deferred", "parked", "completed", "failed"}
 state = state and names[state]
 if not state then
-  local group = groupOf(redis.pcall("HGET", KEYS[9], "grp"))
+  local group = groupOf(redis.pcall("HGET", KEYS[10], "grp"))
   if group and redis.call("LPOS", ARGV[3] .. "group:" .. group, id) then state = "wait" end
 end
 if ARGV[2] == "state" then return {state} end
 
-local fields = redis.pcall("HGETALL", KEYS[9])
+local fields = redis.pcall("HGETALL", KEYS[10])
 if fields["err"] then fields = false end
 local kept, lines = 0, {}
-local logType = redis.call("TYPE", KEYS[10])["ok"]
+local logType = redis.call("TYPE", KEYS[11])["ok"]
 if logType == "list" then
-  kept = redis.call("LLEN", KEYS[10])
+  kept = redis.call("LLEN", KEYS[11])
   local wanted = tonumber(ARGV[2])
   if wanted ~= 0 then
-    lines = redis.call("LRANGE", KEYS[10], wanted < 0 and 0 or -wanted, -1)
+    lines = redis.call("LRANGE", KEYS[11], wanted < 0 and 0 or -wanted, -1)
   end
 end
 return {state, fields, kept, lines}

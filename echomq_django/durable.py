@@ -1,0 +1,198 @@
+"""Durable steps in a job: `step`, `sleep`, `wait_for_signal`, `atomic_step` and `fan_out` (docs/durable.md).
+
+A job that uses them resumes after its last finished step: each step's
+result is recorded once, by a script that checks the attempt's lock token,
+and every later run of the job (a retry, a recovery after its worker died, a
+resume after a sleep or a signal) replays the recorded result instead of
+running the step again. Code between steps runs again on every run, so it
+must take the same steps in the same order: keep it deterministic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import IntegrityError, router, transaction
+
+from .conf import get_settings
+from .core import Plan, WorkflowHandle
+from .core import durable as core
+from .core.errors import MAX_WAIT_S, DurableError, SignalRefused, SignalTimeout, StepFailed
+from .core.protocol.job import Job
+from .jobs import job
+from .queues import get_queue
+from .registry import current_job
+from .signatures import expand_links
+from .workflows import chord, group
+
+__all__ = ["AtomicStep", "DurableError", "SignalRefused", "SignalTimeout", "StepFailed", "atomic_step", "fan_out",
+           "sleep", "step", "wait_for_signal"]
+
+
+def _running(what: str) -> Job:
+    found = current_job()
+    if found is None:
+        raise DurableError(f"{what} runs inside a job: call it from a job function that a worker runs")
+    return found
+
+
+def step(name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """Run `fn(*args, **kwargs)` and record its JSON result; on every later run of the job, return it unrun.
+
+    A step that raises is not recorded: the job's own retry runs it again.
+    """
+    return core.run_step(_running(f"step({name!r})"), name, fn, args, kwargs)
+
+
+def sleep(name: str, duration_or_until: timedelta | datetime | float) -> None:
+    """Have the job wait without a worker until a time: it goes to `delayed`, its slot free, no attempt used.
+
+    Seconds, a timedelta, or an aware datetime to sleep until. The end is
+    recorded at the first run, so a re-run keeps it.
+    """
+    job_record = _running(f"sleep({name!r})")
+    if isinstance(duration_or_until, datetime):
+        if duration_or_until.tzinfo is None:
+            raise DurableError(f"sleep({name!r}) takes an aware datetime (with a time zone), not a naive one")
+        until_ms = int(duration_or_until.timestamp() * 1000)
+    else:
+        seconds = (duration_or_until.total_seconds() if isinstance(duration_or_until, timedelta)
+                   else duration_or_until)
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= MAX_WAIT_S:
+            raise DurableError(f"sleep({name!r}) takes 0 to {MAX_WAIT_S:,} seconds, a timedelta or an aware "
+                               f"datetime, not {duration_or_until!r}")
+        until_ms = core.now_ms() + int(seconds * 1000)
+    core.sleep_until(job_record, name, until_ms)
+
+
+def wait_for_signal(name: str, timeout: timedelta | float | None = None) -> Any:
+    """Park the job, with no slot and no lock, until `handle.signal(name, payload)` comes; return the payload.
+
+    A signal sent before the job got here is kept and returned at once. Past
+    `timeout` (seconds or a timedelta; None: wait for good) this raises
+    SignalTimeout in the job, which may catch it.
+    """
+    job_record = _running(f"wait_for_signal({name!r})")
+    timeout_ms = None
+    if timeout is not None:
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_WAIT_S:
+            raise DurableError(f"wait_for_signal({name!r}): timeout is None or 0 to {MAX_WAIT_S:,} seconds, "
+                               f"not {timeout!r}")
+        timeout_ms = max(int(seconds * 1000), 1)
+    return core.wait_signal(job_record, name, timeout_ms)
+
+
+class AtomicStep:
+    """What `atomic_step` yields: set `.result` inside the block; `.replayed` is True on a run after the first."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.result: Any = None
+        self.replayed = False
+
+
+class _Replayed(Exception):
+    """Rolls back an atomic step's block on a replay: its row was committed by an earlier run."""
+
+
+@contextlib.contextmanager
+def atomic_step(name: str, *, using: str | None = None) -> Iterator[AtomicStep]:
+    """A block whose database writes and the step's record commit together, in one `transaction.atomic()`.
+
+    On a later run of the job the recorded row decides: the block runs again
+    (a `with` cannot skip its body) but its writes are rolled back, an error
+    it raises is dropped with them, and `.result` is the first run's. So the
+    block's database effects happen exactly once, even when the worker dies
+    between the commit and anything it tells Redis. Effects outside the
+    database are not covered: check `.replayed` to skip them (and the work).
+    """
+    from .models import DurableStep
+
+    job_record = _running(f"atomic_step({name!r})")
+    steps = core.Steps.of(job_record)
+    steps.claim(name, "atomic")  # (a Redis record is only for the page: the row decides)
+    database = using or router.db_for_write(DurableStep)
+    rows = DurableStep.objects.using(database)
+    key = {"queue": job_record.queue, "job_id": job_record.id, "name": name}
+    holder = AtomicStep(name)
+    row = rows.filter(**key).first()
+    if row is not None:
+        holder.result, holder.replayed = row.result, True
+    try:
+        with transaction.atomic(using=database):
+            try:
+                yield holder
+            except Exception:
+                if not holder.replayed:
+                    raise
+                # A replay's writes roll back whatever they did: an error they met (a unique row the first run
+                # made, say) is theirs too.
+            if holder.replayed:
+                raise _Replayed
+            result = core.check_result(holder.result, name)
+            try:
+                with transaction.atomic(using=database):
+                    rows.create(**key, result=result)
+            except IntegrityError:  # another run of the job committed it first: this one's writes roll back
+                raise _Replayed from None
+    except _Replayed:
+        row = rows.get(**key)
+        holder.result, holder.replayed = row.result, True
+        return
+    with contextlib.suppress(Exception):  # the row decides; this record only shows the step on the job's page
+        steps.write(name, "atomic", core.record("done", "atomic", r=result))
+
+
+def fan_out(name: str, signatures: Iterable[Any]) -> list[Any]:
+    """Run these signatures as child jobs at once and park the job, with no slot, until every child ended.
+
+    Returns their results in order, or raises StepFailed naming the child that
+    failed for good. The children are a workflow (a chord whose callback
+    signals this job), added once whatever happens to this job meanwhile.
+    """
+    job_record = _running(f"fan_out({name!r})")
+    members = list(signatures)
+    steps = core.Steps.of(job_record)
+    if not members:
+        raise DurableError(f"fan_out({name!r}) needs at least one signature")
+    found = steps.claim(name, "fan-out")
+    if found is None:
+        workflow_id = "fan" + hashlib.sha256(f"{job_record.queue}\0{job_record.id}\0{name}".encode()).hexdigest()[:32]
+        queue = get_queue(job_record.queue)
+        if WorkflowHandle(queue, workflow_id).status == "unknown":  # not added yet (or by a run that died)
+            own = (job_record.queue, job_record.id, name)
+            canvas = chord(group(*members), _fan_in.s(*own).set(queue=job_record.queue),
+                           on_error=_fan_failed.s(*own).set(queue=job_record.queue))
+            Plan.of(expand_links(canvas), ttl_ms=get_settings().workflow_ttl_ms, workflow_id=workflow_id).add()
+        decided = steps.wait(name, "fan-out", 0)
+        if isinstance(decided, int):
+            raise core.Suspended(name, parked=True, until_ms=0)
+        found = decided
+    outcome = found.get("r")
+    if isinstance(outcome, dict) and "failed" in outcome:
+        raise StepFailed(name, str(outcome["failed"]), str(outcome.get("reason", "")))
+    if not isinstance(outcome, dict) or not isinstance(outcome.get("results"), list):
+        raise DurableError(f"job {job_record.id}: the record of fan-out {name!r} holds no results")
+    return outcome["results"]
+
+
+@job(name="echomq.fan_in")
+def _fan_in(results: list[Any], queue: str, job_id: str, name: str) -> None:
+    """A fan-out's chord callback: hand the children's results to the parked job, as its signal."""
+    _hand_over(queue, job_id, name, {"results": results})
+
+
+@job(name="echomq.fan_failed")
+def _fan_failed(member_id: str, reason: str, queue: str, job_id: str, name: str) -> None:
+    """A fan-out's error handler: tell the parked job which child failed for good."""
+    _hand_over(queue, job_id, name, {"failed": member_id, "reason": reason})
+
+
+def _hand_over(queue: str, job_id: str, name: str, payload: dict[str, Any]) -> None:
+    with contextlib.suppress(SignalRefused):  # a re-run of this job after its signal went: delivered once
+        get_queue(queue).signal(job_id, name, payload)
