@@ -120,12 +120,12 @@ def take_jobs(queue: Queue, token: str, lock_ms: int, now: int, count: int, work
 def finish_attempt(queue: Queue, job_id: str, token: str, now: int, *, completed: bool, value: str,
                    stacktrace: str = "", default_attempts: int, backoff_ms: int = 0, keep_count: int = -1,
                    keep_age_ms: int = 0, keep_traces: int = 10, final: bool = False, error_class: str = "",
-                   postponed: bool = False) -> int:
+                   postponed: bool = False, parked: bool = False) -> int:
     """One moveToFinished call ending one attempt: its status code, or its error raised."""
     retention = (keep_count, keep_age_ms)
     call = queue.scripts.finish_call(
         queue.keys, [Finish(job_id, token, completed, value, stacktrace, backoff_ms, final, error_class,
-                            postponed=postponed)], now,
+                            postponed=postponed, parked=parked)], now,
         default_attempts=default_attempts, keep_completed=retention, keep_failed=retention, keep_traces=keep_traces)
     [[code]] = queue.scripts.run_batch([call], raise_on_error=True)
     return queue.scripts.finished(code, queue.keys, job_id)
