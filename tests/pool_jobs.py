@@ -11,6 +11,7 @@ losing its reply (a Redis restart) then shows as two equal entries, while two
 runs of one job never do.
 """
 
+import functools
 import os
 import resource
 import time
@@ -137,7 +138,23 @@ def report_when_told(job: Job) -> str:
     return "reported"
 
 
-HANDLERS = {"noop": noop, "sleep": sleep, "soft": soft, "grow": grow, "storm": storm, "die": die,
+def durable(job: Job) -> Any:
+    """Two durable steps, each recording its run in the test's list; then a sleep and a signal wait; the first
+    attempt fails after the steps, so the second replays them."""
+    from echomq_django.core import durable as steps
+
+    data = job.data
+    record = functools.partial(_client(data["url"]).rpush, data["key"])
+    first = steps.run_step(job, "first", lambda: record(f"{job.id}:first") and os.getpid(), (), {})
+    second = steps.run_step(job, "second", lambda: record(f"{job.id}:second") and [first], (), {})
+    if job.attempts_made == 0:
+        raise RuntimeError("after the steps")
+    steps.sleep_until(job, "nap", steps.now_ms() + 100)
+    payload = steps.wait_signal(job, "go", None)
+    return {"first": first, "second": second, "payload": payload}
+
+
+HANDLERS = {"noop": noop, "durable": durable, "sleep": sleep, "soft": soft, "grow": grow, "storm": storm, "die": die,
             "report_when_told": report_when_told}
 
 
