@@ -2,8 +2,10 @@
 
 import asyncio
 import time
+from datetime import timedelta
 
 from echomq_django.core import Backoff
+from echomq_django.durable import step, wait_for_signal
 
 try:
     from django.tasks import task
@@ -39,3 +41,11 @@ def slow_first_attempt(context, seconds: float) -> int:
 @task
 def returns_a_set() -> object:
     return {1, 2}
+
+
+@task(attempts=3)
+def approve_order(order_id: int) -> dict:
+    """A durable task: its price is a recorded step, then it waits, with no worker, for an "approved" signal."""
+    total = step("price", lambda: order_id * 10)
+    decision = wait_for_signal("approved", timeout=timedelta(days=2))
+    return {"order": order_id, "total": total, "approved_by": decision["by"]}

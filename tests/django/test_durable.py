@@ -189,3 +189,20 @@ def test_a_fan_out_raises_step_failed_naming_the_child(project):
     run_jobs()
     child, reason = handle.result
     assert project.queue().get_job(child).data["args"] == [2] and "no two" in reason
+
+
+def test_a_durable_django_task_waits_for_its_signal(settings, redis_url, prefix, redis_client):
+    from django.core.management import call_command
+
+    from demo_project.demo_app import tasks
+    from echomq_django.core import Queue
+
+    settings.ECHOMQ = {"REDIS_URL": redis_url, "PREFIX": prefix, "QUEUES": {"default": {}, "demo": {}}}
+    queue = Queue("default", redis_client, prefix=prefix)
+    result = tasks.approve_order.enqueue(7)
+    call_command("echomq_worker", "--queue", "default", "--burst", "-v", "0")
+    assert queue.get_state(result.id) == "parked"
+    assert queue.signal(result.id, "approved", {"by": "ops"}) is True
+    call_command("echomq_worker", "--queue", "default", "--burst", "-v", "0")
+    done = tasks.approve_order.get_result(result.id)
+    assert done.return_value == {"order": 7, "total": 70, "approved_by": "ops"}
