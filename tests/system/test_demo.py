@@ -107,6 +107,9 @@ def test_the_demo_tells_the_whole_story(demo_env, tmp_path):
                      r"succeeded, 60 rows \(its page: /admin/echomq/job/demo/workflow/w\w+/\)$", out, re.M)
     assert re.search(r"^Celery-style checkout \(demo_project/shop/tasks.py: .*\): SUCCESS, 'receipt for 600 to "
                      r"ada@example.com'; the charge ran 2 times \(self.retry once\)$", out, re.M)
+    assert re.search(r"^durable task approve_order\(7\) .*: job \S+ is parked, holding no worker slot", out, re.M)
+    assert re.search(r"^signal \"approved\" sent: it resumed and returned \{'order': 7, 'total': 70, "
+                     r"'approved_by': 'the demo'\}$", out, re.M)
     assert re.search(r"^cancel of job heavy\.\d+ \(export\) while it runs: stopping;", out, re.M)
     assert re.search(r"^job heavy\.\d+ \(stuck\) of 'heavy': failed, time limit of 2 s exceeded$", out, re.M)
     assert re.search(r"^job heavy\.\d+ \(export\) of 'heavy': failed, cancelled: not needed any more$", out, re.M)

@@ -186,6 +186,7 @@ class Command(BaseCommand):
                           f"return value {task_result.return_value if task_result.is_finished else '-'}")
         self.workflow()
         self.celery_checkout()
+        self.durable_approval()
         self.limit_and_cancel()
         self.rate_limits_and_groups()
         return sweeper
@@ -207,6 +208,19 @@ class Command(BaseCommand):
             f"\nCelery-style checkout (demo_project/shop/tasks.py: shared_task, self.retry, a chord piped into a "
             f"chain, link_error; only its imports changed): {receipt.state}, {receipt.get(timeout=5)!r}; the "
             f"charge ran {receipt.parent.parent.get(timeout=5)['attempt']} times (self.retry once)")
+
+    def durable_approval(self) -> None:
+        """A durable task: a recorded step, then parked with no worker held until its signal comes."""
+        queue = get_queue(QUEUE)
+        result = tasks.approve_order.using(queue_name=QUEUE).enqueue(7)
+        self.wait_for(lambda: queue.get_state(result.id) == "parked", "the durable task to park")
+        self.stdout.write(
+            f"\ndurable task approve_order(7) (demo_app/tasks.py: step, then wait_for_signal): job {result.id} is "
+            f"parked, holding no worker slot (its page: /admin/echomq/job/{QUEUE}/job/{result.id}/, where "
+            "\"Send signal\" delivers one too)")
+        queue.signal(result.id, "approved", {"by": "the demo"})
+        self.wait_for(lambda: queue.get_state(result.id) == "completed", "the durable task to resume")
+        self.stdout.write(f"signal \"approved\" sent: it resumed and returned {queue.get_job(result.id).returnvalue!r}")
 
     def limit_and_cancel(self) -> None:
         """A job stopped by its time limit and one cancelled while it runs, on the processes pool."""
