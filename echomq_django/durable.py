@@ -19,10 +19,18 @@ from typing import Any
 from django.db import IntegrityError, router, transaction
 
 from .conf import get_settings
-from .core import Plan, WorkflowHandle
+from .core import (
+    MAX_WAIT_S,
+    DurableError,
+    Job,
+    Plan,
+    SignalRefused,
+    SignalTimeout,
+    StepFailed,
+    WorkflowHandle,
+    jobs_gone,
+)
 from .core import durable as core
-from .core.errors import MAX_WAIT_S, DurableError, SignalRefused, SignalTimeout, StepFailed
-from .core.protocol.job import Job
 from .jobs import job
 from .queues import get_queue
 from .registry import current_job
@@ -30,7 +38,7 @@ from .signatures import expand_links
 from .workflows import chord, group
 
 __all__ = ["AtomicStep", "DurableError", "SignalRefused", "SignalTimeout", "StepFailed", "atomic_step", "fan_out",
-           "sleep", "step", "wait_for_signal"]
+           "forget_rows", "sleep", "step", "wait_for_signal"]
 
 
 def _running(what: str) -> Job:
@@ -115,37 +123,40 @@ def atomic_step(name: str, *, using: str | None = None) -> Iterator[AtomicStep]:
 
     job_record = _running(f"atomic_step({name!r})")
     steps = core.Steps.of(job_record)
-    steps.claim(name, "atomic")  # (a Redis record is only for the page: the row decides)
-    database = using or router.db_for_write(DurableStep)
-    rows = DurableStep.objects.using(database)
-    key = {"queue": job_record.queue, "job_id": job_record.id, "name": name}
-    holder = AtomicStep(name)
-    row = rows.filter(**key).first()
-    if row is not None:
-        holder.result, holder.replayed = row.result, True
-    try:
-        with transaction.atomic(using=database):
-            try:
-                yield holder
-            except Exception:
-                if not holder.replayed:
-                    raise
-                # A replay's writes roll back whatever they did: an error they met (a unique row the first run
-                # made, say) is theirs too.
-            if holder.replayed:
-                raise _Replayed
-            result = core.check_result(holder.result, name)
-            try:
-                with transaction.atomic(using=database):
-                    rows.create(**key, result=result)
-            except IntegrityError:  # another run of the job committed it first: this one's writes roll back
-                raise _Replayed from None
-    except _Replayed:
-        row = rows.get(**key)
-        holder.result, holder.replayed = row.result, True
-        return
-    with contextlib.suppress(Exception):  # the row decides; this record only shows the step on the job's page
-        steps.write(name, "atomic", core.record("done", "atomic", r=result))
+    with core.step_traced(job_record, name, "atomic") as replayed:
+        steps.claim(name, "atomic")  # (a Redis record is only for the page: the row decides)
+        database = using or router.db_for_write(DurableStep)
+        rows = DurableStep.objects.using(database)
+        key = {"queue": job_record.queue, "job_id": job_record.id, "name": name}
+        holder = AtomicStep(name)
+        row = rows.filter(**key).first()
+        if row is not None:
+            holder.result, holder.replayed = row.result, True
+        replayed(holder.replayed)
+        try:
+            with transaction.atomic(using=database):
+                try:
+                    yield holder
+                except Exception:
+                    if not holder.replayed:
+                        raise
+                    # A replay's writes roll back whatever they did: an error they met (a unique row the first run
+                    # made, say) is theirs too.
+                if holder.replayed:
+                    raise _Replayed
+                result = core.check_result(holder.result, name)
+                try:
+                    with transaction.atomic(using=database):
+                        rows.create(**key, result=result)
+                except IntegrityError:  # another run of the job committed it first: this one's writes roll back
+                    raise _Replayed from None
+        except _Replayed:
+            row = rows.get(**key)
+            holder.result, holder.replayed = row.result, True
+            replayed(True)
+            return
+        with contextlib.suppress(Exception):  # the row decides; this record only shows the step on the job's page
+            steps.write(name, "atomic", core.record("done", "atomic", r=result))
 
 
 def fan_out(name: str, signatures: Iterable[Any]) -> list[Any]:
@@ -160,25 +171,28 @@ def fan_out(name: str, signatures: Iterable[Any]) -> list[Any]:
     steps = core.Steps.of(job_record)
     if not members:
         raise DurableError(f"fan_out({name!r}) needs at least one signature")
-    found = steps.claim(name, "fan-out")
-    if found is None:
-        workflow_id = "fan" + hashlib.sha256(f"{job_record.queue}\0{job_record.id}\0{name}".encode()).hexdigest()[:32]
-        queue = get_queue(job_record.queue)
-        if WorkflowHandle(queue, workflow_id).status == "unknown":  # not added yet (or by a run that died)
-            own = (job_record.queue, job_record.id, name)
-            canvas = chord(group(*members), _fan_in.s(*own).set(queue=job_record.queue),
-                           on_error=_fan_failed.s(*own).set(queue=job_record.queue))
-            Plan.of(expand_links(canvas), ttl_ms=get_settings().workflow_ttl_ms, workflow_id=workflow_id).add()
-        decided = steps.wait(name, "fan-out", 0)
-        if isinstance(decided, int):
-            raise core.Suspended(name, parked=True, until_ms=0)
-        found = decided
-    outcome = found.get("r")
-    if isinstance(outcome, dict) and "failed" in outcome:
-        raise StepFailed(name, str(outcome["failed"]), str(outcome.get("reason", "")))
-    if not isinstance(outcome, dict) or not isinstance(outcome.get("results"), list):
-        raise DurableError(f"job {job_record.id}: the record of fan-out {name!r} holds no results")
-    return outcome["results"]
+    with core.step_traced(job_record, name, "fan-out") as replayed:
+        found = steps.claim(name, "fan-out")
+        replayed(found is not None)
+        if found is None:
+            digest = hashlib.sha256(f"{job_record.queue}\0{job_record.id}\0{name}".encode()).hexdigest()
+            workflow_id = "fan" + digest[:32]
+            queue = get_queue(job_record.queue)
+            if WorkflowHandle(queue, workflow_id).status == "unknown":  # not added yet (or by a run that died)
+                own = (job_record.queue, job_record.id, name)
+                canvas = chord(group(*members), _fan_in.s(*own).set(queue=job_record.queue),
+                               on_error=_fan_failed.s(*own).set(queue=job_record.queue))
+                Plan.of(expand_links(canvas), ttl_ms=get_settings().workflow_ttl_ms, workflow_id=workflow_id).add()
+            decided = steps.wait(name, "fan-out", 0)
+            if isinstance(decided, int):
+                raise core.Suspended(name, parked=True, until_ms=0)
+            found = decided
+        outcome = found.get("r")
+        if isinstance(outcome, dict) and "failed" in outcome:
+            raise StepFailed(name, str(outcome["failed"]), str(outcome.get("reason", "")))
+        if not isinstance(outcome, dict) or not isinstance(outcome.get("results"), list):
+            raise DurableError(f"job {job_record.id}: the record of fan-out {name!r} holds no results")
+        return outcome["results"]
 
 
 @job(name="echomq.fan_in")
@@ -196,3 +210,27 @@ def _fan_failed(member_id: str, reason: str, queue: str, job_id: str, name: str)
 def _hand_over(queue: str, job_id: str, name: str, payload: dict[str, Any]) -> None:
     with contextlib.suppress(SignalRefused):  # a re-run of this job after its signal went: delivered once
         get_queue(queue).signal(job_id, name, payload)
+
+
+def forget_rows(queue_name: str, *, batch: int = 500) -> int:
+    """Delete the `DurableStep` rows of the queue's jobs that are gone from Redis, looking at `batch` rows a call;
+    how many were deleted.
+
+    A job no longer in Redis never runs again, so its rows decide nothing
+    (and a caller's id used again later must not find them). The sweeper
+    calls this after each sweep; each call goes on from where the last one
+    of this process stopped, and starts over at the end of the table.
+    """
+    from .models import DurableStep
+
+    rows = DurableStep.objects.filter(queue=queue_name)
+    seen = list(rows.filter(pk__gt=_forget_cursor.get(queue_name, 0)).order_by("pk").values_list("pk", "job_id")[
+        :batch])
+    _forget_cursor[queue_name] = seen[-1][0] if len(seen) == batch else 0
+    if not seen:
+        return 0
+    gone = jobs_gone(get_queue(queue_name), list(dict.fromkeys(job_id for _, job_id in seen)))
+    return rows.filter(job_id__in=gone).delete()[0] if gone else 0
+
+
+_forget_cursor: dict[str, int] = {}  # per queue: the last row forget_rows looked at (a batch's end)

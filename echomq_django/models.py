@@ -117,7 +117,8 @@ class Job(models.Model):
         managed = False
         verbose_name = "job"
         default_permissions = ("view", "delete")
-        permissions = [("promote_job", "Can promote delayed jobs"), ("cancel_job", "Can cancel jobs")]
+        permissions = [("promote_job", "Can promote delayed jobs"), ("cancel_job", "Can cancel jobs"),
+                       ("signal_job", "Can send signals to jobs")]
 
 
 class Worker(models.Model):

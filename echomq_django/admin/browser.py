@@ -2,8 +2,9 @@
 
 A list is a window of its state's key (core.browse), so a page costs the same
 with ten jobs in the state as with a million. A job's page reads its hash, log
-lines and state in one step. Retry, promote, cancel and delete are POST-only,
-each behind its own permission, and go through the Lua scripts.
+lines and state in one step (its durable steps, and a parked job's signal, after).
+Retry, promote, cancel, delete and send a signal are POST-only, each behind its
+own permission, and go through the Lua scripts.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_POST
 
 from ..conf import get_settings
-from ..core import BROWSABLE, STATES, Cancel, InvalidNameError, Queue, browse, validate_stored_id
+from ..core import BROWSABLE, STATES, Cancel, InvalidNameError, Queue, browse, validate_stored_id, waiting_for
 from ..models import FailedJob, JobRecord
 from ..models import Job as JobModel
 from ..queues import get_queue
@@ -29,6 +30,7 @@ from .browser_pages import COLUMNS, STATE_COLUMNS, job_sections, page_links, tab
 from .bulk import actions_for, bulk_view
 from .bulk_runs import run_view
 from .common import JOB_ERRORS, REDIS_ERRORS, configured_queue, confirmation, confirmed, redis_problem
+from .durable import UNFINISHED, parked_columns, parked_facts, signal_sender, steps_section
 from .mirror_lists import live_jobs
 from .workflows import cancel_workflow_view, workflow_view
 
@@ -56,12 +58,15 @@ RETRY = Action("retry", "Retry", "echomq.retry_failedjob", ("failed",), "a faile
 PROMOTE = Action("promote", "Promote now", "echomq.promote_job", ("delayed",), "a delayed job", "promoted")
 # A running job is flagged, and its worker stops it at its next lock renewal.
 CANCEL = Action("cancel", "Cancel", "echomq.cancel_job",
-                ("wait", "paused", "prioritized", "delayed", "deferred", "active"),
+                ("wait", "paused", "prioritized", "delayed", "deferred", "parked", "active"),
                 "a job that has not finished", "cancelled")
 # A worker holds an active job: deleting it would drop the worker's result on the floor.
 DELETE = Action("delete", "Delete…", "echomq.delete_job", (*(s for s in STATES if s != "active"), None),
                 "a job that is not active", "deleted")
 ACTIONS = (RETRY, PROMOTE, CANCEL, DELETE)
+# A form of its own on the job's page (a name and a JSON payload), not a button of ACTIONS.
+SIGNAL = Action("signal", "Send signal", "echomq.signal_job", UNFINISHED, "a job that has not finished",
+                "sent a signal")
 Outcome = tuple[str, int, str | None]  # what happened, the message level, where to go (None: the job's page)
 
 
@@ -108,6 +113,7 @@ class JobBrowserAdmin(admin.ModelAdmin):
             path(job + "promote/", change(self.promote_job_view), name="echomq_job_promote"),
             path(job + "cancel/", change(self.cancel_job_view), name="echomq_job_cancel"),
             path(job + "delete/", change(self.delete_job_view), name="echomq_job_delete"),
+            path(job + "signal/", change(self.signal_job_view), name="echomq_job_signal"),
             path("<str:queue_name>/<str:state>/", page(self.browse_view), name="echomq_job_browse"),
             path("<str:queue_name>/<str:state>/bulk/", change(
                 lambda request, **names: bulk_view(self, request, **names)), name="echomq_job_bulk"),
@@ -177,10 +183,11 @@ class JobBrowserAdmin(admin.ModelAdmin):
                     number = last
                     page = browse(queue, state, (last - 1) * PAGE_SIZE, PAGE_SIZE)
                 paging = page_links(number, last)
+            extra = parked_columns(queue, page.entries) if state == "parked" else STATE_COLUMNS.get(state, ())
         except REDIS_ERRORS as error:
             return self.page(request, "job_browser.html", f"Queue {queue.name}: {state}", queue_name=queue.name,
                              state=state, state_links=links, unread=redis_problem(error))
-        columns = (*COLUMNS, *STATE_COLUMNS.get(state, ()))
+        columns = (*COLUMNS, *extra)
         # The mirror's changelists of these two sets search and filter, which a window of Redis cannot.
         mirror = {"failed": "failedjob", "stalled": "stalledjob"}.get(state)
         mirror_url = (reverse(f"admin:echomq_{mirror}_changelist") + "?" + urlencode({"queue": queue.name})
@@ -202,6 +209,7 @@ class JobBrowserAdmin(admin.ModelAdmin):
             job, state = queue.get_job_with_state(job_id, log_lines=PAGE_LOG_LINES)
             due_ms = queue.client.zscore(queue.keys.delayed, job_id) if state == "delayed" else None
             live = live_jobs(queue.name, [job_id])[0] if state == "active" else None
+            signal, deadline_ms = waiting_for(queue, [job_id])[0] if state == "parked" else (None, None)
         except REDIS_ERRORS as error:
             return self.page(request, "job_page.html", title, queue_name=queue.name, job_id=job_id,
                              unread=redis_problem(error))
@@ -214,10 +222,15 @@ class JobBrowserAdmin(admin.ModelAdmin):
                    and (job is not None or action is DELETE)]
         workflow_url = (reverse("admin:echomq_workflow_detail", args=[job.workflow_queue, job.workflow_id])
                         if job and job.workflow_id and job.workflow_queue else None)
+        signal_url = (reverse("admin:echomq_job_signal", args=[queue.name, job_id]) if job and state in SIGNAL.states
+                      and request.user.has_perm(SIGNAL.permission) else None)
         return self.page(request, "job_page.html", title, queue_name=queue.name, job_id=job_id, state=state,
                          state_url=reverse("admin:echomq_job_browse", args=[queue.name, state]) if state else None,
                          workflow_url=workflow_url, workflow_id=job.workflow_id if job else None,
-                         actions=actions, **(job_sections(job, state, due_ms, live) if job else {"no_hash": True}))
+                         actions=actions, signal_url=signal_url, signal_name=signal or "",
+                         parked=parked_facts(signal, deadline_ms) if state == "parked" else [],
+                         steps=steps_section(queue, job_id) if job else None,
+                         **(job_sections(job, state, due_ms, live) if job else {"no_hash": True}))
 
     def act(self, request: HttpRequest, queue_name: str, job_id: str, action: Action,
             change: Callable[[Queue, str | None], Outcome],
@@ -278,6 +291,9 @@ class JobBrowserAdmin(admin.ModelAdmin):
             return "left its state meanwhile and was left alone", messages.WARNING, None
 
         return self.act(request, queue_name, job_id, CANCEL, cancel)
+
+    def signal_job_view(self, request: HttpRequest, queue_name: str, job_id: str) -> HttpResponse:
+        return self.act(request, queue_name, job_id, SIGNAL, signal_sender(request, job_id))
 
     def delete_job_view(self, request: HttpRequest, queue_name: str, job_id: str) -> HttpResponse:
         def ask(state: str | None) -> HttpResponse:

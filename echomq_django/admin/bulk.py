@@ -66,7 +66,7 @@ class BulkAction:
 RETRY = BulkAction("retry", "Retry", "echomq.retry_failedjob", ("failed",), "sent back to wait", CHANGE, False)
 # `stalled`: marked jobs are active, so cancelling one flags it for its worker (as on its page).
 CANCEL = BulkAction("cancel", "Cancel", "echomq.cancel_job",
-                    ("wait", "paused", "prioritized", "delayed", "deferred", "active", "stalled"),
+                    ("wait", "paused", "prioritized", "delayed", "deferred", "parked", "active", "stalled"),
                     "cancelled (failed, Retry brings them back)", CHANGE, True)
 # A worker holds an active job: the remove script leaves a locked one alone anyway.
 DELETE = BulkAction("delete", "Delete", "echomq.delete_job", tuple(s for s in STATES if s != "active"),

@@ -10,6 +10,7 @@ from . import defaults
 from .defaults import __version__
 from .errors import (
     MAX_WAIT_S,
+    DurableError,
     EchoMQError,
     InvalidNameError,
     JobCancelled,
@@ -26,7 +27,10 @@ from .errors import (
     RedisURLError,
     Retry,
     ScheduleError,
+    SignalRefused,
+    SignalTimeout,
     SoftTimeLimitExceeded,
+    StepFailed,
     TimeLimitExceeded,
     UnrecoverableError,
     WorkflowError,
@@ -61,6 +65,7 @@ from .protocol.times import datetime_from_ms, delay_until, now_ms, seconds_text
 from .protocol.transport import OWN_CONNECTIONS_ENV, own_connections_wanted
 from .reading.browse import BROWSABLE, Entry, Page, browse, state_ids, state_size
 from .reading.bulk_runs import BulkRun, read_run, run_step, start_run
+from .reading.durable_steps import StepRecord, StepsRead, read_steps, waiting_for
 from .reading.flow_control import FlowState, GroupState, flow_state
 from .reading.inspection import (
     LiveJob,
@@ -70,12 +75,14 @@ from .reading.inspection import (
     failed_count,
     failed_since,
     inspect_jobs,
+    jobs_gone,
     read_jobs,
 )
 from .reading.metrics import Minute, oldest_waiting_age_ms, recent_minutes, totals
 from .schedules.beat import Beat
 from .schedules.records import Firing, Record, read_records, run_now, transient
 from .schedules.ticks import MAX_SCHEDULE_NAME, MIN_EVERY_MS, Schedule, check_cron, zone
+from .worker import durable
 from .worker.options import Retention, WorkerOptions
 from .worker.pool import POOLS, Handler, class_path
 from .worker.signals import SECOND_STOP_GRACE_S, RecordedSignals, Runner, run_until_signalled
@@ -83,7 +90,7 @@ from .worker.sweeper import Sweeper, SweepReport, SweepTarget, last_sweep
 from .worker.worker import Worker, abandoned_threads
 
 __all__ = [
-    "__version__", "WorkerOptions",
+    "__version__", "WorkerOptions", "durable", "DurableError", "SignalTimeout", "StepFailed",
     "ALPHABET", "BROWSABLE", "MAX_SCHEDULE_NAME", "MIN_EVERY_MS", "COUNTED", "DEFAULT_REDIS_URL", "MAX_ATTEMPTS",
     "MAX_DELAY_MS", "MAX_RATE_WINDOW_MS", "OWN_CONNECTIONS_ENV", "own_connections_wanted", "POOLS", "STATES",
     "UNREACHABLE", "Backoff", "Beat", "Cancel", "Confirm", "EncodedJob", "Firing",
@@ -94,7 +101,8 @@ __all__ = [
     "Scripts", "SoftTimeLimitExceeded", "SweepReport", "SweepTarget", "Sweeper", "TimeLimitExceeded", "TooDeep",
     "UnrecoverableError", "Worker", "abandoned_threads", "browse", "class_path", "connect", "count_failed_older_than",
     "count_failed_since", "datetime_from_ms", "defaults", "encode_json", "fail_for_good", "failed_by_rank",
-    "failed_count", "failed_since", "inspect_jobs", "last_sweep", "log_line", "now_ms", "oldest_waiting_age_ms",
+    "failed_count", "failed_since", "inspect_jobs", "jobs_gone", "last_sweep", "log_line", "now_ms",
+    "oldest_waiting_age_ms",
     "parse_redis_url", "read_jobs", "recent_minutes", "redacted_url", "totals", "validate_id", "validate_job_id",
     "validate_name", "validate_stored_id", "FlowState", "GroupState", "flow_state", "RecordedSignals", "Runner",
     "SECOND_STOP_GRACE_S",
@@ -104,4 +112,5 @@ __all__ = [
     "JobNotFinishedError", "Dedupe", "WorkerInfo", "BULK_BATCH", "GONE", "STOPPING", "BulkOutcome", "BulkRun",
     "read_run", "decode_stored", "run_step", "start_run", "MAX_DEPTH", "state_ids",
     "state_size", "send_traced", "use_tracer_provider",
+    "SignalRefused", "StepRecord", "StepsRead", "read_steps", "waiting_for",
 ]

@@ -33,3 +33,8 @@ WORKFLOW_FAN_EDGES = 100
 # fails, each hand-off entry, the record and `on_error`'s input. A job's own failedReason stays whole.
 WORKFLOW_REASON_BYTES = 4096
 EARLY_MS = 2000  # how far ahead of Redis's clock a schedule's tick may be and still count (fireSchedule)
+# Durable steps (core/worker/durable.py): a job records at most MAX_STEPS steps (recordStep refuses more), each
+# result and each signal's payload at most MAX_RESULT_BYTES of JSON, and keeps at most MAX_SIGNALS signals.
+MAX_STEPS = 10_000
+MAX_RESULT_BYTES = 1024 * 1024
+MAX_SIGNALS = 1_000

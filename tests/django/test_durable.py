@@ -26,7 +26,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def project(settings, redis_url, monkeypatch, echomq):
-    settings.ECHOMQ = {"REDIS_URL": redis_url, "QUEUES": {"default": {}}}
+    settings.ECHOMQ = {"REDIS_URL": redis_url, "PREFIX": echomq.prefix, "QUEUES": {"default": {}}}
     monkeypatch.setattr(jobs.registry, "_registry", dict(jobs.registered_jobs()))
     return echomq
 
@@ -206,3 +206,23 @@ def test_a_durable_django_task_waits_for_its_signal(settings, redis_url, prefix,
     call_command("echomq_worker", "--queue", "default", "--burst", "-v", "0")
     done = tasks.approve_order.get_result(result.id)
     assert done.return_value == {"order": 7, "total": 70, "approved_by": "ops"}
+
+
+def test_the_sweeper_forgets_the_rows_of_jobs_gone_from_redis(project):
+    from django.core.management import call_command
+
+    from echomq_django.durable import forget_rows
+
+    @jobs.job(name="d.rows")
+    def rows(n):
+        with atomic_step("only") as only:
+            only.result = n
+        return only.result
+
+    kept, removed = rows.enqueue(1), rows.enqueue(2)
+    run_jobs()
+    assert DurableStep.objects.count() == 2
+    project.queue().remove(removed.id)
+    call_command("echomq_sweep", "--once", "--force", "-v", "0")
+    assert list(DurableStep.objects.values_list("job_id", flat=True)) == [kept.id]
+    assert forget_rows("default") == 0

@@ -6,9 +6,10 @@ import threading
 import pytest
 
 from echomq_django.core import JobNotFoundError, JobOptions
-from echomq_django.core.durable import MAX_STEPS, record
+from echomq_django.core.defaults import MAX_STEPS
 from echomq_django.core.errors import SignalRefused
 from echomq_django.core.producing.queue import now_ms
+from echomq_django.core.worker.durable import record
 from tests.helpers import fetch, finish_attempt, kill_lock, sweep
 
 

@@ -6,7 +6,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from .. import defaults, durable
+from .. import defaults
 from ..errors import (
     InvalidNameError,
     JobNotFoundError,
@@ -365,8 +365,8 @@ def send_signal(queue: Queue, job_id: str, name: str, payload: Any = None) -> bo
     """
     code = queue.scripts.signal_job(
         queue.keys, validate_stored_id(job_id), validate_name(name, "a signal's name"),
-        encode_json(payload, f"the payload of signal {name!r}", durable.MAX_RESULT_BYTES),
-        max_signals=durable.MAX_SIGNALS)
+        encode_json(payload, f"the payload of signal {name!r}", defaults.MAX_RESULT_BYTES),
+        max_signals=defaults.MAX_SIGNALS)
     if code in (1, 2):
         return code == 2
     if code == -1:
@@ -375,7 +375,7 @@ def send_signal(queue: Queue, job_id: str, name: str, payload: Any = None) -> bo
         0: "a signal of that name was sent to it before",
         -3: "the job has finished",
         -4: "its wait for that signal is over (it timed out)",
-        -5: f"it keeps {durable.MAX_SIGNALS:,} signals already"}.get(code, f"code {code}"))
+        -5: f"it keeps {defaults.MAX_SIGNALS:,} signals already"}.get(code, f"code {code}"))
 
 
 def obliterate(queue: Queue) -> int:

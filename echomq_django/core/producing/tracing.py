@@ -19,6 +19,8 @@ With it on:
 - The handler runs with the process span as its current span: on the processes
   pool its context goes to the child with the job, so spans the job makes there
   are its children (exported by the child's own set-up of the SDK).
+- Each durable step the handler takes (core/worker/durable.py) is an INTERNAL span
+  `step <name>` there, a child of the process span (step_traced).
 
 Tracing never changes what happens to a job: an error that the provider, a
 span processor or an exporter raises is logged (the first one with its
@@ -32,6 +34,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from functools import partial
 from typing import Any, TypeVar
 
 from ..protocol.job import Job
@@ -56,6 +59,8 @@ BATCH_COUNT = "messaging.batch.message_count"
 ATTEMPT = "echomq.job.attempt"  # 1 for a job's first attempt
 JOB_NAME = "echomq.job.name"
 ERROR_TYPE = "error.type"
+# A durable step's: its name, its kind (core/worker/durable.py's KINDS), and whether its record was found or it ran.
+STEP_NAME, STEP_KIND, STEP_REPLAYED = "echomq.step.name", "echomq.step.kind", "echomq.step.replayed"
 
 _propagator = TraceContextTextMapPropagator() if INSTALLED else None
 # A process without a global provider asks for one again this often: one set later is used from then on.
@@ -153,7 +158,8 @@ def process_traced(job: Job, run: Callable[[], Finish], *, child_of_send: bool =
         if span is not None:
             job.running_trace = _quietly("the process span's context", _carrier)
         finish = run()
-        if span is not None and not finish.completed and not finish.rate_limited:
+        # Waiting its turn (RateLimited, Postponed) or on a durable sleep or signal is no failure.
+        if span is not None and not (finish.completed or finish.rate_limited or finish.postponed or finish.parked):
             _quietly("a process span's error", lambda: _record_failure(span, finish))
         return finish
 
@@ -164,6 +170,45 @@ def _record_failure(span: Any, finish: Finish) -> None:
     span.add_event("exception", {"exception.type": kind, "exception.message": finish.value,
                                  "exception.stacktrace": finish.stacktrace})
     span.set_status(trace.Status(trace.StatusCode.ERROR, finish.value))
+
+
+@contextmanager
+def step_traced(job: Job, name: str, kind: str) -> Iterator[Callable[[bool], None]]:
+    """The body, the durable step `name` of `job`, inside a span `step <name>` when tracing is on.
+
+    It yields `replayed(found)`, for the step to say, once it knows, whether
+    its record was found (True) or it ran (False). A Suspended (a BaseException:
+    the job sleeps or parks) ends the span as it is; an Exception is its error.
+    """
+    tracer_ = tracer()
+    if tracer_ is None:
+        yield _not_traced
+        return
+    attributes = {SYSTEM: "echomq", DESTINATION: job.queue, MESSAGE_ID: job.id, STEP_NAME: name, STEP_KIND: kind}
+    with _span(tracer_, f"step {name}", kind=trace.SpanKind.INTERNAL, attributes=attributes,
+               record_exception=False, set_status_on_exception=False) as span:
+        if span is None:
+            yield _not_traced
+            return
+
+        def replayed(found: bool) -> None:
+            _quietly("a step span's attribute", lambda: span.set_attribute(STEP_REPLAYED, found))
+
+        try:
+            yield replayed
+        except Exception as error:
+            _quietly("a step span's error", partial(_record_step_error, span, error))
+            raise
+
+
+def _not_traced(found: bool) -> None:
+    """step_traced's `replayed` when there is no span."""
+
+
+def _record_step_error(span: Any, error: Exception) -> None:
+    span.set_attribute(ERROR_TYPE, f"{type(error).__module__}.{type(error).__qualname__}")
+    span.record_exception(error)
+    span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(error).__name__}: {error}"))
 
 
 @contextmanager

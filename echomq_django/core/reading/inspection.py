@@ -281,3 +281,11 @@ def failed_since(queue: Queue, since_ms: float, *, offset: int = 0, count: int =
 def failed_by_rank(queue: Queue, start: int, count: int) -> list[tuple[str, float]]:
     """(id, score) of `count` failed jobs from rank `start`, oldest first."""
     return queue.client.zrange(queue.keys.failed, start, start + count - 1, withscores=True)
+
+
+def jobs_gone(queue: Queue, job_ids: Sequence[str]) -> set[str]:
+    """The ids among `job_ids` that have no job hash in `queue` (removed, trimmed, never added): one pipeline."""
+    pipe = queue.client.pipeline(transaction=False)
+    for job_id in job_ids:
+        pipe.exists(queue.keys.job(job_id))
+    return {job_id for job_id, found in zip(job_ids, pipe.execute()) if not found}

@@ -30,7 +30,6 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from ..durable import Suspended, now_ms
 from ..errors import (
     JobCancelled,
     LockLostError,
@@ -46,7 +45,8 @@ from ..producing.tracing import run_traced
 from ..protocol.codec import encode_json
 from ..protocol.job import Job
 from ..protocol.scripts import Finish
-from ..protocol.times import seconds_text
+from ..protocol.times import now_ms, seconds_text
+from .durable import Suspended
 
 Handler = Callable[[Job], Any]
 POOLS = ("threads", "processes")

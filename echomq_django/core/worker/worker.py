@@ -29,7 +29,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from .. import defaults, durable
+from .. import defaults
 from ..errors import InvalidNameError
 from ..protocol.connection import UNREACHABLE, require_text_replies
 from ..protocol.job import Job
@@ -37,6 +37,7 @@ from ..protocol.keys import QueueKeys, validate_stored_id
 from ..protocol.registry import Heartbeat, WorkerInfo
 from ..protocol.scripts import Scripts
 from ..protocol.times import now_ms
+from . import durable
 from .fetching import FetchLoop
 from .locks import LockRenewer
 from .marker import MarkerWaiter
@@ -73,11 +74,11 @@ class _Reporter:
             self.keys, job.id, job.token or "", line, self.max_log_lines) > 0)
 
     def step(self, job: Job, op: str, name: str, kind: str, text: str, deadline: int) -> Any:
-        """A durable step's read or write (core/durable.py); unlike a report, an error reaches the job."""
+        """A durable step's read or write (core/worker/durable.py); unlike a report, an error reaches the job."""
         if op == "read":
             return self.scripts.read_step(self.keys, job.id, name)
         return self.scripts.record_step(self.keys, job.id, job.token or "", name, kind, text,
-                                        max_steps=durable.MAX_STEPS, now=durable.now_ms(), deadline=deadline)
+                                        max_steps=defaults.MAX_STEPS, now=durable.now_ms(), deadline=deadline)
 
     def _written(self, job: Job, what: str, write: Callable[[], bool]) -> bool:
         try:

@@ -17,6 +17,7 @@ from echomq_django.core import (
     last_sweep,
     run_until_signalled,
 )
+from echomq_django.durable import forget_rows
 from echomq_django.mirror import sync_queue
 from echomq_django.outbox import Relay, outbox_in_use, relayed
 from echomq_django.queues import get_queue, make_sweeper, queue_names
@@ -117,10 +118,12 @@ class Command(BaseCommand):
                 raise CommandError(f"cannot reach Redis: {error}") from None
 
     def mirror(self, queue: str, verbosity: int) -> None:
-        """Bring the admin's copy of this queue's failed and stalled sets up to date."""
+        """Bring the admin's copy of this queue's failed and stalled sets up to date, and forget the durable steps'
+        rows of its jobs gone from Redis."""
         close_old_connections()
         try:
             synced = sync_queue(get_queue(queue, long_running=True))
+            forget_rows(queue)  # the durable steps' rows of jobs gone from Redis
         except UNREACHABLE:
             raise  # the sweeper's loop waits for Redis and tries again
         except DatabaseError as error:

@@ -14,25 +14,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from .errors import DurableError, JobNotFoundError, LockLostError, SignalTimeout
-from .protocol.codec import encode_json, strict_json
-from .protocol.job import Job
-from .protocol.keys import validate_name
+from ..defaults import MAX_RESULT_BYTES, MAX_STEPS
+from ..errors import DurableError, JobNotFoundError, LockLostError, SignalTimeout
+from ..producing.tracing import step_traced as step_traced  # also for echomq_django.durable
+from ..protocol.codec import encode_json, strict_json
+from ..protocol.job import Job
+from ..protocol.keys import validate_name
 
-# A job records at most this many steps (recordStep refuses more), each result at most this large; a job keeps
-# at most MAX_SIGNALS signals sent to it.
-MAX_STEPS = 10_000
-MAX_RESULT_BYTES = 1024 * 1024
-MAX_SIGNALS = 1_000
 FINAL = ("done", "timeout")  # a record in one of these states is never replaced
 # The kinds of step, as the job page shows them.
 KINDS = ("step", "sleep", "signal", "atomic", "fan-out")
 
 
-@dataclass(frozen=True)
 class Suspended(BaseException):
     """Ends the attempt without using one: a sleep (to `delayed` until `until_ms`) or a signal wait (`parked`).
 
@@ -40,13 +35,22 @@ class Suspended(BaseException):
     Exception:` around a step does not swallow it.
     """
 
-    step: str
-    parked: bool  # a signal wait: to `parked`, else a sleep: to `delayed`
-    until_ms: int  # the sleep's end, or the wait's deadline (0: none)
+    def __init__(self, step: str, *, parked: bool, until_ms: int) -> None:
+        super().__init__(step, parked, until_ms)
+        self.step = step
+        self.parked = parked  # a signal wait: to `parked`, else a sleep: to `delayed`
+        self.until_ms = until_ms  # the sleep's end, or the wait's deadline (0: none)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled (from a pool's child) as it was made
+        return _suspended, (self.step, self.parked, self.until_ms)
 
     def __str__(self) -> str:
         what = "waits for its signal" if self.parked else "sleeps"
         return f"step {self.step!r} {what}" + (f" until {self.until_ms}" if self.until_ms else "")
+
+
+def _suspended(step: str, parked: bool, until_ms: int) -> Suspended:
+    return Suspended(step, parked=parked, until_ms=until_ms)
 
 
 def record(state: str, kind: str, **fields: Any) -> str:
@@ -137,42 +141,48 @@ def run_step(job: Job, name: str, fn: Callable[..., Any], args: tuple[Any, ...],
              kind: str = "step") -> Any:
     """`fn(*args, **kwargs)` once for the job: its recorded result on every later run (see `step`)."""
     steps = Steps.of(job)
-    found = steps.claim(name, kind)
-    if found is not None:
-        return found.get("r")
-    try:
-        result = fn(*args, **kwargs)
-    except Exception as error:
-        steps.write_failed(name, kind, error)
-        raise
-    text = record("done", kind, r=check_result(result, name))
-    return steps.write(name, kind, text).get("r")
+    with step_traced(job, name, kind) as replayed:
+        found = steps.claim(name, kind)
+        replayed(found is not None)
+        if found is not None:
+            return found.get("r")
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as error:
+            steps.write_failed(name, kind, error)
+            raise
+        text = record("done", kind, r=check_result(result, name))
+        return steps.write(name, kind, text).get("r")
 
 
 def sleep_until(job: Job, name: str, until_ms: int) -> None:
     """End the attempt until `until_ms` (recorded once, so a re-run keeps the first end); return once it passed."""
     steps = Steps.of(job)
-    found = steps.claim(name, "sleep")
-    if found is None:
-        found = steps.write(name, "sleep", record("done", "sleep", until=int(until_ms)))
-    until = int(found.get("until") or 0)
-    if now_ms() < until:
-        raise Suspended(name, parked=False, until_ms=until)
+    with step_traced(job, name, "sleep") as replayed:
+        found = steps.claim(name, "sleep")
+        replayed(found is not None)
+        if found is None:
+            found = steps.write(name, "sleep", record("done", "sleep", until=int(until_ms)))
+        until = int(found.get("until") or 0)
+        if now_ms() < until:
+            raise Suspended(name, parked=False, until_ms=until)
 
 
 def wait_signal(job: Job, name: str, timeout_ms: int | None, kind: str = "signal") -> Any:
     """The payload of the job's signal `name`, parking the job until it comes; SignalTimeout past the timeout."""
     steps = Steps.of(job)
-    found = steps.claim(name, kind)
-    if found is None:
-        deadline = 0 if timeout_ms is None else now_ms() + timeout_ms
-        decided = steps.wait(name, kind, deadline)
-        if isinstance(decided, int):
-            raise Suspended(name, parked=True, until_ms=decided)
-        found = decided
-    if found["s"] == "timeout":
-        raise SignalTimeout(f"job {job.id}: no signal {name!r} came before the wait's deadline")
-    return found.get("r")
+    with step_traced(job, name, kind) as replayed:
+        found = steps.claim(name, kind)
+        replayed(found is not None)
+        if found is None:
+            deadline = 0 if timeout_ms is None else now_ms() + timeout_ms
+            decided = steps.wait(name, kind, deadline)
+            if isinstance(decided, int):
+                raise Suspended(name, parked=True, until_ms=decided)
+            found = decided
+        if found["s"] == "timeout":
+            raise SignalTimeout(f"job {job.id}: no signal {name!r} came before the wait's deadline")
+        return found.get("r")
 
 
 def check_result(value: Any, name: str) -> Any:
