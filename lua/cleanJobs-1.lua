@@ -18,7 +18,7 @@ local prefix, cutoff = ARGV[1], tonumber(ARGV[2])
 local doomed = redis.call("ZRANGEBYSCORE", KEYS[1], "-inf", "(" .. cutoff, "LIMIT", 0, tonumber(ARGV[3]))
 for _, id in ipairs(doomed) do
   local key = jobKey(prefix, id)
-  if key then redis.call("DEL", key, jobCompanions(prefix, id)) end  -- a stray entry named like a queue key only leaves the set
+  if key then redis.call("UNLINK", key, jobCompanions(prefix, id)) end  -- a stray entry named like a queue key only leaves the set
   redis.call("ZREM", KEYS[1], id)
   emitEvent(prefix, "removed", id, "by", "cleanJobs")
 end

@@ -50,8 +50,8 @@ local function remove()
   if links["err"] then links = {} end
   dedupeRelease(prefix, id, links[4], links[5])  -- (before the hash goes: its key names the job)
   if links[3] then links = {} end
-  local found = redis.call("DEL", jobKey)
-  redis.call("DEL", jobCompanions(prefix, id))
+  local found = redis.call("UNLINK", jobKey)
+  redis.call("UNLINK", jobCompanions(prefix, id))  -- freed off the script's thread: a job may hold 10,000 steps
   local wasActive = redis.call("LREM", KEYS[3], 0, id)
   for i = 1, 2 do found = found + redis.call("LREM", KEYS[i], 0, id) end
   found = found + wasActive

@@ -7,7 +7,7 @@
 -- number; keepAgeMs <= 0 keeps any age. Each call removes at most 1000 jobs so
 -- one finish can never block Redis for long; later finishes remove the rest.
 -- The jobs leave the set in one ZREM (by age) and one ZPOPMIN (the oldest
--- over the count), and their keys go in one DEL, however many there are.
+-- over the count), and their keys go in one UNLINK, however many there are.
 local function applyRetention(prefix, setKey, keepCount, keepAgeMs, now)
   local doomed = {}
   if keepAgeMs > 0 then
@@ -29,7 +29,7 @@ local function applyRetention(prefix, setKey, keepCount, keepAgeMs, now)
       for _, companion in ipairs({jobCompanions(prefix, id)}) do keys[#keys + 1] = companion end
     end
   end
-  callInChunks("DEL", nil, keys)
+  callInChunks("UNLINK", nil, keys)  -- UNLINK: a job of 10,000 steps is freed off the script's thread
   return #doomed
 end
 
@@ -44,7 +44,7 @@ local function trimResults(prefix, completedKey, now)
     local id, at = due[i], due[i + 1]
     local key = jobKey(prefix, id)
     if key and redis.pcall("HGET", key, "rexp") == at and redis.call("ZSCORE", completedKey, id) then
-      redis.call("DEL", key, jobCompanions(prefix, id))
+      redis.call("UNLINK", key, jobCompanions(prefix, id))
       redis.call("ZREM", completedKey, id)
     end
     redis.call("ZREM", ttlKey, id)

@@ -81,7 +81,7 @@ def per_job(counts: Counter, jobs: int) -> str:
 def test_a_job_fetched_and_finished_32_to_a_call_costs_at_most_13_commands(queue):
     # The commands every job needs (LMOVE, HGETALL, SET of its lock, HSET at start and end, XADD twice, LREM,
     # HDEL, ZADD into completed) plus its share of one command per call for each set it leaves (the lock index,
-    # `stalled`, one DEL of the lock keys and fetch records) and of retention's ZPOPMIN and DEL.
+    # `stalled`, one DEL of the lock keys and fetch records) and of retention's ZPOPMIN and UNLINK.
     queue.add_bulk([NewJob("n", {}) for _ in range(128 + 64)])
     fetch_and_finish(queue, 64, 32, keep_count=32)  # `completed` at its retention count from here on
     counts = fetch_and_finish(queue, 128, 32, keep_count=32)
