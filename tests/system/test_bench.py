@@ -181,3 +181,31 @@ def test_retry_spread_runs_and_shows_the_jitter():
     assert without.startswith("without jitter") and with_jitter.startswith("with jitter")
     stdev = [float(line.rsplit("stdev ", 1)[1].split()[0]) for line in (without, with_jitter)]
     assert stdev[1] > 5 > stdev[0], "a 30 s backoff drawn at random spreads over seconds; without jitter it does not"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.slow
+def test_durable_runs_its_three_parts_and_prints_sane_figures():
+    """On a private redis-server of the bench's own (part 3 has the slow log keep every call)."""
+    proc = subprocess.run([sys.executable, "bench/durable.py", "--quick"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {line.strip().split("  ")[0]: line.split() for line in proc.stdout.splitlines() if line.startswith("   ")}
+    # 1: a checkpoint costs Redis something, and less than a no-op job's whole life (about a tenth of it).
+    assert {"no-op job's life (add, fetch, finish)", "one checkpoint (HGET + recordStep)"} <= set(rows), proc.stdout
+    ratios = [float(cell) for cell in rows["checkpoint / no-op life, median ratio"][-3:]]
+    assert all(0 < ratio < 1 for ratio in ratios), proc.stdout
+    # 2: both runs took their 200 steps, and the replay, a read a step, sent Redis less work than the first run.
+    first, replay = rows["first run (records each step)"], rows["replay (reads each record)"]
+    assert float(first[-3]) > 0 and float(replay[-3]) > 0, proc.stdout
+    assert 0 < float(rows["replay / first run, median ratio"][-1]) < 1, proc.stdout
+    # 3: each of the 1,000 steps recorded by exactly one recordStep call; the job read, paged and removed.
+    assert rows["recordStep-3"][1] == "1,000", proc.stdout
+    assert int(rows["HGET"][1].replace(",", "")) >= 1000, proc.stdout
+    assert {"moveToFinished-10", "getJob-11", "HSCAN", "HLEN", "removeJob-10"} <= set(rows), proc.stdout
+    longest = float(proc.stdout.split("longest call of any kind: ", 1)[1].split()[0])
+    assert 0 < longest < 1000, proc.stdout  # gross: the bound measured is 50 ms, on a quiet machine
+    page = proc.stdout.split("a page of the steps", 1)[1]
+    assert int(page.split(" records")[0].split()[-1]) > 0, proc.stdout
+    assert page.split("the admin's read_steps: ", 1)[1].split(" records")[0].endswith(" 200"), "its 200 at most"
+    assert 20 < int(page.split(" per step")[0].split()[-1]) < 1000, "bytes a step's record takes in Redis"
