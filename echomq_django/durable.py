@@ -23,6 +23,7 @@ from .core import (
     MAX_WAIT_S,
     DurableError,
     Job,
+    JobNotFoundError,
     Plan,
     SignalRefused,
     SignalTimeout,
@@ -67,6 +68,8 @@ def sleep(name: str, duration_or_until: timedelta | datetime | float) -> None:
         if duration_or_until.tzinfo is None:
             raise DurableError(f"sleep({name!r}) takes an aware datetime (with a time zone), not a naive one")
         until_ms = int(duration_or_until.timestamp() * 1000)
+        if until_ms - core.now_ms() > MAX_WAIT_S * 1000:
+            raise DurableError(f"sleep({name!r}) sleeps at most {MAX_WAIT_S:,} seconds, not until {duration_or_until}")
     else:
         seconds = (duration_or_until.total_seconds() if isinstance(duration_or_until, timedelta)
                    else duration_or_until)
@@ -89,8 +92,8 @@ def wait_for_signal(name: str, timeout: timedelta | float | None = None) -> Any:
     if timeout is not None:
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_WAIT_S:
-            raise DurableError(f"wait_for_signal({name!r}): timeout is None or 0 to {MAX_WAIT_S:,} seconds, "
-                               f"not {timeout!r}")
+            raise DurableError(f"wait_for_signal({name!r}): timeout is None (no timeout) or more than 0 and at "
+                               f"most {MAX_WAIT_S:,} seconds, not {timeout!r}")
         timeout_ms = max(int(seconds * 1000), 1)
     return core.wait_signal(job_record, name, timeout_ms)
 
@@ -127,7 +130,9 @@ def atomic_step(name: str, *, using: str | None = None) -> Iterator[AtomicStep]:
         steps.claim(name, "atomic")  # (a Redis record is only for the page: the row decides)
         database = using or router.db_for_write(DurableStep)
         rows = DurableStep.objects.using(database)
-        key = {"queue": job_record.queue, "job_id": job_record.id, "name": name}
+        # The job's add time in the key: a job id used again later (a caller's id) is a new job's.
+        key = {"queue": job_record.queue, "job_id": job_record.id, "job_timestamp": job_record.timestamp,
+               "name": name}
         holder = AtomicStep(name)
         row = rows.filter(**key).first()
         if row is not None:
@@ -154,39 +159,35 @@ def atomic_step(name: str, *, using: str | None = None) -> Iterator[AtomicStep]:
             row = rows.get(**key)
             holder.result, holder.replayed = row.result, True
             replayed(True)
-            return
-        with contextlib.suppress(Exception):  # the row decides; this record only shows the step on the job's page
-            steps.write(name, "atomic", core.record("done", "atomic", r=result))
+        # The row decides; the Redis record only shows the step on the job's page, once the row is committed
+        # (a block inside the job's own transaction commits with it, or never).
+        text = core.record("done", "atomic", r=holder.result)
+        transaction.on_commit(lambda: _show_atomic(steps, name, text), using=database)
+
+
+def _show_atomic(steps: Any, name: str, text: str) -> None:
+    with contextlib.suppress(Exception):  # (the job goes on: its row holds)
+        steps.write(name, "atomic", text)
 
 
 def fan_out(name: str, signatures: Iterable[Any]) -> list[Any]:
     """Run these signatures as child jobs at once and park the job, with no slot, until every child ended.
 
-    Returns their results in order, or raises StepFailed naming the child that
-    failed for good. The children are a workflow (a chord whose callback
-    signals this job), added once whatever happens to this job meanwhile.
+    Returns their results in order (an empty list for no signatures), or raises
+    StepFailed naming the child that failed for good. The children are a
+    workflow (a chord whose callback signals this job), added again by every
+    run until one began to wait: each re-sent add adds only what is missing.
     """
     job_record = _running(f"fan_out({name!r})")
     members = list(signatures)
     steps = core.Steps.of(job_record)
-    if not members:
-        raise DurableError(f"fan_out({name!r}) needs at least one signature")
     with core.step_traced(job_record, name, "fan-out") as replayed:
         found = steps.claim(name, "fan-out")
         replayed(found is not None)
+        if found is None and not members:
+            found = steps.write(name, "fan-out", core.record("done", "fan-out", r={"results": []}))
         if found is None:
-            digest = hashlib.sha256(f"{job_record.queue}\0{job_record.id}\0{name}".encode()).hexdigest()
-            workflow_id = "fan" + digest[:32]
-            queue = get_queue(job_record.queue)
-            if WorkflowHandle(queue, workflow_id).status == "unknown":  # not added yet (or by a run that died)
-                own = (job_record.queue, job_record.id, name)
-                canvas = chord(group(*members), _fan_in.s(*own).set(queue=job_record.queue),
-                               on_error=_fan_failed.s(*own).set(queue=job_record.queue))
-                Plan.of(expand_links(canvas), ttl_ms=get_settings().workflow_ttl_ms, workflow_id=workflow_id).add()
-            decided = steps.wait(name, "fan-out", 0)
-            if isinstance(decided, int):
-                raise core.Suspended(name, parked=True, until_ms=0)
-            found = decided
+            found = _fan_out_wait(job_record, steps, name, members)
         outcome = found.get("r")
         if isinstance(outcome, dict) and "failed" in outcome:
             raise StepFailed(name, str(outcome["failed"]), str(outcome.get("reason", "")))
@@ -195,10 +196,33 @@ def fan_out(name: str, signatures: Iterable[Any]) -> list[Any]:
         return outcome["results"]
 
 
+def _fan_out_wait(job_record: Job, steps: Any, name: str, members: list[Any]) -> dict[str, Any]:
+    """Add the fan-out's workflow unless a run began to wait for it, then wait: its final record, or park."""
+    # The job's add time in the id: a job id used again later (a caller's id) fans out anew.
+    digest = hashlib.sha256(f"{job_record.queue}\0{job_record.id}\0{job_record.timestamp}\0{name}".encode())
+    queue = get_queue(job_record.queue)
+    workflow = WorkflowHandle(queue, "fan" + digest.hexdigest()[:32])
+    own = (job_record.queue, job_record.id, name)
+    if name not in steps.waiting:  # no run finished the add: send it (again); what exists is not added twice
+        canvas = chord(group(*members), _fan_in.s(*own).set(queue=job_record.queue),
+                       on_error=_fan_failed.s(*own).set(queue=job_record.queue))
+        Plan.of(expand_links(canvas), ttl_ms=get_settings().workflow_ttl_ms, workflow_id=workflow.id).add()
+    elif (status := workflow.status) in ("succeeded", "failed"):
+        # It ended while this job could not take its hand-off (cancelled then, and retried since): take it now.
+        _hand_over(*own, workflow.results() if status == "succeeded" else {"failed": "", "reason": workflow.reason})
+    decided = steps.wait(name, "fan-out", 0)
+    if isinstance(decided, int):
+        raise core.Suspended(name, parked=True, until_ms=0)
+    return decided
+
+
 @job(name="echomq.fan_in")
-def _fan_in(results: list[Any], queue: str, job_id: str, name: str) -> None:
-    """A fan-out's chord callback: hand the children's results to the parked job, as its signal."""
-    _hand_over(queue, job_id, name, {"results": results})
+def _fan_in(results: list[Any], queue: str, job_id: str, name: str) -> dict[str, Any]:
+    """A fan-out's chord callback: hand the children's results to the parked job, as its signal (and keep them
+    as the workflow's result, for a job that could not take them then)."""
+    payload = {"results": results}
+    _hand_over(queue, job_id, name, payload)
+    return payload
 
 
 @job(name="echomq.fan_failed")
@@ -208,7 +232,9 @@ def _fan_failed(member_id: str, reason: str, queue: str, job_id: str, name: str)
 
 
 def _hand_over(queue: str, job_id: str, name: str, payload: dict[str, Any]) -> None:
-    with contextlib.suppress(SignalRefused):  # a re-run of this job after its signal went: delivered once
+    # Refused: sent before (a re-run of this job), or the job finished or is gone (cancelled, removed): a retried
+    # job takes it from the workflow's record.
+    with contextlib.suppress(SignalRefused, JobNotFoundError):
         get_queue(queue).signal(job_id, name, payload)
 
 

@@ -140,7 +140,8 @@ end
 
 local paused, limitedUntil, parkedNext = unpack(redis.call("HMGET", metaKey, "paused", "limitedUntil",
   "parkedNext"))
-parkedNext = tonumber(parkedNext)
+if parkedNext and not finiteMs(parkedNext) then parkedNext = now end  -- broken: recomputed below
+parkedNext = finiteMs(tostring(parkedNext))
 if parkedNext and parkedNext <= now then  -- a durable signal wait timed out (includes/parked.lua)
   parkedNext = promoteParked(prefix, waitKey, pausedKey, metaKey, markerKey, prioritizedKey, now, 1000)
 end

@@ -8,8 +8,8 @@
   latest error) and "waiting" (a signal wait not over yet, with its deadline)
   are not: a later call of the same step replaces them.
 
-  A signal wait (ARGV[3] "signal", or "fan-out": the wait for a fan-out's
-  children, whose last hands their results over as a signal) decides here, against the signals sent so
+  A signal wait (no record given; ARGV[3] "signal", or "fan-out": the wait for
+  a fan-out's children, whose last hands their results over as a signal) decides here, against the signals sent so
   far (KEYS[3], written by signalJob): a signal that came is recorded as the
   step's result ("done", its payload in `r`); past the wait's deadline, the
   step is recorded as "timeout"; else the wait is recorded as "waiting" with
@@ -22,8 +22,8 @@
 
   ARGV[1] token      the attempt's lock token
   ARGV[2] name       the step's name
-  ARGV[3] kind       "signal" or "fan-out" for a signal wait, else any kind: ARGV[4] is its record
-  ARGV[4] record     the record to write (not for "signal")
+  ARGV[3] kind       the step's kind, as the records written here name it ("signal", "fan-out")
+  ARGV[4] record     the record to write; "" for a signal wait
   ARGV[5] max_steps  steps a job may record at most
   ARGV[6] now        ms (a signal wait's clock)
   ARGV[7] deadline   a signal wait's deadline, ms (0 = none), used by its first call
@@ -58,7 +58,7 @@ if not before then
   if count >= maxSteps then return {-4, count} end
 end
 
-if kind == "signal" or kind == "fan-out" then
+if record == "" then  -- a wait
   if before then  -- a wait that began in an earlier attempt keeps its deadline
     deadline = tonumber(string.match(before, '"until":(%d+)')) or 0
   end

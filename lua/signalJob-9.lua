@@ -30,7 +30,7 @@
     -1 no such job
     -3 the job has finished (completed, or failed for good)
     -4 refused: the job's wait for this signal is over (timed out)
-    -5 refused: the job keeps max_signals signals already
+    -5 refused: the job keeps max_signals signals already (not for a signal it waits for)
 ]]
 -- @include "parked"
 
@@ -49,7 +49,8 @@ end
 if fields[1] then return -3 end  -- `finishedOn`: completed, or failed for good (a retry clears it)
 local step = redis.call("HGET", stepsKey, name)
 if step and string.sub(step, 1, 14) ~= '{"s":"waiting"' then return -4 end
-if redis.call("HLEN", signalsKey) >= 2 * tonumber(ARGV[6]) then return -5 end
+-- (A signal the job already waits for is never refused for the limit: a fan-out's hand-off is one.)
+if not step and redis.call("HLEN", signalsKey) >= 2 * tonumber(ARGV[6]) then return -5 end
 
 redis.call("HSET", signalsKey, "p:" .. name, payload, "c:" .. name, callId)
 emitEvent(prefix, "signal", id, "name", name)

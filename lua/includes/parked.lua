@@ -1,5 +1,6 @@
 -- @include "emitEvent"
 -- @include "pushReady"
+-- @include "jobKey"
 
 -- Jobs parked by a durable signal wait (docs/durable.md): `parked` (ZSET,
 -- derived from the prefix) scores each by its wait's deadline ("+inf": none),
@@ -8,11 +9,20 @@
 -- from a field it reads anyway, and looks at `parked` only then. A parked job
 -- holds no lock and no slot, and is in no other state.
 
+-- A time in ms another client cannot have broken, else nil: a number below
+-- 2^53 (`inf`, `nan` or 1e300 would hold the fetch's resumes off, or come
+-- back to a worker as an integer that overflowed and make it spin).
+local function finiteMs(raw)
+  local value = type(raw) == "string" and tonumber(raw) or nil
+  if not value or value ~= value or value < 0 or value >= 9007199254740992 then return nil end
+  return value
+end
+
 local function parkJob(prefix, metaKey, id, name, deadline)
   redis.call("HSET", prefix .. id, "park", name)
   redis.call("ZADD", prefix .. "parked", deadline > 0 and deadline or "+inf", id)
   if deadline > 0 then
-    local current = tonumber(redis.pcall("HGET", metaKey, "parkedNext") or "")
+    local current = finiteMs(redis.pcall("HGET", metaKey, "parkedNext"))
     if not current or deadline < current then redis.pcall("HSET", metaKey, "parkedNext", deadline) end
   end
   emitEvent(prefix, "parked", id, "signal", name)
@@ -29,16 +39,25 @@ end
 -- then raises SignalTimeout), and move `parkedNext` to the next deadline.
 local function promoteParked(prefix, waitKey, pausedKey, metaKey, markerKey, prioritizedKey, now, limit)
   local parkedKey = prefix .. "parked"
-  local due = redis.call("ZRANGEBYSCORE", parkedKey, "-inf", now, "LIMIT", 0, limit)
+  -- pcall: a `parked` of another type (another client's) stops only the parked jobs' resumes, not the fetch.
+  local due = redis.pcall("ZRANGEBYSCORE", parkedKey, "-inf", now, "LIMIT", 0, limit)
+  if due["err"] then
+    redis.pcall("HDEL", metaKey, "parkedNext")
+    return nil
+  end
   for _, id in ipairs(due) do
-    unparkJob(prefix, waitKey, pausedKey, metaKey, markerKey, prioritizedKey, id, "timeout")
+    if jobKey(prefix, id) then
+      unparkJob(prefix, waitKey, pausedKey, metaKey, markerKey, prioritizedKey, id, "timeout")
+    else  -- a queue key's name another client put there: never fetched as a job
+      redis.call("ZREM", parkedKey, id)
+    end
   end
   local first = redis.call("ZRANGEBYSCORE", parkedKey, "-inf", "+inf", "WITHSCORES", "LIMIT", 0, 1)
-  local nextAt = first[2] and tonumber(first[2])
-  if nextAt and nextAt ~= math.huge then
+  local nextAt = finiteMs(first[2])
+  if nextAt then
     redis.call("HSET", metaKey, "parkedNext", nextAt)
   else
     redis.call("HDEL", metaKey, "parkedNext")
   end
-  return nextAt ~= math.huge and nextAt or nil
+  return nextAt
 end

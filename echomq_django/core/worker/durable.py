@@ -68,6 +68,7 @@ class Steps:
     def __init__(self, job: Job) -> None:
         self.job = job
         self.used: set[str] = set()
+        self.waiting: set[str] = set()  # the names claimed whose record says an earlier run began to wait
 
     @classmethod
     def of(cls, job: Job) -> Steps:
@@ -86,7 +87,10 @@ class Steps:
         self.used.add(name)
         self.job.check()  # a cancelled job or one past its hard limit stops here
         found = self._reporter().step(self.job, "read", name, kind, "", 0)
-        return self._final(name, kind, found)
+        final = self._final(name, kind, found)
+        if final is None and found and found.startswith('{"s":"waiting"'):
+            self.waiting.add(name)
+        return final
 
     def write(self, name: str, kind: str, text: str) -> dict[str, Any]:
         """Record a finished step (first write wins): the record that holds, this one or an earlier attempt's."""
