@@ -139,13 +139,15 @@ class DurableStep(models.Model):
 
     queue = models.CharField(max_length=128)
     job_id = models.CharField("job id", max_length=149)
+    job_timestamp = models.BigIntegerField(default=0)  # when the job was added (ms): an id used again is another job
     name = models.CharField(max_length=128)
     result = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         verbose_name = "durable step"
-        constraints = [models.UniqueConstraint(fields=["queue", "job_id", "name"], name="echomq_durablestep_unique")]
+        constraints = [models.UniqueConstraint(fields=["queue", "job_id", "job_timestamp", "name"],
+                                               name="echomq_durablestep_unique_run")]
         indexes = [models.Index(fields=["created_at"], name="echomq_durablestep_created")]
 
     def __str__(self) -> str:
