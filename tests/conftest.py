@@ -12,6 +12,7 @@ Each test is marked with its layer, the folder it lives in (tests/unit/ gets
 
 import os
 import shutil
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +31,10 @@ LAYERS = ("unit", "protocol", "runtime", "django", "system")
 
 def pytest_configure(config) -> None:
     global _run_servers
+    # A run started in the background of a shell without job control inherits SIGINT ignored, and so would the
+    # processes its tests start: the tests of Ctrl-C would wait for good. Python's own handler, as in a terminal.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     mode = os.environ.get("ECHOMQ_TEST_REDIS_URL")
     if mode == "cluster":
         _run_servers = ClusterServers(masters=3, replicas=0)
